@@ -1,0 +1,90 @@
+"""Pure tensor math for RL post-training: advantages, policy/value losses, off-policy corrections, KL,
+entropy, aggregation, reward shaping and sample filtering. Imports torch only; see docs/algorithms.md."""
+
+from algos.advantages import (
+    ADVANTAGE_ESTIMATORS,
+    CRITIC_ESTIMATORS,
+    AdvantageConfig,
+    AdvantageInputs,
+    AdvantageOutput,
+    broadcast_to_tokens,
+    grpo_advantages,
+    rloo_advantages,
+)
+from algos.aggregation import AGG_MODES, aggregate
+from algos.entropy import entropy_bonus, entropy_from_logits
+from algos.filtering import dynamic_sampling_mask, overlong_filter_mask, soft_overlong_penalty
+from algos.kl import KL_ESTIMATORS, kl_loss, kl_penalty
+from algos.masked import masked_max, masked_mean, masked_sum, masked_whiten
+from algos.offpolicy import IS_LEVELS, IS_MODES, ISWeights, importance_weights
+from algos.policy_loss import (
+    POLICY_LOSSES,
+    PolicyLossConfig,
+    PolicyLossInputs,
+    cispo_loss,
+    clipped_surrogate,
+    gspo_loss,
+    ppo_clip_loss,
+    reinforce_loss,
+    topr_loss,
+)
+from algos.returns import discounted_returns, gae_advantages, place_terminal_reward
+from algos.rewards import (
+    REWARD_NORMS,
+    RunningRewardNorm,
+    clip_rewards,
+    kl_reward_penalty,
+    normalize_rewards,
+)
+from algos.types import LossOutput
+from algos.validate import validate_algo_choice
+from algos.value_loss import value_loss
+
+__all__ = [
+    "ADVANTAGE_ESTIMATORS",
+    "AGG_MODES",
+    "CRITIC_ESTIMATORS",
+    "IS_LEVELS",
+    "IS_MODES",
+    "KL_ESTIMATORS",
+    "POLICY_LOSSES",
+    "REWARD_NORMS",
+    "AdvantageConfig",
+    "AdvantageInputs",
+    "AdvantageOutput",
+    "ISWeights",
+    "LossOutput",
+    "PolicyLossConfig",
+    "PolicyLossInputs",
+    "RunningRewardNorm",
+    "aggregate",
+    "broadcast_to_tokens",
+    "cispo_loss",
+    "clip_rewards",
+    "clipped_surrogate",
+    "discounted_returns",
+    "dynamic_sampling_mask",
+    "entropy_bonus",
+    "entropy_from_logits",
+    "gae_advantages",
+    "grpo_advantages",
+    "gspo_loss",
+    "importance_weights",
+    "kl_loss",
+    "kl_penalty",
+    "kl_reward_penalty",
+    "masked_max",
+    "masked_mean",
+    "masked_sum",
+    "masked_whiten",
+    "normalize_rewards",
+    "overlong_filter_mask",
+    "place_terminal_reward",
+    "ppo_clip_loss",
+    "reinforce_loss",
+    "rloo_advantages",
+    "soft_overlong_penalty",
+    "topr_loss",
+    "validate_algo_choice",
+    "value_loss",
+]

@@ -1,0 +1,270 @@
+"""The run configuration: one YAML file that every process of a run loads.
+
+The config lives in `broker/` because it is part of the contract between processes: the learner
+and every generator load the same file, and the learner records its fingerprint in the `run` hash
+so that a process started with a different file is refused (see ARCHITECTURE.md).
+
+Names follow ROLL / verl / OpenRLHF habits (`actor_lr`, `rollout_batch_size`,
+`num_return_sequences`, `async_ratio`, ...). Loading is strict: an unknown key, a wrong type or an
+out-of-range value raises `ConfigError` whose message names the dotted key, e.g.
+`trainer.actor_lr: expected a number, got 'fast'`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A config problem; the message starts with the dotted key at fault."""
+
+
+@dataclass
+class RunConfig:
+    run_id: str = "demo"  # names the Redis keys rl:{run_id}:* and the run directory
+    run_dir: str = "runs/demo"  # checkpoints, weights, metrics, summary.json
+    seed: int = 0  # seeds prompt order, sampling and initialisation
+    torch_threads: int = 0  # intra-op threads per process (0 = torch's default)
+
+
+@dataclass
+class RedisConfig:
+    url: str | None = None  # redis://, rediss:// or unix://; None lets `rollctl run` start its own
+    connect_timeout_s: float = 30.0  # give up connecting (with backoff) after this long
+    max_payload_bytes: int = 8_000_000  # entries larger than this go to the dead-letter stream undecoded
+
+
+@dataclass
+class ModelConfig:
+    path: str = "models/tiny"  # local Hugging Face model directory (config, tokenizer, weights)
+    dtype: Literal["float32", "bfloat16"] = "float32"  # parameter dtype in learner and generators
+
+
+@dataclass
+class TaskConfig:
+    name: str = "arithmetic"  # a task from envs.registry
+    params: dict = field(default_factory=dict)  # passed to the task's constructor
+    eval_size: int = 200  # held-out items used for greedy evaluation (0 = all)
+
+
+@dataclass
+class RolloutConfig:
+    engine: Literal["hf", "vllm", "sim"] = "hf"  # inference engine of the generators
+    num_return_sequences: int = 8  # samples per prompt: the GRPO group size
+    max_new_tokens: int = 8  # response length limit
+    temperature: float = 1.0  # sampling temperature (the learner scales logits by it too)
+    top_p: float = 1.0  # nucleus sampling threshold
+    prompts_per_pull: int = 4  # prompts a generator claims and samples as one batch
+    num_rollout_workers: int = 2  # generator processes started by `rollctl run`
+    heartbeat_ttl_s: float = 30.0  # a generator's status hash expires this long after its last beat
+
+
+@dataclass
+class TrainerConfig:
+    actor_lr: float = 1e-4  # AdamW learning rate of the policy
+    weight_decay: float = 0.0  # AdamW weight decay
+    max_grad_norm: float = 1.0  # gradient clipping (0 = off)
+    rollout_batch_size: int = 8  # prompts (groups) per learner step: B
+    micro_batch_size: int = 16  # sequences per forward/backward pass
+    total_steps: int = 20  # learner steps (= weight versions published)
+    async_ratio: float = 1.0  # how many versions ahead prompts may be issued (0 = on-policy)
+    eval_every: int = 0  # greedy held-out evaluation every N steps (0 = only before and after)
+    keep_versions: int = 3  # weight versions kept on disk (plus any a live generator has loaded)
+    num_trainer_workers: int = 1  # learner ranks
+    wait_timeout_s: float = 600.0  # fail if no trajectory arrives for this long
+
+    @property
+    def max_staleness(self) -> int:
+        """Samples older than `version - max_staleness` are dropped (ARCHITECTURE.md)."""
+        return math.ceil(self.async_ratio)
+
+
+@dataclass
+class AlgoConfig:
+    adv_estimator: Literal["grpo", "drgrpo"] = "grpo"  # group baseline: mean/std or mean only
+    policy_loss: Literal["ppo"] = "ppo"  # decoupled PPO-clip with a truncated IS weight
+    clip_low: float = 0.2  # ratio lower bound 1 - clip_low
+    clip_high: float = 0.2  # ratio upper bound 1 + clip_high (DAPO: 0.28)
+    dual_clip_c: float | None = 3.0  # dual-clip bound for negative advantages (None = off)
+    tis_cap: float | None = 2.0  # cap of the importance weight pi_prox / pi_behaviour (None = off)
+    loss_agg_mode: Literal[
+        "token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"
+    ] = "token-mean"  # how token losses are averaged
+
+
+@dataclass
+class Config:
+    run: RunConfig = field(default_factory=RunConfig)
+    redis: RedisConfig = field(default_factory=RedisConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    task: TaskConfig = field(default_factory=TaskConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+
+    @property
+    def key_prefix(self) -> str:
+        return f"rl:{self.run.run_id}:"
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def fingerprint(self) -> str:
+        """sha256 of the fields every process must agree on (not run-local paths or counts)."""
+        shared = {k: v for k, v in self.to_dict().items() if k not in ("redis",)}
+        shared["rollout"] = {k: v for k, v in shared["rollout"].items() if k != "num_rollout_workers"}
+        blob = json.dumps(shared, sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
+
+    def save(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(yaml.safe_dump(self.to_dict(), sort_keys=False))
+
+
+_POSITIVE = {
+    "rollout.num_return_sequences", "rollout.max_new_tokens", "rollout.prompts_per_pull",
+    "trainer.rollout_batch_size", "trainer.micro_batch_size", "trainer.total_steps",
+    "trainer.actor_lr", "trainer.keep_versions", "trainer.num_trainer_workers",
+    "trainer.wait_timeout_s", "redis.connect_timeout_s", "redis.max_payload_bytes",
+    "rollout.temperature", "rollout.heartbeat_ttl_s",
+}
+_NON_NEGATIVE = {"run.torch_threads", "trainer.async_ratio", "trainer.eval_every", "trainer.max_grad_norm",
+                 "trainer.weight_decay", "rollout.num_rollout_workers", "task.eval_size"}
+
+
+def _check_ranges(cfg: Config) -> None:
+    flat = _flatten(cfg.to_dict())
+    for key in _POSITIVE:
+        if not flat[key] > 0:
+            raise ConfigError(f"{key}: must be > 0, got {flat[key]!r}")
+    for key in _NON_NEGATIVE:
+        if not flat[key] >= 0:
+            raise ConfigError(f"{key}: must be >= 0, got {flat[key]!r}")
+    if not 0 < cfg.rollout.top_p <= 1:
+        raise ConfigError(f"rollout.top_p: must be in (0, 1], got {cfg.rollout.top_p!r}")
+    if not 0 < cfg.algo.clip_low < 1:
+        raise ConfigError(f"algo.clip_low: must be in (0, 1), got {cfg.algo.clip_low!r}")
+    if not cfg.algo.clip_high > 0:
+        raise ConfigError(f"algo.clip_high: must be > 0, got {cfg.algo.clip_high!r}")
+    if cfg.algo.tis_cap is not None and cfg.algo.tis_cap < 1:
+        raise ConfigError(f"algo.tis_cap: must be >= 1 or null, got {cfg.algo.tis_cap!r}")
+    if cfg.rollout.num_return_sequences < 2 and cfg.algo.adv_estimator in ("grpo", "drgrpo"):
+        raise ConfigError("rollout.num_return_sequences: group baselines need at least 2 samples")
+
+
+def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and not (prefix.startswith("task.") or k == "params"):
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def _coerce(value: Any, hint: Any, key: str) -> Any:
+    """Check `value` against a type hint; ints are accepted where floats are expected."""
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        options = typing.get_args(hint)
+        if value is None and type(None) in options:
+            return None
+        errors = []
+        for option in (o for o in options if o is not type(None)):
+            try:
+                return _coerce(value, option, key)
+            except ConfigError as e:
+                errors.append(str(e))
+        raise ConfigError(errors[0])
+    if origin is Literal:
+        allowed = typing.get_args(hint)
+        if value not in allowed:
+            raise ConfigError(f"{key}: must be one of {list(allowed)}, got {value!r}")
+        return value
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{key}: expected true or false, got {value!r}")
+        return value
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{key}: expected an integer, got {value!r}")
+        return value
+    if hint is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{key}: expected a number, got {value!r}")
+        if not math.isfinite(value):
+            raise ConfigError(f"{key}: must be finite, got {value!r}")
+        return float(value)
+    if hint is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{key}: expected a string, got {value!r}")
+        return value
+    if hint is dict or origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: expected a mapping, got {value!r}")
+        return dict(value)
+    raise TypeError(f"unsupported config type {hint!r} for {key}")
+
+
+def _build(cls: type, data: Any, prefix: str) -> Any:
+    if not isinstance(data, dict):
+        raise ConfigError(f"{prefix.rstrip('.') or 'config'}: expected a mapping, got {data!r}")
+    hints = typing.get_type_hints(cls)
+    known = {f.name for f in dataclasses.fields(cls)}
+    for key in data:
+        if key not in known:
+            raise ConfigError(f"{prefix}{key}: unknown key (known: {', '.join(sorted(known))})")
+    kwargs = {}
+    for name in known & set(data):
+        hint = hints[name]
+        if dataclasses.is_dataclass(hint):
+            kwargs[name] = _build(hint, data[name], f"{prefix}{name}.")
+        else:
+            kwargs[name] = _coerce(data[name], hint, f"{prefix}{name}")
+    return cls(**kwargs)
+
+
+def apply_override(data: dict, assignment: str) -> None:
+    """Apply one `section.key=value` override in place; the value is parsed as YAML."""
+    if "=" not in assignment:
+        raise ConfigError(f"--set {assignment!r}: expected section.key=value")
+    dotted, raw = assignment.split("=", 1)
+    parts = dotted.strip().split(".")
+    node = data
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"{dotted}: {part} is not a section")
+    node[parts[-1]] = yaml.safe_load(raw)
+
+
+def config_from_dict(data: dict) -> Config:
+    cfg = _build(Config, data, "")
+    _check_ranges(cfg)
+    return cfg
+
+
+def load_config(path: str | Path | None, overrides: list[str] = ()) -> Config:
+    """Load a YAML config (or the defaults when `path` is None) and apply dotted overrides."""
+    data: dict = {}
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config: file not found: {path}")
+        try:
+            data = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"config: {path} is not valid YAML ({e.__class__.__name__})") from e
+    for assignment in overrides:
+        apply_override(data, assignment)
+    return config_from_dict(data)

@@ -1,0 +1,26 @@
+"""Process set-up shared by every process of a run: logging, seeding and thread counts.
+
+Nothing here runs at import time; each process entry point calls `setup_process` once.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import sys
+
+
+def setup_process(name: str, seed: int, torch_threads: int = 0, level: int = logging.INFO) -> None:
+    logging.basicConfig(level=level, stream=sys.stderr, force=True,
+                        format=f"%(asctime)s {name} %(levelname)s %(name)s: %(message)s",
+                        datefmt="%H:%M:%S")
+    random.seed(seed)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    import numpy as np
+    import torch
+
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+    if torch_threads > 0:
+        torch.set_num_threads(torch_threads)

@@ -1,0 +1,162 @@
+"""The versioned weight store on a shared filesystem.
+
+Layout: `{run_dir}/weights/v{version:08d}/` holds `model.safetensors` and `manifest.json`
+(version, step, files with sizes and sha256). `{run_dir}/weights/LATEST` names the newest version.
+
+Invariants a reader can rely on:
+- A version directory appears by one atomic rename of a fully written and fsynced temp directory,
+  and its manifest is the last file written inside it: a reader never sees a half-written version.
+- `verified_path(v)` re-checks sizes and sha256 of every file against the manifest, so a truncated
+  or bit-flipped file is refused with `CorruptWeights`, never loaded.
+- Retention deletes old versions but never one that a caller says is still in use.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+log = logging.getLogger(__name__)
+
+MODEL_FILE = "model.safetensors"
+MANIFEST = "manifest.json"
+
+
+class CorruptWeights(RuntimeError):
+    """A version whose files do not match its manifest (or that has no manifest)."""
+
+
+@dataclass(frozen=True)
+class VersionInfo:
+    version: int
+    path: str  # the version directory
+    sha256: str  # of model.safetensors
+    step: int
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _fsync_file(path: Path) -> None:
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def unique_tensors(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Drop names that alias storage already kept (tied embeddings), as save_pretrained does."""
+    seen: set[int] = set()
+    out = {}
+    for name, t in state.items():
+        ptr = t.untyped_storage().data_ptr()
+        if ptr in seen:
+            continue
+        seen.add(ptr)
+        out[name] = t.detach().to("cpu").contiguous()
+    return out
+
+
+class WeightStore:
+    def __init__(self, run_dir: str | Path):
+        self.root = Path(run_dir) / "weights"
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    def version_dir(self, version: int) -> Path:
+        return self.root / f"v{version:08d}"
+
+    def clean_temp(self) -> int:
+        """Remove temp dirs left by a publisher that died mid-write; returns how many."""
+        stale = list(self.root.glob(".tmp-*"))
+        for d in stale:
+            shutil.rmtree(d, ignore_errors=True)
+        return len(stale)
+
+    def publish(self, state: dict[str, torch.Tensor], version: int, step: int) -> VersionInfo:
+        final = self.version_dir(version)
+        if final.exists():
+            raise FileExistsError(f"weight version {version} already exists at {final}")
+        tmp = self.root / f".tmp-v{version:08d}-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        model_path = tmp / MODEL_FILE
+        save_file(unique_tensors(state), str(model_path), metadata={"format": "pt"})
+        _fsync_file(model_path)
+        digest = sha256_file(model_path)
+        manifest = {"version": version, "step": step, "created_at": time.time(),
+                    "files": {MODEL_FILE: {"size": model_path.stat().st_size, "sha256": digest}}}
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
+        _fsync_file(tmp / MANIFEST)
+        _fsync_dir(tmp)
+        os.rename(tmp, final)
+        self._write_latest(version)
+        _fsync_dir(self.root)
+        return VersionInfo(version=version, path=str(final), sha256=digest, step=step)
+
+    def _write_latest(self, version: int) -> None:
+        tmp = self.root / f".LATEST.{os.getpid()}"
+        tmp.write_text(f"{version}\n")
+        _fsync_file(tmp)
+        os.replace(tmp, self.root / "LATEST")
+
+    def latest(self) -> int | None:
+        try:
+            return int((self.root / "LATEST").read_text())
+        except (FileNotFoundError, ValueError):
+            return None
+
+    def versions(self) -> list[int]:
+        """Versions that have a manifest (complete ones), ascending."""
+        out = []
+        for d in self.root.glob("v*"):
+            if (d / MANIFEST).is_file() and d.name[1:].isdigit():
+                out.append(int(d.name[1:]))
+        return sorted(out)
+
+    def verified_path(self, version: int, expect_sha256: str | None = None) -> Path:
+        """Return the model file of `version` after checking it against its manifest."""
+        d = self.version_dir(version)
+        try:
+            manifest = json.loads((d / MANIFEST).read_text())
+        except FileNotFoundError:
+            raise CorruptWeights(f"weights v{version}: no manifest in {d}") from None
+        except json.JSONDecodeError:
+            raise CorruptWeights(f"weights v{version}: unreadable manifest in {d}") from None
+        entry = manifest.get("files", {}).get(MODEL_FILE)
+        if manifest.get("version") != version or not isinstance(entry, dict):
+            raise CorruptWeights(f"weights v{version}: manifest does not describe this version")
+        path = d / MODEL_FILE
+        if not path.is_file() or path.stat().st_size != entry.get("size"):
+            raise CorruptWeights(f"weights v{version}: {MODEL_FILE} missing or of the wrong size")
+        digest = sha256_file(path)
+        if digest != entry.get("sha256") or (expect_sha256 and digest != expect_sha256):
+            raise CorruptWeights(f"weights v{version}: sha256 mismatch, refusing to load")
+        return path
+
+    def retain(self, keep: int, in_use: set[int]) -> list[int]:
+        """Delete all but the newest `keep` versions, sparing those in `in_use`; returns deleted."""
+        versions = self.versions()
+        doomed = [v for v in versions[:-keep] if v not in in_use] if keep > 0 else []
+        for v in doomed:
+            shutil.rmtree(self.version_dir(v), ignore_errors=True)
+        return doomed

@@ -1,0 +1,6 @@
+"""Tasks: prompt sources and verifiable rewards (stdlib only; see envs/base.py)."""
+
+from envs.base import Item, Task
+from envs.registry import known_tasks, make_task
+
+__all__ = ["Item", "Task", "known_tasks", "make_task"]

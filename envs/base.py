@@ -1,0 +1,42 @@
+"""The task interface every environment implements.
+
+A task hands out prompts (`Item`s) and scores what the model wrote after a prompt. The generator calls
+`score(item, response)` where `response` is the decoded text the model produced after the prompt, up to
+(not including) the end-of-sequence token: the generator strips EOS before scoring. A response that ran
+out of `max_new_tokens` without EOS is passed as-is, so a task can penalise it through its format rule.
+
+Stdlib only: the generator and learner both import `envs/`, and neither should pull torch in through it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator, Protocol, runtime_checkable
+
+
+@dataclass(frozen=True)
+class Item:
+    """One prompt of a task, with its ground truth."""
+
+    id: str  # stable id, e.g. "train-000123" / "heldout-0042"
+    prompt: str  # text given to the model, e.g. "17+25="
+    answer: str  # ground truth, e.g. "42"
+
+
+@runtime_checkable
+class Task(Protocol):
+    """What the learner (prompt source, evaluation) and generators (reward) need from a task."""
+
+    name: str
+
+    def train_items(self, seed: int) -> Iterator[Item]:
+        """Endless stream of training prompts; the same seed yields the same sequence."""
+        ...
+
+    def heldout_items(self) -> list[Item]:
+        """Fixed evaluation set, disjoint from every train stream (independent of any seed)."""
+        ...
+
+    def score(self, item: Item, response: str) -> float:
+        """Reward of `response` (text after the prompt, EOS stripped) for `item`."""
+        ...

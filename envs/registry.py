@@ -1,0 +1,41 @@
+"""Task registry: config name -> task class.
+
+Configs name a task and pass its constructor parameters as a dict; a typo in either is an error that
+names the culprit, never a silent default. Add a task by adding one entry to `_REGISTRY`.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, Callable
+
+from envs.arithmetic import ArithmeticTask
+from envs.base import Task
+
+_REGISTRY: dict[str, Callable[..., Task]] = {
+    "arithmetic": ArithmeticTask,
+}
+
+
+def known_tasks() -> list[str]:
+    """Names `make_task` accepts, sorted."""
+    return sorted(_REGISTRY)
+
+
+def make_task(name: str, params: dict[str, Any] | None = None) -> Task:
+    """Build the task `name` with constructor keyword arguments `params`.
+
+    Raises ValueError naming the known tasks for an unknown name, and naming the key (and the accepted
+    keys) for an unknown parameter, before the constructor runs.
+    """
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown task {name!r}; known tasks: {', '.join(known_tasks())}")
+    factory = _REGISTRY[name]
+    params = dict(params or {})
+    accepted = [p for p in inspect.signature(factory).parameters if p != "self"]
+    for key in params:
+        if key not in accepted:
+            raise ValueError(
+                f"unknown parameter {key!r} for task {name!r}; accepted: {', '.join(accepted)}"
+            )
+    return factory(**params)

@@ -1,0 +1,51 @@
+"""The inference-engine interface that the rollout loop drives.
+
+An engine samples `n` responses per prompt and returns, for every generated token, the log-probability
+the sampling distribution gave it: log_softmax(logits / temperature) before top-p truncation. The
+learner recomputes the same quantity, so the two can be compared token by token.
+
+Implementations: `hf` (Hugging Face transformers, CPU or GPU); `vllm` and `sim` are planned.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    n: int
+    temperature: float
+    top_p: float
+    max_new_tokens: int
+
+
+@dataclass
+class GeneratedSample:
+    prompt_ids: list[int]
+    response_ids: list[int]  # generated tokens, EOS included if the sample stopped
+    logprobs: list[float]  # behaviour log-probability of each response token
+    finished: bool  # ended with EOS (False: cut at max_new_tokens)
+    text: str  # decoded response without special tokens
+
+
+class Engine(Protocol):
+    vocab_size: int
+
+    def generate(self, prompts: list[str], params: SamplingParams) -> list[list[GeneratedSample]]:
+        """Return, for each prompt, its `params.n` samples."""
+        ...
+
+    def load_weights(self, model_file: Path) -> None:
+        """Load a verified safetensors file into the running engine."""
+        ...
+
+
+def make_engine(name: str, model_path: str, dtype: str) -> Engine:
+    if name == "hf":
+        from generators.hf_engine import HFEngine
+
+        return HFEngine(model_path, dtype=dtype)
+    raise NotImplementedError(f"rollout.engine: {name!r} is not available yet; use 'hf'")

@@ -1,0 +1,79 @@
+"""Hugging Face transformers engine: the CPU / embedded engine.
+
+Sampling uses `model.generate` on left-padded prompts (positions come from the attention mask, so
+they equal the learner's right-padded positions). Behaviour log-probabilities are computed from the
+raw logits as log_softmax(logits / temperature), the same quantity the learner recomputes; top-p
+only restricts which tokens can be drawn (as in verl, the log-probability is not renormalised).
+Sampling draws from torch's global generator, which `setup_process` seeds per generator.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from generators.engine import GeneratedSample, SamplingParams
+
+log = logging.getLogger(__name__)
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+class HFEngine:
+    def __init__(self, model_path: str, dtype: str = "float32"):
+        if not (Path(model_path) / "config.json").is_file():
+            raise FileNotFoundError(f"model.path: no Hugging Face model directory at {model_path} "
+                                    "(build one with scripts/make_tiny_model.py)")
+        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        self.tokenizer.padding_side = "left"
+        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=_DTYPES[dtype])
+        self.model.eval()
+        self.vocab_size = self.model.config.vocab_size
+        self.eos_id = self.tokenizer.eos_token_id
+        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None \
+            else self.eos_id
+
+    def load_weights(self, model_file: Path) -> None:
+        state = load_file(str(model_file))
+        missing, unexpected = self.model.load_state_dict(state, strict=False)
+        tied = {"lm_head.weight"} if self.model.config.tie_word_embeddings else set()
+        if unexpected or set(missing) - tied:
+            raise ValueError(f"weights {model_file} do not fit the model: missing {missing}, "
+                             f"unexpected {unexpected}")
+        self.model.tie_weights()
+
+    @torch.no_grad()
+    def generate(self, prompts: list[str], params: SamplingParams) -> list[list[GeneratedSample]]:
+        enc = self.tokenizer(prompts, return_tensors="pt", padding=True)
+        input_ids = enc["input_ids"].repeat_interleave(params.n, dim=0)
+        attention = enc["attention_mask"].repeat_interleave(params.n, dim=0)
+        out = self.model.generate(
+            input_ids=input_ids, attention_mask=attention, do_sample=True,
+            temperature=params.temperature, top_p=params.top_p, top_k=0,
+            max_new_tokens=params.max_new_tokens, output_logits=True,
+            return_dict_in_generate=True, pad_token_id=self.pad_id, eos_token_id=self.eos_id)
+        width = input_ids.shape[1]
+        new_tokens = out.sequences[:, width:]  # [N, S]
+        logits = torch.stack(out.logits, dim=1).float()  # [N, S, V]
+        logp = torch.log_softmax(logits / params.temperature, dim=-1)
+        token_logp = logp.gather(-1, new_tokens.unsqueeze(-1)).squeeze(-1)  # [N, S]
+        results: list[list[GeneratedSample]] = [[] for _ in prompts]
+        for row in range(new_tokens.shape[0]):
+            prompt_ids = input_ids[row][attention[row].bool()].tolist()
+            results[row // params.n].append(self._sample(prompt_ids, new_tokens[row],
+                                                         token_logp[row]))
+        return results
+
+    def _sample(self, prompt_ids: list[int], tokens: torch.Tensor,
+                logp: torch.Tensor) -> GeneratedSample:
+        ids = tokens.tolist()
+        finished = self.eos_id in ids
+        length = ids.index(self.eos_id) + 1 if finished else len(ids)
+        return GeneratedSample(
+            prompt_ids=prompt_ids, response_ids=ids[:length], logprobs=logp[:length].tolist(),
+            finished=finished,
+            text=self.tokenizer.decode(ids[:length], skip_special_tokens=True))

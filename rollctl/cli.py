@@ -1,0 +1,132 @@
+"""`rollctl`: the command line. Each command parses, sets up, and calls one function.
+
+Heavy imports (torch, transformers) happen inside the commands so that `rollctl --help` is instant.
+Every expected failure (bad config, unreachable Redis, missing model) ends with one line on stderr
+naming the cause, and exit code 2.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Asynchronous RL post-training: learner, generators, Redis streams.")
+
+ConfigOpt = typer.Option(None, "--config", "-c", help="Run config YAML (see configs/).")
+SetOpt = typer.Option(None, "--set", help="Override a config key, e.g. --set algo.clip_high=0.28 "
+                                          "(repeatable).")
+RedisOpt = typer.Option(None, "--redis-url", help="Redis URL (redis://, rediss://, unix://); "
+                                                  "overrides redis.url.")
+
+
+def _fail(message: str) -> None:
+    typer.echo(f"rollctl: error: {message}", err=True)
+    raise typer.Exit(2)
+
+
+def _load(config: Optional[Path], overrides: Optional[List[str]], redis_url: Optional[str]):
+    from broker.config import ConfigError, load_config
+
+    sets = list(overrides or [])
+    if redis_url:
+        sets.append(f"redis.url={redis_url}")
+    try:
+        return load_config(config, sets)
+    except ConfigError as e:
+        _fail(str(e))
+
+
+def _expected_errors() -> tuple[type[BaseException], ...]:
+    from broker.connection import BrokerUnavailable
+    from broker.redis_server import RedisServerError
+    from broker.streams import RunMismatch
+    from broker.weights import CorruptWeights
+
+    return (BrokerUnavailable, RunMismatch, RedisServerError, CorruptWeights, FileNotFoundError,
+            FileExistsError, TimeoutError, ValueError)
+
+
+def _guarded(fn, *args):
+    try:
+        return fn(*args)
+    except _expected_errors() as e:
+        _fail(str(e).splitlines()[0] if str(e) else e.__class__.__name__)
+    except KeyboardInterrupt:
+        typer.echo("rollctl: interrupted", err=True)
+        raise typer.Exit(130)
+
+
+def _need_redis(cfg) -> None:
+    if not cfg.redis.url:
+        _fail("redis.url: not set; pass --redis-url or set it in the config "
+              "(only `rollctl run` starts its own Redis)")
+
+
+@app.command("start-learner")
+def start_learner(config: Optional[Path] = ConfigOpt, set_: Optional[List[str]] = SetOpt,
+                  redis_url: Optional[str] = RedisOpt) -> None:
+    """Run the learner: train, publish weights, write metrics and summary.json."""
+    cfg = _load(config, set_, redis_url)
+    _need_redis(cfg)
+    import learner
+
+    _guarded(learner.run, cfg)
+
+
+@app.command("start-generator")
+def start_generator(config: Optional[Path] = ConfigOpt, set_: Optional[List[str]] = SetOpt,
+                    redis_url: Optional[str] = RedisOpt,
+                    engine: Optional[str] = typer.Option(None, help="hf | vllm | sim "
+                                                                    "(overrides rollout.engine)"),
+                    generator_id: Optional[str] = typer.Option(None, "--id",
+                                                               help="Stable generator name "
+                                                                    "(default: host-pid).")) -> None:
+    """Run one generator: claim prompts, sample, score, stream trajectories."""
+    import os
+    import socket
+
+    cfg = _load(config, (set_ or []) + ([f"rollout.engine={engine}"] if engine else []),
+                redis_url)
+    _need_redis(cfg)
+    import generators
+
+    _guarded(generators.run, cfg, generator_id or f"{socket.gethostname()}-{os.getpid()}")
+
+
+@app.command("run")
+def run(config: Optional[Path] = ConfigOpt, set_: Optional[List[str]] = SetOpt,
+        redis_url: Optional[str] = RedisOpt,
+        generators: Optional[int] = typer.Option(None, "--generators", "-g",
+                                                 help="Generator processes (overrides "
+                                                      "rollout.num_rollout_workers).")) -> None:
+    """Run everything on this machine: Redis (embedded unless --redis-url), learner, generators."""
+    cfg = _load(config, (set_ or []) + ([f"rollout.num_rollout_workers={generators}"]
+                                        if generators is not None else []), redis_url)
+    from rollctl.local import run_local
+
+    code = _guarded(run_local, cfg)
+    raise typer.Exit(code)
+
+
+@app.command("status")
+def status(config: Optional[Path] = ConfigOpt, set_: Optional[List[str]] = SetOpt,
+           redis_url: Optional[str] = RedisOpt,
+           as_json: bool = typer.Option(False, "--json", help="Print one JSON object.")) -> None:
+    """Show queues, pending counts, the weight version and live generators."""
+    cfg = _load(config, set_, redis_url)
+    _need_redis(cfg)
+    from rollctl.status import show_status
+
+    _guarded(show_status, cfg, as_json)
+
+
+def main() -> None:
+    app(prog_name="rollctl")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

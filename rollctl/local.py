@@ -1,0 +1,109 @@
+"""`rollctl run`: the whole system on one machine.
+
+Starts a private redis-server on a unix socket under the run directory (unless a Redis URL is
+given), then the learner and N generators as child processes of this one. Each child asks the
+kernel to SIGTERM it if this process dies (PR_SET_PDEATHSIG), so even a `kill -9` of `rollctl run`
+leaves no orphan. On Ctrl-C, or when the learner exits, the generators get SIGTERM, then SIGKILL
+after a grace period, and Redis is stopped last.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from broker.config import Config
+from broker.redis_server import EmbeddedRedis, die_with_parent
+
+log = logging.getLogger(__name__)
+
+def _spawn(args: list[str], log_path: Path) -> subprocess.Popen:
+    out = open(log_path, "ab")
+    try:
+        return subprocess.Popen([sys.executable, "-m", "rollctl.cli", *args], stdout=out,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                preexec_fn=die_with_parent)
+    finally:
+        out.close()
+
+
+def _stop(procs: list[subprocess.Popen], grace_s: float = 10.0) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def _tail(path: Path, lines: int = 5) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except FileNotFoundError:
+        return ""
+
+
+def _follow(path: Path, offset: int) -> int:
+    """Echo new learner log lines; returns the new offset."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            chunk = f.read()
+    except FileNotFoundError:
+        return offset
+    if chunk:
+        sys.stdout.write(chunk.decode(errors="replace"))
+        sys.stdout.flush()
+    return offset + len(chunk)
+
+
+def run_local(cfg: Config) -> int:
+    """Run learner + generators to the end of training; returns the learner's exit code."""
+    run_dir = Path(cfg.run.run_dir)
+    logs = run_dir / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    server = None
+    if not cfg.redis.url:
+        server = EmbeddedRedis(run_dir / "redis").start()
+        cfg.redis.url = server.url
+        print(f"embedded redis-server at {server.url}", flush=True)
+    config_path = run_dir / "run.yaml"
+    cfg.save(config_path)
+    common = ["--config", str(config_path)]
+    learner = _spawn(["start-learner", *common], logs / "learner.log")
+    gens = [_spawn(["start-generator", *common, "--id", f"gen-{i}"], logs / f"gen-{i}.log")
+            for i in range(cfg.rollout.num_rollout_workers)]
+    offset = 0
+    try:
+        while learner.poll() is None:
+            offset = _follow(logs / "learner.log", offset)
+            for i, g in enumerate(gens):
+                if g.returncode is None and g.poll() is not None:
+                    print(f"generator gen-{i} exited with {g.returncode}: "
+                          f"{_tail(logs / f'gen-{i}.log', 1)}", flush=True)
+            time.sleep(0.5)
+        _follow(logs / "learner.log", offset)
+    except KeyboardInterrupt:
+        print("interrupted: stopping learner and generators", flush=True)
+        _stop([learner])
+    finally:
+        _stop(gens)
+        _stop([learner])
+        if server is not None:
+            server.stop()
+    summary = run_dir / "summary.json"
+    if learner.returncode == 0 and summary.is_file():
+        print(json.dumps(json.loads(summary.read_text())), flush=True)
+    elif learner.returncode != 0:
+        print(f"learner exited with {learner.returncode}; see {logs / 'learner.log'}",
+              file=sys.stderr, flush=True)
+    return learner.returncode or 0

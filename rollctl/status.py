@@ -1,0 +1,62 @@
+"""`rollctl status`: what a run is doing, read from Redis only.
+
+Shows stream lengths, each consumer group's pending and lag, the published weight version, the
+learner's progress and every live generator with its loaded version and counters.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+from broker.config import Config
+from broker.connection import connect
+from broker.streams import RunBroker
+
+
+def _groups(broker: RunBroker, stream: str) -> list[dict]:
+    if not broker.r.exists(stream):
+        return []
+    out = []
+    for g in broker.r.xinfo_groups(stream):
+        name = g["name"].decode() if isinstance(g["name"], bytes) else g["name"]
+        out.append({"group": name, "consumers": g["consumers"], "pending": g["pending"],
+                    "lag": g.get("lag")})
+    return out
+
+
+def collect_status(cfg: Config) -> dict:
+    broker = RunBroker(connect(cfg.redis.url, min(cfg.redis.connect_timeout_s, 5.0)),
+                       cfg.run.run_id, cfg.redis.max_payload_bytes)
+    streams = {}
+    for name, key in (("prompts", broker.prompts), ("trajectories", broker.trajectories),
+                      ("dlq", broker.dlq)):
+        streams[name] = {"length": broker.r.xlen(key), "groups": _groups(broker, key)}
+    now = time.time()
+    gens = {}
+    for gid, f in sorted(broker.live_generators().items()):
+        gens[gid] = {**f, "last_seen_s": round(now - float(f.get("heartbeat_at", now)), 1)}
+    return {"run": cfg.run.run_id, "learner": broker.run_fields(), "weights": broker.weights(),
+            "streams": streams, "generators": gens}
+
+
+def show_status(cfg: Config, as_json: bool) -> None:
+    s = collect_status(cfg)
+    if as_json:
+        print(json.dumps(s))
+        return
+    lr = s["learner"]
+    print(f"run {s['run']}: state={lr.get('state', 'not started')} step={lr.get('step', 0)} "
+          f"issued={lr.get('issued', 0)} heldout_acc={lr.get('heldout_acc', '-')}")
+    w = s["weights"]
+    print(f"weights: v{w.get('version', '-')} {w.get('path', '')}")
+    for name, st in s["streams"].items():
+        groups = ", ".join(f"{g['group']}: pending={g['pending']} lag={g['lag']} "
+                           f"consumers={g['consumers']}" for g in st["groups"]) or "no groups"
+        print(f"{name:<13} length={st['length']:<6} {groups}")
+    if not s["generators"]:
+        print("generators: none alive")
+    for gid, g in s["generators"].items():
+        print(f"generator {gid}: {g.get('state')} loaded=v{g.get('loaded_version')} "
+              f"groups={g.get('groups')} samples={g.get('samples')} "
+              f"idle={g.get('idle_frac')} last_seen={g['last_seen_s']}s ago")

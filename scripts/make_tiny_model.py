@@ -1,0 +1,236 @@
+"""Build a tiny, offline, warm-started causal LM for tests and the demo.
+
+What it writes (a standard Hugging Face directory, loadable with AutoModelForCausalLM / AutoTokenizer):
+a small Qwen2ForCausalLM and a character-level tokenizer (WordLevel over single characters, `<bos>`
+prepended by the post-processor, `<eos>` ends every target, `<pad>` for padding, left padding by default
+because generation pads on the left).
+
+Why warm-start: a randomly initialised model never writes a correct answer, so every GRPO group has equal
+rewards and zero advantage. A short SFT on the task's train items (loss on answer + EOS tokens only) gives
+a model that is right sometimes and nearly right often; RL then has something to sharpen. Stop SFT early
+(few steps) to leave room for RL to improve held-out greedy accuracy.
+
+Deterministic for a seed and a thread count. Prints one JSON line at the end:
+    {"sft_steps": ..., "sft_loss": ..., "build_wall_s": ..., "sft_wall_s": ..., "wall_s": ...,
+     "heldout_acc": ..., "params": ..., "out": ...}
+
+    python scripts/make_tiny_model.py --out models/tiny --task arithmetic --sft-steps 300 --seed 0
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import logging
+import math
+import string
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+from envs import Item, Task, make_task
+
+logger = logging.getLogger(__name__)
+
+SPECIAL_TOKENS = ["<pad>", "<bos>", "<eos>", "<unk>"]  # ids 0..3, in this order
+CHARS = string.digits + string.ascii_lowercase + " +-*/=().,?"
+MAX_POSITIONS = 64
+
+
+def build_tokenizer(chars: str = CHARS) -> PreTrainedTokenizerFast:
+    """Character-level tokenizer: one token per character, `<bos>` prepended, decode joins characters."""
+    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS + list(dict.fromkeys(chars)))}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    tok.post_processor = processors.TemplateProcessing(
+        single="<bos> $A", special_tokens=[("<bos>", vocab["<bos>"])]
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        pad_token="<pad>",
+        bos_token="<bos>",
+        eos_token="<eos>",
+        unk_token="<unk>",
+        padding_side="left",
+        model_max_length=MAX_POSITIONS,
+    )
+
+
+def build_model(
+    tokenizer: PreTrainedTokenizerFast, layers: int, hidden: int, heads: int, seed: int
+) -> Qwen2ForCausalLM:
+    """A small Qwen2 (tied embeddings, MLP 4x hidden) with weights drawn from torch.manual_seed(seed)."""
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden,
+        intermediate_size=4 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=heads,
+        max_position_embeddings=MAX_POSITIONS,
+        tie_word_embeddings=True,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(config)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.bos_token_id = tokenizer.bos_token_id
+    return model
+
+
+def sft_batch(
+    tokenizer: PreTrainedTokenizerFast, items: Sequence[Item]
+) -> dict[str, torch.Tensor]:
+    """Right-padded `<bos> prompt answer <eos>` rows; labels are -100 except on answer + EOS tokens.
+
+    Returns input_ids [B, L] long, attention_mask [B, L] long, labels [B, L] long.
+    Right padding keeps position ids 0..n-1 for real tokens, the same as generation's left padding
+    (which derives positions from the attention mask).
+    """
+    rows, targets = [], []
+    for item in items:
+        prompt = tokenizer(item.prompt)["input_ids"]
+        answer = tokenizer(item.answer, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        rows.append(prompt + answer)
+        targets.append([-100] * len(prompt) + answer)
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), tokenizer.pad_token_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    labels = torch.full((len(rows), width), -100, dtype=torch.long)
+    for i, (row, target) in enumerate(zip(rows, targets)):
+        ids[i, : len(row)] = torch.tensor(row)
+        mask[i, : len(row)] = 1
+        labels[i, : len(row)] = torch.tensor(target)
+    return {"input_ids": ids, "attention_mask": mask, "labels": labels}
+
+
+def sft(
+    model: Qwen2ForCausalLM,
+    tokenizer: PreTrainedTokenizerFast,
+    task: Task,
+    steps: int,
+    lr: float,
+    batch_size: int,
+    seed: int,
+) -> float:
+    """AdamW with linear warmup (10% of steps) then cosine decay to 10% of lr; returns the last loss.
+
+    HF's loss is a mean over answer tokens (labels shift inside the model).
+    """
+    if steps <= 0:
+        return float("nan")
+    items = task.train_items(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0, betas=(0.9, 0.98))
+    warmup = max(1, steps // 10)
+
+    def schedule(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = (step - warmup) / max(1, steps - warmup)
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
+
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
+    model.train()
+    loss = torch.tensor(float("nan"))
+    for step in range(steps):
+        batch = sft_batch(tokenizer, list(itertools.islice(items, batch_size)))
+        loss = model(**batch).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        if step % 100 == 0 or step == steps - 1:
+            logger.info("sft step %d loss %.4f", step, loss.item())
+    model.eval()
+    return float(loss.item())
+
+
+@torch.no_grad()
+def greedy_responses(
+    model: Qwen2ForCausalLM, tokenizer: PreTrainedTokenizerFast, prompts: Sequence[str], max_new_tokens: int
+) -> list[str]:
+    """Greedy completions, each cut at the first EOS (EOS itself removed, as the generator does)."""
+    enc = tokenizer(list(prompts), return_tensors="pt", padding=True, padding_side="left")
+    out = model.generate(**enc, do_sample=False, max_new_tokens=max_new_tokens)
+    responses = []
+    for row in out[:, enc["input_ids"].shape[1] :].tolist():
+        if tokenizer.eos_token_id in row:
+            row = row[: row.index(tokenizer.eos_token_id)]
+        responses.append(tokenizer.decode(row, skip_special_tokens=True))
+    return responses
+
+
+def heldout_accuracy(
+    model: Qwen2ForCausalLM, tokenizer: PreTrainedTokenizerFast, task: Task, batch_size: int = 256
+) -> float:
+    """Fraction of held-out items whose greedy response equals the answer exactly."""
+    items = task.heldout_items()
+    max_new = max(len(it.answer) for it in items) + 2
+    hits = 0
+    for start in range(0, len(items), batch_size):
+        chunk = items[start : start + batch_size]
+        responses = greedy_responses(model, tokenizer, [it.prompt for it in chunk], max_new)
+        hits += sum(r == it.answer for r, it in zip(responses, chunk))
+    return hits / len(items)
+
+
+def make_tiny_model(args: argparse.Namespace) -> dict[str, Any]:
+    """Build, warm-start and save; returns the summary printed as JSON."""
+    torch.set_num_threads(args.threads)
+    t0 = time.perf_counter()
+    task = make_task(args.task, json.loads(args.task_params))
+    tokenizer = build_tokenizer()
+    model = build_model(tokenizer, args.layers, args.hidden, args.heads, args.seed)
+    t1 = time.perf_counter()
+    loss = sft(model, tokenizer, task, args.sft_steps, args.sft_lr, args.sft_batch_size, args.seed)
+    t2 = time.perf_counter()
+    out = Path(args.out)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    acc = heldout_accuracy(model, tokenizer, task) if args.eval else None
+    return {
+        "sft_steps": args.sft_steps,
+        "sft_loss": round(loss, 4),
+        "build_wall_s": round(t1 - t0, 2),
+        "sft_wall_s": round(t2 - t1, 2),
+        "wall_s": round(time.perf_counter() - t0, 2),
+        "heldout_acc": acc,
+        "params": sum(p.numel() for p in model.parameters()),
+        "out": str(out),
+    }
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", required=True, help="output directory (created)")
+    p.add_argument("--task", default="arithmetic", help="task name for envs.make_task")
+    p.add_argument("--task-params", default="{}", help="JSON dict of task constructor params")
+    p.add_argument("--sft-steps", type=int, default=300, help="SFT optimiser steps (0 = untrained)")
+    p.add_argument("--sft-lr", type=float, default=3e-3, help="peak SFT learning rate")
+    p.add_argument("--sft-batch-size", type=int, default=64, help="train items per SFT step")
+    p.add_argument("--seed", type=int, default=0, help="seeds weights and the train item stream")
+    p.add_argument("--layers", type=int, default=2, help="transformer layers")
+    p.add_argument("--hidden", type=int, default=128, help="hidden size (MLP is 4x)")
+    p.add_argument("--heads", type=int, default=4, help="attention heads (= key/value heads)")
+    p.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
+    p.add_argument("--no-eval", dest="eval", action="store_false", help="skip held-out evaluation")
+    return p.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    print(json.dumps(make_tiny_model(parse_args(argv))), flush=True)
+
+
+if __name__ == "__main__":
+    main()

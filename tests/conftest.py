@@ -1,0 +1,50 @@
+"""Shared fixtures.
+
+- `redis_url`: one real redis-server per test session, on a unix socket, no persistence.
+- `broker`: a RunBroker on that server with a run id unique to the test (keys never collide).
+- `tiny_model_dir`: a tiny Qwen2 model with a character tokenizer, built once per session with a
+  short SFT by scripts/make_tiny_model.py (the same code path as `make demo`).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def redis_url():
+    from broker.redis_server import EmbeddedRedis
+
+    with EmbeddedRedis() as server:
+        yield server.url
+
+
+@pytest.fixture
+def run_id() -> str:
+    return f"t{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+def broker(redis_url, run_id):
+    from broker.connection import connect
+    from broker.streams import RunBroker
+
+    b = RunBroker(connect(redis_url, 5.0), run_id, max_payload_bytes=1_000_000)
+    b.ensure_groups()
+    return b
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("models") / "tiny"
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "make_tiny_model.py"), "--out", str(out),
+                    "--sft-steps", "60", "--layers", "1", "--hidden", "64", "--no-eval"],
+                   check=True, cwd=ROOT, capture_output=True)
+    return out

@@ -1,0 +1,55 @@
+"""Bad input at the command line: one clear line naming the cause, a non-zero exit."""
+
+import subprocess
+import sys
+import time
+
+import yaml
+
+
+def _rollctl(*args, timeout=60):
+    return subprocess.run([sys.executable, "-m", "rollctl.cli", *args], capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def test_help_lists_the_commands():
+    out = _rollctl("--help")
+    assert out.returncode == 0
+    for command in ("start-learner", "start-generator", "run", "status"):
+        assert command in out.stdout
+
+
+def test_unknown_key_names_the_key(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump({"trainer": {"actor_lrr": 0.1}}))
+    out = _rollctl("start-learner", "--config", str(path), "--redis-url", "unix:///nowhere")
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines() == [
+        "rollctl: error: trainer.actor_lrr: unknown key (known: actor_lr, async_ratio, eval_every, "
+        "keep_versions, max_grad_norm, micro_batch_size, num_trainer_workers, rollout_batch_size, "
+        "total_steps, wait_timeout_s, weight_decay)"]
+
+
+def test_wrong_type_names_the_key(tmp_path):
+    out = _rollctl("run", "--set", "trainer.total_steps=many")
+    assert out.returncode == 2
+    assert out.stderr.strip() == ("rollctl: error: trainer.total_steps: expected an integer, "
+                                  "got 'many'")
+
+
+def test_generator_gives_up_on_unreachable_redis_with_a_clear_message(tmp_path):
+    started = time.monotonic()
+    out = _rollctl("start-generator", "--redis-url", f"unix://{tmp_path}/no.sock",
+                   "--set", "redis.connect_timeout_s=3")
+    elapsed = time.monotonic() - started
+    assert out.returncode == 2
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"rollctl: error: cannot reach Redis at unix://{tmp_path}/no.sock")
+    assert "start redis-server or fix redis.url" in last
+    assert elapsed < 20
+    assert "retrying" in out.stderr  # it did retry with backoff before giving up
+
+
+def test_learner_without_redis_url_says_so():
+    out = _rollctl("start-learner")
+    assert out.returncode == 2 and "redis.url: not set" in out.stderr

@@ -1,0 +1,95 @@
+"""Broker round trips against a real redis-server (started by tests/conftest.py)."""
+
+import time
+
+import numpy as np
+import pytest
+
+from broker.connection import BrokerUnavailable, connect
+from broker.schema import PromptWork, Sample, Trajectory
+from broker.streams import GEN_GROUP, LEARNER_GROUP, RunBroker, RunMismatch
+
+
+def _work(i: int, version: int = 0) -> PromptWork:
+    return PromptWork(prompt_id=f"train-{i}", group_id=f"g{i:09d}", n=2, issued_version=version,
+                      item={"id": f"train-{i}", "prompt": f"{i}+1=", "answer": str(i + 1)})
+
+
+def _traj(work: PromptWork, version: int = 0) -> Trajectory:
+    s = Sample(response_ids=np.array([5, 2], np.int32), logprobs=np.array([-0.1, -0.2], np.float32),
+               token_versions=np.array([version, version], np.int32), reward=1.0, finished=True,
+               text="x")
+    return Trajectory(traj_id=work.group_id, prompt_id=work.prompt_id, group_id=work.group_id,
+                      generator="gen-0", behavior_version=version, issued_version=work.issued_version,
+                      prompt_ids=np.array([1, 5], np.int32), samples=[s, s])
+
+
+def test_prompt_to_trajectory_round_trip(broker):
+    broker.add_prompts([_work(i) for i in range(3)])
+    claimed = broker.claim_prompts("gen-0", count=2, block_ms=100)
+    assert [w.prompt_id for _, w in claimed] == ["train-0", "train-1"]
+    # another consumer of the group gets the rest, never the same entries
+    other = broker.claim_prompts("gen-1", count=5, block_ms=100)
+    assert [w.prompt_id for _, w in other] == ["train-2"]
+    for entry_id, work in claimed:
+        broker.add_trajectory(_traj(work), prompt_entry_id=entry_id)
+    # trajectory XADD and prompt XACK happen together: gen-0 has nothing pending now
+    assert broker.r.xpending(broker.prompts, GEN_GROUP)["pending"] == 1  # gen-1's
+    good, bad = broker.read_trajectories("rank0", count=10, block_ms=100, vocab_size=10)
+    assert bad == [] and [t.traj_id for _, t in good] == ["g000000000", "g000000001"]
+    assert broker.r.xpending(broker.trajectories, LEARNER_GROUP)["pending"] == 2
+    broker.ack_trajectories([e for e, _ in good])
+    assert broker.r.xpending(broker.trajectories, LEARNER_GROUP)["pending"] == 0
+    # the scalar fields are readable as they are, as `redis-cli XRANGE` shows them
+    _, fields = broker.r.xrange(broker.trajectories, count=1)[0]
+    assert fields[b"traj_id"] == b"g000000000" and fields[b"reward_mean"] == b"1.0000"
+    assert fields[b"behavior_version"] == b"0" and fields[b"schema"] == b"1"
+
+
+def test_unacked_prompts_are_redelivered_to_the_same_consumer(broker):
+    broker.add_prompts([_work(0)])
+    first = broker.claim_prompts("gen-0", count=1, block_ms=100)
+    again = broker.claim_prompts("gen-0", count=1, block_ms=100, own_pending=True)
+    assert [e for e, _ in again] == [e for e, _ in first]
+
+
+def test_poison_trajectory_goes_to_the_dead_letter_stream(broker):
+    good_id = broker.add_trajectory(_traj(_work(0)), prompt_entry_id=None)
+    bad_id = broker.r.xadd(broker.trajectories, {"schema": 1, "traj_id": "x", "data": b"\xc1"}).decode()
+    good, bad = broker.read_trajectories("rank0", count=10, block_ms=100, vocab_size=10)
+    assert [e for e, _ in good] == [good_id]
+    assert [b.entry_id for b in bad] == [bad_id] and "corrupt msgpack" in bad[0].reason
+    (_, dlq_fields), = broker.r.xrange(broker.dlq)
+    assert dlq_fields[b"original_id"].decode() == bad_id
+    assert dlq_fields[b"reason"].startswith(b"corrupt msgpack")
+    # the poison entry was acknowledged; only the good one is pending
+    assert broker.r.xpending(broker.trajectories, LEARNER_GROUP)["pending"] == 1
+
+
+def test_token_outside_vocabulary_is_dead_lettered(broker):
+    broker.add_trajectory(_traj(_work(0)), prompt_entry_id=None)
+    good, bad = broker.read_trajectories("rank0", count=10, block_ms=100, vocab_size=4)
+    assert good == [] and "outside the vocabulary" in bad[0].reason
+
+
+def test_a_process_with_another_config_is_refused(redis_url, run_id):
+    a = RunBroker(connect(redis_url, 5), run_id, 1000)
+    a.register_run("aaaa")
+    a.register_run("aaaa")  # the same config joins
+    with pytest.raises(RunMismatch, match="fingerprint"):
+        RunBroker(connect(redis_url, 5), run_id, 1000).register_run("bbbb")
+
+
+def test_heartbeats_expire(broker):
+    broker.heartbeat("gen-0", {"loaded_version": 3}, ttl_s=0.3)
+    assert broker.live_generators()["gen-0"]["loaded_version"] == "3"
+    assert broker.loaded_versions() == {3}
+    time.sleep(0.5)
+    assert broker.live_generators() == {}
+
+
+def test_unreachable_redis_fails_after_bounded_retries(tmp_path):
+    started = time.monotonic()
+    with pytest.raises(BrokerUnavailable, match="cannot reach Redis at unix://.*after"):
+        connect(f"unix://{tmp_path}/nothing.sock", timeout_s=1.5)
+    assert 1.0 < time.monotonic() - started < 6

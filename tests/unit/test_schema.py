@@ -1,0 +1,92 @@
+import msgpack
+import numpy as np
+import pytest
+
+from broker.schema import (PromptWork, Sample, Trajectory, WireError, decode_prompt,
+                           decode_trajectory, encode_prompt, encode_trajectory)
+
+VOCAB = 50
+
+
+def _fields(d: dict) -> dict[bytes, bytes]:
+    """What redis-py returns for an entry XADDed with `d`: bytes keys and values."""
+    return {k.encode(): v if isinstance(v, bytes) else str(v).encode() for k, v in d.items()}
+
+
+def _traj(**over) -> Trajectory:
+    s = Sample(response_ids=np.array([5, 6, 2], np.int32),
+               logprobs=np.array([-0.5, -1.25, -0.01], np.float32),
+               token_versions=np.array([3, 3, 4], np.int32), reward=1.1, finished=True, text="12")
+    t = Trajectory(traj_id="g1", prompt_id="train-1", group_id="g1", generator="gen-0",
+                   behavior_version=3, issued_version=2, prompt_ids=np.array([1, 7, 8], np.int32),
+                   samples=[s, s])
+    for k, v in over.items():
+        setattr(t, k, v)
+    return t
+
+
+def test_trajectory_round_trip_keeps_every_field():
+    t = _traj()
+    fields = encode_trajectory(t)
+    assert fields["reward_mean"] == "1.1000" and fields["n"] == 2  # readable in redis-cli
+    back = decode_trajectory(_fields(fields), 1_000_000, VOCAB)
+    assert (back.traj_id, back.behavior_version, back.issued_version) == ("g1", 3, 2)
+    np.testing.assert_array_equal(back.prompt_ids, t.prompt_ids)
+    for a, b in zip(back.samples, t.samples):
+        np.testing.assert_array_equal(a.response_ids, b.response_ids)
+        np.testing.assert_array_equal(a.logprobs, b.logprobs)
+        np.testing.assert_array_equal(a.token_versions, b.token_versions)
+        assert (a.reward, a.finished, a.text) == (b.reward, b.finished, b.text)
+
+
+def test_prompt_round_trip():
+    w = PromptWork(prompt_id="train-3", group_id="g000000003", n=4, issued_version=7,
+                   item={"id": "train-3", "prompt": "1+2=", "answer": "3"})
+    back = decode_prompt(_fields(encode_prompt(w)), 10_000)
+    assert back == w
+
+
+def _mutated(mutate) -> dict[bytes, bytes]:
+    fields = _fields(encode_trajectory(_traj()))
+    body = msgpack.unpackb(fields[b"data"])
+    mutate(fields, body)
+    fields[b"data"] = msgpack.packb(body)
+    return fields
+
+
+@pytest.mark.parametrize("mutate, reason", [
+    (lambda f, b: f.__setitem__(b"schema", b"99"), "schema"),
+    (lambda f, b: b["samples"][0].__setitem__("reward", float("nan")), "reward: not finite"),
+    (lambda f, b: b["samples"][1].__setitem__("reward", "high"), "wrong type str"),
+    (lambda f, b: b["samples"][0]["logprobs"].__setitem__(
+        "data", np.array([-0.5, np.inf, -1], np.float32).tobytes()), "logprobs: not finite"),
+    (lambda f, b: b["samples"][0]["response_ids"].__setitem__(
+        "data", np.array([5, VOCAB, 2], np.int32).tobytes()), "outside the vocabulary"),
+    (lambda f, b: b["prompt_ids"].__setitem__("data", np.array([-1, 7, 8], np.int32).tobytes()),
+     "prompt_ids: token id outside"),
+    (lambda f, b: b["samples"][0]["logprobs"].__setitem__("shape", [4]), "does not match shape"),
+    (lambda f, b: b["samples"][0]["logprobs"].__setitem__("dtype", "<f8"), "expected a <f4 array"),
+    (lambda f, b: b.__setitem__("samples", []), "no samples"),
+    (lambda f, b: f.pop(b"traj_id"), "bad scalar field"),
+])
+def test_invalid_trajectories_are_rejected_with_a_reason(mutate, reason):
+    with pytest.raises(WireError, match=reason):
+        decode_trajectory(_mutated(mutate), 1_000_000, VOCAB)
+
+
+def test_corrupt_and_oversize_payloads_are_rejected_before_use():
+    fields = _fields(encode_trajectory(_traj()))
+    with pytest.raises(WireError, match="exceeds the limit"):
+        decode_trajectory(fields, max_bytes=10, vocab_size=VOCAB)
+    fields[b"data"] = b"\xc1\xff\x00garbage"
+    with pytest.raises(WireError, match="corrupt msgpack"):
+        decode_trajectory(fields, 1_000_000, VOCAB)
+
+
+def test_pickle_is_never_accepted():
+    import pickle
+
+    fields = _fields(encode_trajectory(_traj()))
+    fields[b"data"] = pickle.dumps({"samples": []})
+    with pytest.raises(WireError):
+        decode_trajectory(fields, 1_000_000, VOCAB)

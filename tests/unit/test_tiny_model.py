@@ -1,0 +1,46 @@
+"""scripts/make_tiny_model.py builds a standard HF dir that the Auto classes load back."""
+
+import json
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from scripts.make_tiny_model import main
+
+
+def test_build_and_load_back(tmp_path, capsys):
+    out = tmp_path / "tiny"
+    main(["--out", str(out), "--sft-steps", "3", "--sft-batch-size", "8", "--layers", "1",
+          "--hidden", "32", "--heads", "2", "--threads", "1", "--seed", "0"])
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["sft_steps"] == 3 and 0.0 <= summary["heldout_acc"] <= 1.0
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in out.iterdir()}
+
+    tok = AutoTokenizer.from_pretrained(out)
+    model = AutoModelForCausalLM.from_pretrained(out)
+    assert type(model).__name__ == "Qwen2ForCausalLM"
+    assert model.config.num_hidden_layers == 1 and model.config.hidden_size == 32
+    assert tok.pad_token_id == model.config.pad_token_id == 0
+    assert tok.eos_token_id == model.config.eos_token_id == 2
+    assert tok.padding_side == "left"
+
+    ids = tok("17+25=")["input_ids"]
+    assert ids[0] == tok.bos_token_id and len(ids) == 1 + len("17+25=")  # <bos> + one id per char
+    assert tok.decode(ids, skip_special_tokens=True) == "17+25="
+
+    enc = tok(["1+1=", "10+10="], return_tensors="pt", padding=True)
+    assert enc["attention_mask"][0].tolist() == [0, 0, 1, 1, 1, 1, 1]  # left padded
+    with torch.no_grad():
+        logits = model(**enc).logits
+    assert logits.shape == (2, 7, len(tok)) and torch.isfinite(logits).all()
+
+
+def test_deterministic_for_a_seed(tmp_path, capsys):
+    args = ["--sft-steps", "2", "--sft-batch-size", "4", "--layers", "1", "--hidden", "32",
+            "--heads", "2", "--threads", "1", "--seed", "3", "--no-eval"]
+    main(["--out", str(tmp_path / "a"), *args])
+    main(["--out", str(tmp_path / "b"), *args])
+    a = AutoModelForCausalLM.from_pretrained(tmp_path / "a").state_dict()
+    b = AutoModelForCausalLM.from_pretrained(tmp_path / "b").state_dict()
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], atol=0, rtol=0)
