@@ -89,11 +89,15 @@ def _outcome_scores(x: AdvantageInputs) -> Tensor:
     return x.scores + masked_sum(x.token_rewards, x.mask, dim=-1)
 
 
+def _as_groups(scores: Tensor, group_size: int) -> Tensor:
+    """scores [B] -> [G, n], B = G * n."""
+    if group_size < 1 or scores.numel() % group_size != 0:
+        raise ValueError(f"{scores.numel()} responses do not split into groups of {group_size}")
+    return scores.view(-1, group_size)
+
+
 def _grouped(x: AdvantageInputs) -> Tensor:
-    scores = _outcome_scores(x)
-    if scores.numel() % x.group_size != 0:
-        raise ValueError(f"{scores.numel()} responses do not split into groups of {x.group_size}")
-    return scores.view(-1, x.group_size)  # [G, n]
+    return _as_groups(_outcome_scores(x), x.group_size)  # [G, n]
 
 
 def _token_rewards(x: AdvantageInputs) -> Tensor:
@@ -135,7 +139,7 @@ def reinforce_pp_estimator(x: AdvantageInputs, cfg: AdvantageConfig) -> Advantag
 
 def reinforce_pp_baseline_estimator(x: AdvantageInputs, cfg: AdvantageConfig) -> AdvantageOutput:
     """REINFORCE++-baseline (Hu 2025, Sec. 3.3): subtract the group-mean score first, then as REINFORCE++."""
-    grouped = x.scores.view(-1, x.group_size)
+    grouped = _as_groups(x.scores, x.group_size)  # [G, n]
     centred = (grouped - grouped.mean(dim=-1, keepdim=True)).reshape(-1)
     return reinforce_pp_estimator(
         AdvantageInputs(centred, x.mask, x.group_size, x.values, x.token_rewards), cfg

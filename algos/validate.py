@@ -60,6 +60,7 @@ def validate_algo_choice(
     reward_norm: str = "none",
     dynamic_sampling: bool = False,
     overlong_buffer: int | None = None,
+    overlong_penalty_factor: float = 1.0,
     max_new_tokens: int | None = None,
     num_return_sequences: int | None = None,
 ) -> None:
@@ -80,7 +81,7 @@ def validate_algo_choice(
     _check_coefficients(kl_coef, entropy_coef, loss_agg_mode, norm_len, gamma, lam)
     _optional_positive("clip_range_value", clip_range_value)
     _optional_positive("reward_clip", reward_clip)
-    _check_overlong(overlong_buffer, max_new_tokens)
+    _check_overlong(overlong_buffer, overlong_penalty_factor, max_new_tokens)
 
 
 def _check_estimator(
@@ -142,7 +143,9 @@ def _check_coefficients(
     _in_range("lam", lam, 0.0, 1.0, low_open=False, high_open=False)
 
 
-def _check_overlong(overlong_buffer: int | None, max_new_tokens: int | None) -> None:
+def _check_overlong(overlong_buffer: int | None, penalty_factor: float, max_new_tokens: int | None) -> None:
+    if not penalty_factor > 0:
+        raise ValueError(f"algo.overlong_penalty_factor must be > 0, got {penalty_factor!r}")
     if overlong_buffer is None:
         return
     if overlong_buffer <= 0:

@@ -41,7 +41,7 @@ def value_loss(
     else:
         v_clip = old + (v - old).clamp(-clip_range_value, clip_range_value)
         err_clip = (v_clip - ret) ** 2
-        token_loss, clipped = 0.5 * torch.minimum(err, err_clip), err_clip > err
+        token_loss, clipped = 0.5 * torch.maximum(err, err_clip), err_clip > err
     loss = aggregate(token_loss, mask, agg_mode, norm_len=norm_len)
     with torch.no_grad():
         var_ret = masked_var(ret, mask)

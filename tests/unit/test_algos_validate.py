@@ -48,6 +48,7 @@ def test_valid_choices_pass(overrides):
         (dict(lam=-0.1), "algo.lam must be in [0, 1]"),
         (dict(clip_range_value=0.0), "algo.clip_range_value must be > 0"),
         (dict(reward_clip=-1.0), "algo.reward_clip must be > 0"),
+        (dict(overlong_penalty_factor=0.0), "algo.overlong_penalty_factor must be > 0"),
         (dict(overlong_buffer=0), "algo.overlong_buffer must be > 0"),
         (dict(overlong_buffer=1024, max_new_tokens=1024), "algo.overlong_buffer must be < max_new_tokens"),
         (dict(num_return_sequences=1), "algo.adv_estimator: 'grpo' needs num_return_sequences >= 2"),
