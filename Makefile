@@ -47,5 +47,9 @@ test: install redis-server
 test-unit: install
 	$(BIN)/python -m pytest tests/unit -q $(PYTEST_ARGS)
 
+# Benchmarks print one JSON line each; docs/BENCHMARKS.md records them with the machine.
+bench: install redis-server
+	$(BIN)/python scripts/bench_async.py --steps 12
+
 clean:
 	rm -rf runs models $(VENV) *.egg-info

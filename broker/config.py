@@ -16,6 +16,7 @@ import dataclasses
 import hashlib
 import json
 import math
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -67,6 +68,25 @@ class RolloutConfig:
     prompts_per_pull: int = 4  # prompts a generator claims and samples as one batch
     num_rollout_workers: int = 2  # generator processes started by `rollctl run`
     heartbeat_ttl_s: float = 30.0  # a generator's status hash expires this long after its last beat
+    interrupt: bool = False  # on a new version mid-generation: False finishes the batch on the old
+    #                          weights, True swaps weights in and continues (per-token versions)
+    redundant_samples: int = 0  # r: start n + r samples per group, keep the first n to finish
+    reclaim_idle_s: float = 120.0  # take over prompts another generator claimed this long ago
+    #                                and never finished (it probably died)
+    replicate_prompts: bool = False  # issue each sample of a group as its own prompt entry, so
+    #                                  one group is spread over generators
+
+
+@dataclass
+class SimConfig:
+    """Timing of the simulated engine and learner (`rollout.engine: sim`), for scheduling benchmarks."""
+
+    per_token_s: float = 0.002  # one decode step of a single sequence
+    batch_slowdown: float = 0.02  # each extra sequence in a batch slows a decode step by this share
+    length_median: int = 64  # median response length (log-normal)
+    length_sigma: float = 1.0  # log-normal sigma: larger means a longer tail
+    learner_step_s: float = 0.0  # > 0: the learner sleeps this long per step instead of training
+    vocab_size: int = 64  # token ids the simulated engine draws from
 
 
 @dataclass
@@ -91,15 +111,41 @@ class TrainerConfig:
 
 @dataclass
 class AlgoConfig:
-    adv_estimator: Literal["grpo", "drgrpo"] = "grpo"  # group baseline: mean/std or mean only
-    policy_loss: Literal["ppo"] = "ppo"  # decoupled PPO-clip with a truncated IS weight
+    """The `algo:` section; docs/algorithms.md gives each key's formula and paper. The names of the
+    enumerations are the keys of the algos registries, written out so that loading a config does not
+    import torch (tests/unit/test_learner_config.py checks that they match)."""
+
+    adv_estimator: Literal[
+        "grpo", "dr_grpo", "rloo", "gae", "reinforce++", "reinforce++-baseline"
+    ] = "grpo"  # advantage estimator (algos.ADVANTAGE_ESTIMATORS); gae needs critic: true
+    policy_loss: Literal["ppo", "gspo", "cispo", "topr", "reinforce"] = "ppo"  # algos.POLICY_LOSSES
     clip_low: float = 0.2  # ratio lower bound 1 - clip_low
     clip_high: float = 0.2  # ratio upper bound 1 + clip_high (DAPO: 0.28)
     dual_clip_c: float | None = 3.0  # dual-clip bound for negative advantages (None = off)
     tis_cap: float | None = 2.0  # cap of the importance weight pi_prox / pi_behaviour (None = off)
+    is_mode: Literal["truncate", "mask"] = "truncate"  # cap the IS weight, or drop tokens outside bounds
+    is_level: Literal["token", "sequence", "geometric"] = "token"  # what the IS weight is a ratio of
+    is_low: float | None = None  # lower edge of the kept IS interval with is_mode: mask (IcePop: 0.5)
+    kl_coef: float = 0.0  # weight of the KL to the frozen initial policy (0 = no reference model)
+    kl_estimator: Literal["k1", "k2", "k3"] = "k3"  # per-token KL estimator (algos.KL_ESTIMATORS)
+    use_kl_in_reward: bool = False  # subtract kl_coef * KL from token rewards instead of a loss term
+    entropy_coef: float = 0.0  # weight of the entropy bonus (0 = entropy not computed)
     loss_agg_mode: Literal[
         "token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"
-    ] = "token-mean"  # how token losses are averaged
+    ] = "token-mean"  # how token losses are averaged (algos.AGG_MODES)
+    norm_len: float | None = None  # divisor of seq-mean-token-sum-norm (None = rollout.max_new_tokens)
+    whiten_advantages: bool = False  # z-score advantages over the batch's response tokens (as ROLL)
+    gamma: float = 1.0  # per-token discount (gae, reinforce++)
+    lam: float = 0.95  # GAE lambda
+    critic: bool = False  # train a value model (policy backbone + scalar head); needed by gae only
+    critic_lr: float = 1e-4  # AdamW learning rate of the critic
+    clip_range_value: float | None = None  # value clipping around the old values (None = unclipped)
+    reward_clip: float | None = None  # clamp scores to [-reward_clip, reward_clip] (None = off)
+    reward_norm: Literal["none", "batch", "group", "running"] = "none"  # z-scoring of the scores
+    dynamic_sampling: bool = False  # replace groups whose scores are all equal by fresh prompts (DAPO)
+    overlong_filter: bool = False  # mask truncated samples out of the loss (DAPO)
+    overlong_buffer: int | None = None  # soft overlong penalty over the budget's last N tokens (None = off)
+    overlong_penalty_factor: float = 1.0  # scale of the soft overlong penalty
 
 
 @dataclass
@@ -111,6 +157,7 @@ class Config:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     algo: AlgoConfig = field(default_factory=AlgoConfig)
+    sim: SimConfig = field(default_factory=SimConfig)
 
     @property
     def key_prefix(self) -> str:
@@ -136,10 +183,12 @@ _POSITIVE = {
     "trainer.rollout_batch_size", "trainer.micro_batch_size", "trainer.total_steps",
     "trainer.actor_lr", "trainer.keep_versions", "trainer.num_trainer_workers",
     "trainer.wait_timeout_s", "redis.connect_timeout_s", "redis.max_payload_bytes",
-    "rollout.temperature", "rollout.heartbeat_ttl_s",
+    "rollout.temperature", "rollout.heartbeat_ttl_s", "rollout.reclaim_idle_s", "sim.per_token_s",
+    "sim.length_median", "sim.length_sigma", "sim.vocab_size",
 }
-_NON_NEGATIVE = {"run.torch_threads", "trainer.async_ratio", "trainer.eval_every", "trainer.max_grad_norm",
-                 "trainer.weight_decay", "rollout.num_rollout_workers", "task.eval_size"}
+_NON_NEGATIVE = {"run.torch_threads", "trainer.async_ratio", "trainer.eval_every",
+                 "trainer.max_grad_norm", "trainer.weight_decay", "rollout.num_rollout_workers", "task.eval_size",
+                 "rollout.redundant_samples", "sim.batch_slowdown", "sim.learner_step_s"}
 
 
 def _check_ranges(cfg: Config) -> None:
@@ -158,8 +207,40 @@ def _check_ranges(cfg: Config) -> None:
         raise ConfigError(f"algo.clip_high: must be > 0, got {cfg.algo.clip_high!r}")
     if cfg.algo.tis_cap is not None and cfg.algo.tis_cap < 1:
         raise ConfigError(f"algo.tis_cap: must be >= 1 or null, got {cfg.algo.tis_cap!r}")
-    if cfg.rollout.num_return_sequences < 2 and cfg.algo.adv_estimator in ("grpo", "drgrpo"):
-        raise ConfigError("rollout.num_return_sequences: group baselines need at least 2 samples")
+    _check_algo(cfg)
+
+
+_GROUP_BASELINES = ("grpo", "dr_grpo", "rloo", "reinforce++-baseline")  # baseline from the group
+
+
+def _check_algo(cfg: Config) -> None:
+    """Run algos.validate_algo_choice on the `algo:` section and re-raise its ValueError as a
+    ConfigError that starts with `algo.<key>:`. algos is imported here, not at the top, so that
+    `import broker.config` (and `rollctl --help`) stays torch-free."""
+    from algos import validate_algo_choice
+
+    a, n = cfg.algo, cfg.rollout.num_return_sequences
+    if n < 2 and (a.adv_estimator in _GROUP_BASELINES or a.dynamic_sampling):
+        raise ConfigError(f"rollout.num_return_sequences: algo.adv_estimator {a.adv_estimator!r} and "
+                          f"algo.dynamic_sampling need groups of at least 2 samples, got {n}")
+    for key in ("critic_lr", "norm_len"):
+        value = getattr(a, key)
+        if value is not None and not value > 0:
+            raise ConfigError(f"algo.{key}: must be > 0, got {value!r}")
+    try:
+        validate_algo_choice(
+            a.adv_estimator, a.policy_loss, a.critic, clip_low=a.clip_low, clip_high=a.clip_high,
+            dual_clip_c=a.dual_clip_c, tis_cap=a.tis_cap, is_mode=a.is_mode, is_level=a.is_level,
+            is_low=a.is_low, kl_coef=a.kl_coef, kl_estimator=a.kl_estimator,
+            entropy_coef=a.entropy_coef, loss_agg_mode=a.loss_agg_mode,
+            norm_len=a.norm_len or float(cfg.rollout.max_new_tokens), gamma=a.gamma, lam=a.lam,
+            clip_range_value=a.clip_range_value, reward_clip=a.reward_clip,
+            reward_norm=a.reward_norm, dynamic_sampling=a.dynamic_sampling,
+            overlong_buffer=a.overlong_buffer, overlong_penalty_factor=a.overlong_penalty_factor,
+            max_new_tokens=cfg.rollout.max_new_tokens, num_return_sequences=n)
+    except ValueError as e:
+        # validate_algo_choice writes "algo.gamma must be ..." or "algo.adv_estimator: ..."
+        raise ConfigError(re.sub(r"^(algo\.\w+) ", r"\1: ", str(e))) from None
 
 
 def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:

@@ -41,6 +41,7 @@ class PromptWork:
     n: int  # samples to draw (the group size)
     issued_version: int  # learner version when the prompt was admitted
     item: dict[str, Any]  # the task item (prompt text, answer, ...) as plain msgpack types
+    sample_index: int = -1  # with prompt replication: which sample of the group (-1: all n)
 
 
 @dataclass
@@ -118,7 +119,7 @@ def _get(d: dict, key: str, kind: type | tuple[type, ...], what: str) -> Any:
 def encode_prompt(w: PromptWork) -> dict[str, Any]:
     data = msgpack.packb({"item": w.item}, use_bin_type=True)
     return {"schema": SCHEMA_VERSION, "prompt_id": w.prompt_id, "group_id": w.group_id, "n": w.n,
-            "issued_version": w.issued_version, "data": data}
+            "issued_version": w.issued_version, "sample_index": w.sample_index, "data": data}
 
 
 def decode_prompt(fields: dict[bytes, bytes], max_bytes: int) -> PromptWork:
@@ -129,7 +130,7 @@ def decode_prompt(fields: dict[bytes, bytes], max_bytes: int) -> PromptWork:
     try:
         return PromptWork(prompt_id=fields[b"prompt_id"].decode(), group_id=fields[b"group_id"].decode(),
                           n=int(fields[b"n"]), issued_version=int(fields[b"issued_version"]),
-                          item=body["item"])
+                          item=body["item"], sample_index=int(fields.get(b"sample_index", -1)))
     except (KeyError, ValueError, UnicodeDecodeError) as e:
         raise WireError(f"prompt: bad scalar field ({e})") from None
 

@@ -3,7 +3,8 @@
 Delivery guarantees:
 - A prompt entry is acknowledged by a generator in the same MULTI/EXEC transaction that adds its
   trajectory, so a group is never both lost and acknowledged. A generator that dies before that
-  leaves the prompt pending; on restart it re-reads its own pending entries first.
+  leaves the prompt pending; on restart it re-reads its own pending entries first, and any other
+  generator takes it over (XAUTOCLAIM) once it has been idle for `rollout.reclaim_idle_s`.
 - A trajectory entry is acknowledged by the learner only after the update that used it has been
   published (or after it was rejected), so a learner crash re-delivers it to the same consumer.
 - Entries that fail to decode or validate are copied to `dlq` with the reason and their original
@@ -63,9 +64,22 @@ class RunBroker:
                     raise
 
     def register_run(self, fingerprint: str) -> None:
-        """Record the run's config fingerprint, or refuse to join a run with another one."""
+        """Learner: record the run's config fingerprint, or refuse a run with another one."""
         self.r.hsetnx(self.run_key, "fingerprint", fingerprint)
         self.r.hsetnx(self.run_key, "schema", SCHEMA_VERSION)
+        self._check_run(fingerprint)
+
+    def join_run(self, fingerprint: str, timeout_s: float) -> None:
+        """Generator: wait (read-only) for the learner to register the run, then check it."""
+        deadline = time.monotonic() + timeout_s
+        while self.r.hget(self.run_key, "fingerprint") is None:
+            if time.monotonic() > deadline:
+                raise RunMismatch(f"run {self.prefix} was not started by a learner within "
+                                  f"{timeout_s:.0f}s: start the learner (rollctl start-learner)")
+            time.sleep(0.2)
+        self._check_run(fingerprint)
+
+    def _check_run(self, fingerprint: str) -> None:
         have = self.r.hmget(self.run_key, ["fingerprint", "schema"])
         if _text(have[1]) != str(SCHEMA_VERSION):
             raise RunMismatch(f"run {self.prefix} uses wire schema {_text(have[1])}, "
@@ -94,8 +108,11 @@ class RunBroker:
         start = "0" if own_pending else ">"
         reply = self.r.xreadgroup(GEN_GROUP, consumer, {self.prompts: start}, count=count,
                                   block=None if own_pending else block_ms)
+        return self._decode_prompts(reply[0][1] if reply else [])
+
+    def _decode_prompts(self, entries: list) -> list[tuple[str, PromptWork]]:
         out = []
-        for entry_id, fields in (reply[0][1] if reply else []):
+        for entry_id, fields in entries:
             entry_id = _text(entry_id)
             if not fields:  # pending entry deleted meanwhile
                 self.r.xack(self.prompts, GEN_GROUP, entry_id)
@@ -105,6 +122,14 @@ class RunBroker:
             except WireError as e:
                 self.dead_letter(self.prompts, GEN_GROUP, entry_id, str(e), fields)
         return out
+
+    def reclaim_prompts(self, consumer: str, min_idle_ms: int,
+                        count: int) -> list[tuple[str, PromptWork]]:
+        """Take over prompts another generator claimed but has not finished for `min_idle_ms`
+        (it probably died): XAUTOCLAIM moves them to `consumer`."""
+        _, entries, _ = self.r.xautoclaim(self.prompts, GEN_GROUP, consumer, min_idle_ms,
+                                          start_id="0-0", count=count)
+        return self._decode_prompts(entries)
 
     # --- trajectories -----------------------------------------------------------------------------
     def add_trajectory(self, t: Trajectory, prompt_entry_id: str | None) -> str:

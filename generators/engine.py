@@ -4,14 +4,17 @@ An engine samples `n` responses per prompt and returns, for every generated toke
 the sampling distribution gave it: log_softmax(logits / temperature) before top-p truncation. The
 learner recomputes the same quantity, so the two can be compared token by token.
 
-Implementations: `hf` (Hugging Face transformers, CPU or GPU); `vllm` and `sim` are planned.
+Implementations: `hf` (Hugging Face transformers, CPU or GPU) and `sim` (simulated timing, for
+scheduling benchmarks); `vllm` is planned.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Callable, Protocol
+
+from broker.config import Config
 
 
 @dataclass(frozen=True)
@@ -29,23 +32,31 @@ class GeneratedSample:
     logprobs: list[float]  # behaviour log-probability of each response token
     finished: bool  # ended with EOS (False: cut at max_new_tokens)
     text: str  # decoded response without special tokens
+    token_versions: list[int] | None = None  # weight version per token; None: all the loaded one
 
 
 class Engine(Protocol):
     vocab_size: int
 
-    def generate(self, prompts: list[str], params: SamplingParams) -> list[list[GeneratedSample]]:
-        """Return, for each prompt, its `params.n` samples."""
+    def generate(self, prompts: list[str], params: SamplingParams,
+                 on_step: Callable[[], None] | None = None) -> list[list[GeneratedSample]]:
+        """Return, for each prompt, its `params.n` samples. An engine that can swap weights
+        mid-generation calls `on_step` between decode steps (interrupt mode)."""
         ...
 
-    def load_weights(self, model_file: Path) -> None:
+    def load_weights(self, model_file: Path, version: int) -> None:
         """Load a verified safetensors file into the running engine."""
         ...
 
 
-def make_engine(name: str, model_path: str, dtype: str) -> Engine:
+def make_engine(cfg: Config, seed: int) -> Engine:
+    name = cfg.rollout.engine
     if name == "hf":
         from generators.hf_engine import HFEngine
 
-        return HFEngine(model_path, dtype=dtype)
-    raise NotImplementedError(f"rollout.engine: {name!r} is not available yet; use 'hf'")
+        return HFEngine(cfg.model.path, dtype=cfg.model.dtype)
+    if name == "sim":
+        from generators.sim_engine import SimEngine
+
+        return SimEngine(cfg.sim, seed)
+    raise NotImplementedError(f"rollout.engine: {name!r} is not available yet; use 'hf' or 'sim'")

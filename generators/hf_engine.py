@@ -37,7 +37,7 @@ class HFEngine:
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None \
             else self.eos_id
 
-    def load_weights(self, model_file: Path) -> None:
+    def load_weights(self, model_file: Path, version: int) -> None:
         state = load_file(str(model_file))
         missing, unexpected = self.model.load_state_dict(state, strict=False)
         tied = {"lm_head.weight"} if self.model.config.tie_word_embeddings else set()
@@ -47,7 +47,9 @@ class HFEngine:
         self.model.tie_weights()
 
     @torch.no_grad()
-    def generate(self, prompts: list[str], params: SamplingParams) -> list[list[GeneratedSample]]:
+    def generate(self, prompts: list[str], params: SamplingParams,
+                 on_step=None) -> list[list[GeneratedSample]]:
+        """Sample a batch; `on_step` is ignored: the batch always finishes on the loaded weights."""
         enc = self.tokenizer(prompts, return_tensors="pt", padding=True)
         input_ids = enc["input_ids"].repeat_interleave(params.n, dim=0)
         attention = enc["attention_mask"].repeat_interleave(params.n, dim=0)

@@ -61,7 +61,7 @@ class WeightFollower:
         started = time.monotonic()
         try:
             path = self.store.verified_path(version, expect_sha256=sha)
-            self.engine.load_weights(path)
+            self.engine.load_weights(path, version)
         except (CorruptWeights, FileNotFoundError) as e:
             log.warning("not loading weights v%d: %s", version, e)
             return False

@@ -19,9 +19,10 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
+import redis
 
 from broker.config import Config
-from broker.connection import connect
+from broker.connection import BrokerUnavailable, connect
 from broker.process import setup_process
 from broker.schema import PromptWork, Sample, Trajectory
 from broker.streams import RunBroker
@@ -60,75 +61,144 @@ class _Stop:
         self.requested = True
 
 
+def first_finished(samples: list[GeneratedSample], n: int) -> list[GeneratedSample]:
+    """Redundant sampling keeps the n samples that finished first. Decoding advances all samples in
+    lockstep, so those are the n shortest (ties by order). This favours short responses, the
+    price ROLL's redundant rollouts pay for cutting the long tail."""
+    order = sorted(range(len(samples)), key=lambda i: len(samples[i].response_ids))
+    return [samples[i] for i in sorted(order[:n])]
+
+
 def to_trajectory(work: PromptWork, samples: list[GeneratedSample], task: Task,
                   generator_id: str, version: int) -> Trajectory:
     item = Item(**work.item)
-    out = [Sample(response_ids=np.asarray(s.response_ids, dtype=np.int32),
-                  logprobs=np.asarray(s.logprobs, dtype=np.float32),
-                  token_versions=np.full(len(s.response_ids), version, dtype=np.int32),
-                  reward=task.score(item, s.text), finished=s.finished, text=s.text)
-           for s in samples]
-    return Trajectory(traj_id=work.group_id, prompt_id=work.prompt_id, group_id=work.group_id,
-                      generator=generator_id, behavior_version=version,
+    out = []
+    for s in samples:
+        versions = s.token_versions if s.token_versions is not None else [version] * len(s.response_ids)
+        out.append(Sample(response_ids=np.asarray(s.response_ids, dtype=np.int32),
+                          logprobs=np.asarray(s.logprobs, dtype=np.float32),
+                          token_versions=np.asarray(versions, dtype=np.int32),
+                          reward=task.score(item, s.text), finished=s.finished, text=s.text))
+    oldest = min((int(s.token_versions.min()) for s in out if s.token_versions.size), default=version)
+    traj_id = work.group_id if work.sample_index < 0 else f"{work.group_id}/{work.sample_index}"
+    return Trajectory(traj_id=traj_id, prompt_id=work.prompt_id, group_id=work.group_id,
+                      generator=generator_id, behavior_version=oldest,
                       issued_version=work.issued_version,
                       prompt_ids=np.asarray(samples[0].prompt_ids, dtype=np.int32), samples=out)
 
 
 def rollout_batch(claimed: list[tuple[str, PromptWork]], engine: Engine, task: Task,
-                  params: SamplingParams, broker: RunBroker, generator_id: str,
-                  version: int) -> tuple[int, int]:
+                  cfg: Config, broker: RunBroker, generator_id: str,
+                  follower: WeightFollower) -> tuple[int, int]:
     """Sample, score and stream one batch; returns (samples, tokens) produced."""
-    prompts = [w.item["prompt"] for _, w in claimed]
-    groups = engine.generate(prompts, params)
+    n = claimed[0][1].n
+    # with prompt replication the learner issued the redundant samples as extra entries
+    extra = 0 if cfg.rollout.replicate_prompts else cfg.rollout.redundant_samples
+    params = SamplingParams(n=n + extra,
+                            temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
+                            max_new_tokens=cfg.rollout.max_new_tokens)
+    version = follower.loaded_version
+    on_step = follower.maybe_reload if cfg.rollout.interrupt else None
+    groups = engine.generate([w.item["prompt"] for _, w in claimed], params, on_step=on_step)
     n_samples = n_tokens = 0
     for (entry_id, work), samples in zip(claimed, groups):
-        traj = to_trajectory(work, samples, task, generator_id, version)
+        kept = first_finished(samples, work.n)
+        traj = to_trajectory(work, kept, task, generator_id, version)
         broker.add_trajectory(traj, prompt_entry_id=entry_id)
-        n_samples += len(samples)
-        n_tokens += sum(len(s.response_ids) for s in samples)
+        n_samples += len(kept)
+        n_tokens += sum(len(s.response_ids) for s in kept)
     return n_samples, n_tokens
+
+
+class Generator:
+    """One generator process's state; `serve_once` is one turn of the loop in the module doc."""
+
+    def __init__(self, cfg: Config, generator_id: str):
+        self.cfg, self.id = cfg, generator_id
+        self.broker = RunBroker(connect(cfg.redis.url, cfg.redis.connect_timeout_s),
+                                cfg.run.run_id, cfg.redis.max_payload_bytes)
+        # read-only: the learner creates the run and its consumer groups (least privilege)
+        self.broker.join_run(cfg.fingerprint(), timeout_s=cfg.trainer.wait_timeout_s)
+        self.task = make_task(cfg.task.name, cfg.task.params)
+        self.engine = make_engine(cfg, seed=cfg.run.seed + sum(map(ord, generator_id)))
+        self.follower = WeightFollower(self.broker, WeightStore(cfg.run.run_dir), self.engine)
+        self.counters = Counters()
+        self.restarted = True  # re-read our own pending prompts first
+
+    def heartbeat(self, state: str) -> None:
+        self.broker.heartbeat(self.id, {"loaded_version": self.follower.loaded_version,
+                                        "state": state, "reloads": self.follower.reloads,
+                                        **self.counters.as_fields()},
+                              self.cfg.rollout.heartbeat_ttl_s)
+
+    def claim(self) -> list[tuple[str, PromptWork]]:
+        count = self.cfg.rollout.prompts_per_pull
+        if self.restarted:
+            self.restarted = False
+            return self.broker.claim_prompts(self.id, count, block_ms=0, own_pending=True)
+        reclaimed = self.broker.reclaim_prompts(
+            self.id, int(self.cfg.rollout.reclaim_idle_s * 1000), count)
+        if reclaimed:
+            log.warning("took over %d prompts abandoned by another generator", len(reclaimed))
+            return reclaimed
+        return self.broker.claim_prompts(self.id, count, block_ms=1000)
+
+    def serve_once(self) -> None:
+        c = self.counters
+        self.heartbeat("up")
+        self.follower.maybe_reload()
+        waited = time.monotonic()
+        claimed = self.claim()
+        if claimed:
+            self.follower.wait_for(max(w.issued_version for _, w in claimed),
+                                   self.cfg.trainer.wait_timeout_s)
+        if c.groups:  # idle time counts from the first piece of work, not from start-up
+            c.idle_s += time.monotonic() - waited
+        if not claimed:
+            return
+        started = time.monotonic()
+        samples, tokens = rollout_batch(claimed, self.engine, self.task, self.cfg, self.broker,
+                                        self.id, self.follower)
+        c.busy_s += time.monotonic() - started
+        c.groups += len(claimed)
+        c.samples += samples
+        c.tokens += tokens
+
+    def finished(self) -> bool:
+        return self.broker.run_fields().get("state") == "done"
+
+
+def _redis_trouble(e: Exception) -> bool:
+    """Errors to wait out: a lost connection, or Redis refusing writes at maxmemory."""
+    return isinstance(e, (redis.ConnectionError, redis.TimeoutError)) or (
+        isinstance(e, redis.ResponseError) and str(e).startswith("OOM"))
 
 
 def run(cfg: Config, generator_id: str) -> None:
     setup_process(f"gen:{generator_id}", seed=cfg.run.seed + 1000 + sum(map(ord, generator_id)),
                   torch_threads=cfg.run.torch_threads)
     stop = _Stop()
-    broker = RunBroker(connect(cfg.redis.url, cfg.redis.connect_timeout_s), cfg.run.run_id,
-                       cfg.redis.max_payload_bytes)
-    broker.register_run(cfg.fingerprint())
-    broker.ensure_groups()
-    task = make_task(cfg.task.name, cfg.task.params)
-    engine = make_engine(cfg.rollout.engine, cfg.model.path, cfg.model.dtype)
-    follower = WeightFollower(broker, WeightStore(cfg.run.run_dir), engine)
-    params = SamplingParams(n=cfg.rollout.num_return_sequences,
-                            temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
-                            max_new_tokens=cfg.rollout.max_new_tokens)
-    counters = Counters()
-    first = True
+    gen = Generator(cfg, generator_id)
     log.info("generator %s ready (engine %s)", generator_id, cfg.rollout.engine)
-    while not stop.requested and broker.run_fields().get("state") != "done":
-        broker.heartbeat(generator_id, {"loaded_version": follower.loaded_version, "state": "up",
-                                        "reloads": follower.reloads, **counters.as_fields()},
-                         cfg.rollout.heartbeat_ttl_s)
-        follower.maybe_reload()
-        waited = time.monotonic()
-        claimed = broker.claim_prompts(generator_id, cfg.rollout.prompts_per_pull, block_ms=1000,
-                                       own_pending=first)
-        first = False
-        if not claimed:
-            counters.idle_s += time.monotonic() - waited
-            continue
-        follower.wait_for(max(w.issued_version for _, w in claimed), cfg.trainer.wait_timeout_s)
-        counters.idle_s += time.monotonic() - waited
-        started = time.monotonic()
-        samples, tokens = rollout_batch(claimed, engine, task, params, broker, generator_id,
-                                        follower.loaded_version)
-        counters.busy_s += time.monotonic() - started
-        counters.groups += len(claimed)
-        counters.samples += samples
-        counters.tokens += tokens
-    broker.heartbeat(generator_id, {"loaded_version": follower.loaded_version, "state": "stopped",
-                                    "reloads": follower.reloads, **counters.as_fields()},
-                     cfg.rollout.heartbeat_ttl_s)
-    follower.close()
-    log.info("generator %s stopped: %s", generator_id, counters.as_fields())
+    trouble_since, delay = None, 0.2
+    while not stop.requested:
+        try:
+            if gen.finished():
+                break
+            gen.serve_once()
+            trouble_since, delay = None, 0.2
+        except Exception as e:
+            if not _redis_trouble(e):
+                raise
+            # claimed prompts stay pending and are re-read (or reclaimed) once Redis is back
+            trouble_since = trouble_since or time.monotonic()
+            if time.monotonic() - trouble_since > cfg.redis.connect_timeout_s:
+                raise BrokerUnavailable(f"Redis at {cfg.redis.url} unusable for "
+                                        f"{cfg.redis.connect_timeout_s:.0f}s: {e}") from None
+            log.warning("Redis trouble (%s); retrying in %.1fs", e, delay)
+            time.sleep(delay)
+            delay = min(delay * 2, 5.0)
+            gen.restarted = True
+    gen.heartbeat("stopped")
+    gen.follower.close()
+    log.info("generator %s stopped: %s", generator_id, gen.counters.as_fields())

@@ -5,6 +5,9 @@ most (v + 1 + a) * B, where a = `async_ratio` and B = `rollout_batch_size`. A gr
 throws away (stale, duplicate-free but rejected, or filtered) is replaced by a fresh prompt, so the
 bound counts `replaced` on top: issued <= floor((v + 1 + a) * B) + replaced.
 
+The bound counts prompts (groups). With `rollout.replicate_prompts` each prompt becomes n + r
+entries of one sample each, which generators pick up independently.
+
 With a = 0 this issues exactly B prompts per version, each tagged with the version it was issued
 for; generators refuse to start a prompt with older weights, which makes training on-policy.
 """
@@ -22,11 +25,12 @@ from envs import Item
 
 class Admission:
     def __init__(self, items: Iterator[Item], batch_size: int, async_ratio: float,
-                 group_size: int, issued: int = 0, replaced: int = 0):
+                 group_size: int, replicas: int = 0, issued: int = 0, replaced: int = 0):
         self.items = items
         self.batch_size = batch_size
         self.async_ratio = async_ratio
         self.group_size = group_size
+        self.replicas = replicas  # > 0: one entry per sample, this many (n + redundant) per group
         self.issued = issued  # prompts ever issued in this run
         self.replaced = replaced  # groups thrown away and replaced by fresh prompts
 
@@ -43,10 +47,15 @@ class Admission:
             return 0
         works = []
         for i in range(room):
-            item = next(self.items)
-            works.append(PromptWork(prompt_id=item.id, group_id=f"g{self.issued + i:09d}",
-                                    n=self.group_size, issued_version=version,
-                                    item=dataclasses.asdict(item)))
+            item = dataclasses.asdict(next(self.items))
+            group_id = f"g{self.issued + i:09d}"
+            if self.replicas:
+                works += [PromptWork(prompt_id=item["id"], group_id=group_id, n=1,
+                                     issued_version=version, item=item, sample_index=k)
+                          for k in range(self.replicas)]
+            else:
+                works.append(PromptWork(prompt_id=item["id"], group_id=group_id,
+                                        n=self.group_size, issued_version=version, item=item))
         broker.add_prompts(works)
         self.issued += room
         broker.set_run_fields(issued=self.issued, replaced=self.replaced)

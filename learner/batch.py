@@ -1,35 +1,35 @@
-"""Turning accepted groups into padded training tensors.
+"""Turning accepted groups into padded training tensors, and splitting them into micro-batches.
 
 Every sequence is prompt + response, right-padded. Tensors are aligned with next-token targets:
 position t of a [b, L-1] tensor describes the token at t+1, predicted from tokens 0..t. The mask
-is True exactly on response tokens, so prompt and padding positions contribute nothing.
+is True exactly on the response tokens that count, so prompt and padding positions (and samples
+masked by `algo.overlong_filter`) contribute nothing.
+
+The whole step's batch is first padded in group-major order (row g * n + j is sample j of group g),
+because the advantage estimators need the groups; micro-batches are length-sorted slices of it,
+trimmed to their own longest sequence to limit padding.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
 
-from algos import grpo_advantages
 from broker.schema import Trajectory
-
-
-@dataclass
-class SequenceRecord:
-    tokens: list[int]  # prompt + response
-    prompt_len: int
-    behav_logp: list[float]  # one per response token
-    advantage: float
 
 
 @dataclass
 class MicroBatch:
     input_ids: torch.Tensor  # [b, L] int64, right-padded with 0
     attention_mask: torch.Tensor  # [b, L] int64
-    mask: torch.Tensor  # [b, L-1] bool, True on response-token targets
+    mask: torch.Tensor  # [b, L-1] bool, True on response-token targets that count
     behav_logp: torch.Tensor  # [b, L-1] float32, 0 where mask is False
-    advantages: torch.Tensor  # [b, L-1] float32, the sequence's advantage on its tokens
+    advantages: torch.Tensor  # [b, L-1] float32, 0 where mask is False
+    ref_logp: torch.Tensor | None = None  # [b, L-1] float32, frozen reference (when kl_coef > 0)
+    old_values: torch.Tensor | None = None  # [b, L-1] float32, critic values before the update
+    returns: torch.Tensor | None = None  # [b, L-1] float32, critic targets (with a critic)
 
     @property
     def num_tokens(self) -> int:
@@ -37,43 +37,57 @@ class MicroBatch:
 
     @property
     def num_seqs(self) -> int:
-        return self.input_ids.shape[0]
+        """Rows with at least one selected token: the denominator of the seq-mean-* modes."""
+        return int(self.mask.any(dim=-1).sum())
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        """[b] int64, tokens per sequence (prompt + response)."""
+        return self.attention_mask.sum(dim=-1)
 
 
-def group_records(groups: list[Trajectory], scale: bool) -> list[SequenceRecord]:
-    """GRPO advantages per group (scale=False: Dr.GRPO, mean baseline only)."""
-    rewards = torch.tensor([[s.reward for s in g.samples] for g in groups], dtype=torch.float32)
-    adv = grpo_advantages(rewards, scale=scale)  # [G, n]
-    records = []
-    for g, group_adv in zip(groups, adv):
-        prompt = g.prompt_ids.tolist()
-        for s, a in zip(g.samples, group_adv.tolist()):
-            records.append(SequenceRecord(tokens=prompt + s.response_ids.tolist(),
-                                          prompt_len=len(prompt), behav_logp=s.logprobs.tolist(),
-                                          advantage=a))
-    return records
+def pad_groups(groups: list[Trajectory], keep: torch.Tensor | None = None) -> MicroBatch:
+    """All samples of `groups`, group-major, padded to the longest; advantages still zero.
 
-
-def pad_micro_batch(records: list[SequenceRecord]) -> MicroBatch:
-    width = max(len(r.tokens) for r in records)
-    b = len(records)
+    keep: [B] bool or None; a sample with keep False has an all-False mask row (it stays in the
+    batch, so its group keeps its shape and its score still enters the group baseline).
+    """
+    seqs = [(g.prompt_ids.tolist(), s) for g in groups for s in g.samples]
+    width = max(len(p) + len(s.response_ids) for p, s in seqs)
+    b = len(seqs)
     input_ids = torch.zeros(b, width, dtype=torch.long)
     attention = torch.zeros(b, width, dtype=torch.long)
     mask = torch.zeros(b, width - 1, dtype=torch.bool)
     behav = torch.zeros(b, width - 1, dtype=torch.float32)
-    adv = torch.zeros(b, width - 1, dtype=torch.float32)
-    for i, r in enumerate(records):
-        n = len(r.tokens)
-        input_ids[i, :n] = torch.tensor(r.tokens)
+    for i, (prompt, s) in enumerate(seqs):
+        n = len(prompt) + len(s.response_ids)
+        input_ids[i, :n] = torch.tensor(prompt + s.response_ids.tolist())
         attention[i, :n] = 1
-        resp = slice(r.prompt_len - 1, n - 1)  # targets of the response tokens
-        mask[i, resp] = True
-        behav[i, resp] = torch.tensor(r.behav_logp)
-        adv[i, resp] = r.advantage
-    return MicroBatch(input_ids, attention, mask, behav, adv)
+        resp = slice(len(prompt) - 1, n - 1)  # targets of the response tokens
+        mask[i, resp] = True if keep is None else bool(keep[i])
+        behav[i, resp] = torch.from_numpy(s.logprobs.astype("float32"))
+    return MicroBatch(input_ids, attention, mask, behav, torch.zeros_like(behav))
 
 
-def micro_batches(records: list[SequenceRecord], size: int) -> list[MicroBatch]:
-    """Split into micro-batches of at most `size` sequences, length-sorted to limit padding."""
-    ordered = sorted(records, key=lambda r: len(r.tokens))
-    return [pad_micro_batch(ordered[i:i + size]) for i in range(0, len(ordered), size)]
+def take(batch: MicroBatch, rows: torch.Tensor) -> MicroBatch:
+    """The given rows of `batch` ([k] int64 indices), trimmed to their longest sequence."""
+    width = int(batch.lengths[rows].max())
+    parts = {}
+    for f in dataclasses.fields(batch):
+        t = getattr(batch, f.name)
+        if t is not None:
+            cols = width if f.name in ("input_ids", "attention_mask") else width - 1
+            parts[f.name] = t[rows, :cols]
+    return MicroBatch(**parts)
+
+
+def put(full: torch.Tensor, rows: torch.Tensor, part: torch.Tensor) -> None:
+    """Write a micro-batch's [k, w] tensor back into the rows of a [B, L-1] one (w <= L-1)."""
+    full[rows, :part.shape[1]] = part
+
+
+def length_sorted_chunks(batch: MicroBatch, size: int) -> list[torch.Tensor]:
+    """Row indices of the micro-batches: at most `size` rows each, sorted by length."""
+    order = torch.argsort(batch.lengths, stable=True)
+    return [order[i:i + size] for i in range(0, len(order), size)]
+

@@ -1,8 +1,10 @@
 """Gathering one step's groups from the trajectories stream.
 
-For learner version v, `collect` reads until it holds `rollout_batch_size` fresh groups:
+For learner version v, `collect` reads until it holds `rollout_batch_size` complete, fresh groups:
 - invalid entries were already dead-lettered by the broker; they are replaced by fresh prompts;
-- a `traj_id` seen before (a retried generator) is acknowledged and counted as a duplicate;
+- an entry `traj_id` seen before (a retried generator) is acknowledged and counted as a duplicate;
+- entries are assembled into groups (learner/assemble.py: one entry per group, or one per sample
+  with prompt replication); samples for an already complete group are acknowledged as late;
 - a group whose oldest token is older than v - ceil(async_ratio) is acknowledged, counted as stale
   and replaced by a fresh prompt.
 Accepted entries are NOT acknowledged here: the caller acknowledges them once the update that used
@@ -19,6 +21,7 @@ from dataclasses import dataclass, field
 from broker.schema import Trajectory
 from broker.streams import RunBroker
 from learner.admission import Admission
+from learner.assemble import GroupAssembler
 
 log = logging.getLogger(__name__)
 
@@ -31,20 +34,48 @@ class NoData(RuntimeError):
 class Collected:
     groups: list[Trajectory] = field(default_factory=list)
     entry_ids: list[str] = field(default_factory=list)  # to acknowledge after publishing
-    stale_ids: list[str] = field(default_factory=list)  # traj_ids dropped as too old
-    duplicate_ids: list[str] = field(default_factory=list)  # traj_ids seen before
+    stale_ids: list[str] = field(default_factory=list)  # group ids dropped as too old
+    duplicate_ids: list[str] = field(default_factory=list)  # entry traj_ids seen before
+    late_ids: list[str] = field(default_factory=list)  # samples for already complete groups
     rejected: int = 0
     wait_s: float = 0.0
     staleness: Counter = field(default_factory=Counter)  # version lag -> accepted groups
 
 
-def collect(broker: RunBroker, admission: Admission, version: int, max_staleness: int,
-            seen: set[str], vocab_size: int, consumer: str, timeout_s: float) -> Collected:
+def _sort_entry(out: Collected, entry_id: str, traj: Trajectory, assembler: GroupAssembler,
+                seen: set[str], version: int, max_staleness: int,
+                admission: Admission) -> list[str]:
+    """File one entry under duplicate / late / pending / stale / accepted; returns ids to ack now."""
+    if traj.traj_id in seen:
+        out.duplicate_ids.append(traj.traj_id)
+        return [entry_id]
+    seen.add(traj.traj_id)
+    if assembler.is_late(traj):
+        out.late_ids.append(traj.traj_id)
+        return [entry_id]
+    done = assembler.add(entry_id, traj)
+    if done is None:
+        return []  # stays pending until its group completes
+    oldest = done.group.behavior_version
+    if oldest < version - max_staleness:
+        out.stale_ids.append(done.group.group_id)
+        admission.replace(1)
+        return done.entry_ids
+    out.groups.append(done.group)
+    out.entry_ids.extend(done.entry_ids)
+    out.staleness[version - oldest] += 1
+    return []
+
+
+def collect(broker: RunBroker, admission: Admission, assembler: GroupAssembler, version: int,
+            max_staleness: int, seen: set[str], vocab_size: int, consumer: str,
+            timeout_s: float) -> Collected:
     want = admission.batch_size
     out = Collected()
     started = last_arrival = time.monotonic()
     while len(out.groups) < want:
         admission.top_up(broker, version)
+        # each entry completes at most one group, so this never reads past the batch
         good, bad = broker.read_trajectories(consumer, count=want - len(out.groups),
                                              block_ms=500, vocab_size=vocab_size)
         if good or bad:
@@ -54,21 +85,10 @@ def collect(broker: RunBroker, admission: Admission, version: int, max_staleness
                          "generators running (rollctl status)?")
         out.rejected += len(bad)
         admission.replace(len(bad))
-        drop = []
+        ack_now = []
         for entry_id, traj in good:
-            oldest = min(int(s.token_versions.min()) for s in traj.samples)
-            if traj.traj_id in seen:
-                out.duplicate_ids.append(traj.traj_id)
-                drop.append(entry_id)
-            elif oldest < version - max_staleness:
-                out.stale_ids.append(traj.traj_id)
-                admission.replace(1)
-                drop.append(entry_id)
-            else:
-                seen.add(traj.traj_id)
-                out.groups.append(traj)
-                out.entry_ids.append(entry_id)
-                out.staleness[version - oldest] += 1
-        broker.ack_trajectories(drop)
+            ack_now += _sort_entry(out, entry_id, traj, assembler, seen, version, max_staleness,
+                                   admission)
+        broker.ack_trajectories(ack_now)
     out.wait_s = time.monotonic() - started
     return out

@@ -1,39 +1,50 @@
-"""One optimisation step of the policy on one collected batch.
+"""One optimisation step of the policy (and the critic) on one collected batch.
+
+    kept, dropped = filter_groups(groups)          # DAPO filters (collect normally applied them)
+    batch = prepare_batch(kept)                    # scores, reference KL, old values, advantages
+    policy: loss = POLICY_LOSSES[policy_loss] + kl_coef * kl_loss + entropy_coef * entropy_bonus
+    critic: loss = value_loss(values, old_values, returns)          (critic: true)
 
 The proximal policy of decoupled PPO is the learner's own policy at the start of the step. With one
 optimiser update per step it equals the current policy's detached log-probabilities, so no second
 forward pass is needed; the off-policy correction is the importance weight pi_prox / pi_behaviour
-that `algos` truncates at `algo.tis_cap`.
+that `algos` bounds per `algo.is_mode` / `is_level` / `tis_cap`. For the same reason the policy
+ratio is 1 at the update and the value clip (`clip_range_value`) never binds: both start to matter
+once a batch gets more than one update.
 
-Gradient accumulation keeps the chosen aggregation exact: each micro-batch's loss is weighted by its
-share of the batch's tokens (token-mean) or sequences (the seq-mean modes).
+Gradient accumulation keeps the chosen aggregation exact: each micro-batch's loss (policy, KL,
+entropy and value alike, all aggregated by `loss_agg_mode`) is weighted by its share of the batch's
+selected tokens (token-mean) or of its non-empty sequences (the seq-mean modes).
 """
 
 from __future__ import annotations
 
 import torch
 
-from algos import POLICY_LOSSES, PolicyLossConfig, PolicyLossInputs
+from algos import POLICY_LOSSES, PolicyLossConfig, PolicyLossInputs, entropy_bonus, kl_loss, value_loss
 from broker.config import Config
+from broker.schema import Trajectory
 from learner.batch import MicroBatch
+from learner.filters import filter_groups
+from learner.logprobs import token_logprobs
+from learner.prepare import AlgoModels, prepare_batch
 
 
-def policy_logprobs(model: torch.nn.Module, mb: MicroBatch, temperature: float) -> torch.Tensor:
-    """log pi(token_{t+1} | tokens_<=t) with logits / temperature: [b, L-1] float32."""
-    logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits[:, :-1]
-    logp = torch.log_softmax(logits.float() / temperature, dim=-1)
-    return logp.gather(-1, mb.input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+def norm_len(cfg: Config) -> float:
+    """The constant divisor of seq-mean-token-sum-norm: algo.norm_len, else the generation budget."""
+    return cfg.algo.norm_len or float(cfg.rollout.max_new_tokens)
 
 
 def loss_config(cfg: Config) -> PolicyLossConfig:
     a = cfg.algo
     return PolicyLossConfig(clip_low=a.clip_low, clip_high=a.clip_high, dual_clip_c=a.dual_clip_c,
-                            tis_cap=a.tis_cap, agg_mode=a.loss_agg_mode,
-                            norm_len=float(cfg.rollout.max_new_tokens))
+                            tis_cap=a.tis_cap, agg_mode=a.loss_agg_mode, is_mode=a.is_mode,
+                            is_level=a.is_level, is_low=a.is_low, norm_len=norm_len(cfg))
 
 
 class _MetricMeans:
-    """Accumulates per-micro-batch metrics: weighted means, and maxima for `*_max` names."""
+    """Accumulates per-micro-batch metrics: share-weighted means, and maxima for `*_max` names.
+    Ratios of sums (explained variance) become share-weighted means of the per-micro-batch ratios."""
 
     def __init__(self) -> None:
         self.values: dict[str, float] = {}
@@ -45,6 +56,13 @@ class _MetricMeans:
                 self.values[name] = max(self.values.get(name, v), v)
             else:
                 self.values[name] = self.values.get(name, 0.0) + weight * v
+
+
+def loss_shares(batch: list[MicroBatch], agg_mode: str) -> list[float]:
+    """Each micro-batch's share of the batch's loss denominator (they sum to 1 unless all empty)."""
+    sizes = [mb.num_tokens if agg_mode == "token-mean" else mb.num_seqs for mb in batch]
+    total = max(sum(sizes), 1)
+    return [s / total for s in sizes]
 
 
 def mismatch_metrics(logp: torch.Tensor, behav: torch.Tensor, mask: torch.Tensor
@@ -59,24 +77,83 @@ def mismatch_metrics(logp: torch.Tensor, behav: torch.Tensor, mask: torch.Tensor
             "mismatch/ratio_max": torch.exp(d).max()}
 
 
-def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-               batch: list[MicroBatch], cfg: Config) -> dict[str, float]:
+def policy_loss(model: torch.nn.Module, mb: MicroBatch, cfg: Config
+                ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The micro-batch's total policy loss (differentiable) and its metrics, `loss/*` included."""
+    a = cfg.algo
+    logp, entropy = token_logprobs(model, mb.input_ids, mb.attention_mask, cfg.rollout.temperature,
+                                   with_entropy=a.entropy_coef > 0)
+    out = POLICY_LOSSES[a.policy_loss](
+        PolicyLossInputs(logp=logp, prox_logp=logp.detach(), behav_logp=mb.behav_logp,
+                         advantages=mb.advantages, mask=mb.mask), loss_config(cfg))
+    total = out.loss
+    metrics = {**out.metrics, **mismatch_metrics(logp, mb.behav_logp, mb.mask),
+               "loss/policy": out.loss.detach()}
+    if mb.ref_logp is not None and not a.use_kl_in_reward:
+        kl = kl_loss(logp, mb.ref_logp, mb.mask, a.kl_estimator, agg_mode=a.loss_agg_mode,
+                     norm_len=norm_len(cfg))
+        total = total + a.kl_coef * kl.loss
+        metrics.update(kl.metrics)
+        metrics["loss/kl"] = kl.loss.detach()
+    if entropy is not None:
+        ent = entropy_bonus(entropy, mb.mask, agg_mode=a.loss_agg_mode, norm_len=norm_len(cfg))
+        total = total + a.entropy_coef * ent.loss
+        metrics.update(ent.metrics)
+        metrics["loss/entropy"] = ent.loss.detach()
+    metrics["loss/total"] = total.detach()
+    return total, metrics
+
+
+def _clip_and_step(params, optimizer: torch.optim.Optimizer, max_grad_norm: float) -> float:
+    params = list(params)
+    grad_norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm if max_grad_norm > 0 else float("inf"))
+    optimizer.step()
+    return float(grad_norm)
+
+
+def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: list[MicroBatch],
+                  cfg: Config) -> dict[str, float]:
     model.train()
     optimizer.zero_grad(set_to_none=True)
-    loss_fn, lcfg = POLICY_LOSSES[cfg.algo.policy_loss], loss_config(cfg)
-    by_tokens = cfg.algo.loss_agg_mode == "token-mean"
-    total = sum(mb.num_tokens if by_tokens else mb.num_seqs for mb in batch)
     means = _MetricMeans()
-    loss_sum = 0.0
-    for mb in batch:
-        share = (mb.num_tokens if by_tokens else mb.num_seqs) / max(total, 1)
-        logp = policy_logprobs(model, mb, cfg.rollout.temperature)
-        out = loss_fn(PolicyLossInputs(logp=logp, prox_logp=logp.detach(), behav_logp=mb.behav_logp,
-                                       advantages=mb.advantages, mask=mb.mask), lcfg)
+    for mb, share in zip(batch, loss_shares(batch, cfg.algo.loss_agg_mode)):
+        loss, metrics = policy_loss(model, mb, cfg)
+        (loss * share).backward()
+        means.add(metrics, share)
+    grad_norm = _clip_and_step(model.parameters(), optimizer, cfg.trainer.max_grad_norm)
+    return {**means.values, "optim/grad_norm": grad_norm}
+
+
+def critic_update(models: AlgoModels, batch: list[MicroBatch], cfg: Config) -> dict[str, float]:
+    """One AdamW step of the critic on the clipped value loss against the GAE returns."""
+    critic, optimizer, a = models.critic, models.critic_optimizer, cfg.algo
+    critic.train()
+    optimizer.zero_grad(set_to_none=True)
+    means = _MetricMeans()
+    for mb, share in zip(batch, loss_shares(batch, a.loss_agg_mode)):
+        values = critic(mb.input_ids, mb.attention_mask)
+        out = value_loss(values, mb.old_values, mb.returns, mb.mask, a.clip_range_value,
+                         agg_mode=a.loss_agg_mode, norm_len=norm_len(cfg))
         (out.loss * share).backward()
-        loss_sum += float(out.loss.detach()) * share
-        means.add({**out.metrics, **mismatch_metrics(logp, mb.behav_logp, mb.mask)}, share)
-    max_norm = cfg.trainer.max_grad_norm if cfg.trainer.max_grad_norm > 0 else float("inf")
-    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
-    optimizer.step()
-    return {"loss/policy": loss_sum, "optim/grad_norm": float(grad_norm), **means.values}
+        means.add({**out.metrics, "loss/value": out.loss.detach()}, share)
+    grad_norm = _clip_and_step(critic.parameters(), optimizer, cfg.trainer.max_grad_norm)
+    return {**means.values, "critic/grad_norm": grad_norm}
+
+
+def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, groups: list[Trajectory],
+               cfg: Config, models: AlgoModels) -> dict[str, float]:
+    """Update the policy (and critic) on the step's groups; returns the step's flat metrics.
+
+    Groups the DAPO filters reject are left out here too (a no-op when collect already replaced
+    them). If nothing is left the step makes no update and reports `optim/skipped` = 1.
+    """
+    kept, dropped = filter_groups(groups, cfg)
+    stats = {"filter/dropped_in_step": float(len(dropped)), "optim/skipped": 0.0}
+    if not kept:
+        return {**stats, "optim/skipped": 1.0, "loss/policy": 0.0, "optim/grad_norm": 0.0}
+    prepared = prepare_batch(kept, cfg, models)
+    stats.update(prepared.metrics)
+    stats.update(policy_update(model, optimizer, prepared.micro_batches, cfg))
+    if models.critic is not None:
+        stats.update(critic_update(models, prepared.micro_batches, cfg))
+    return stats

@@ -124,6 +124,36 @@ def status(config: Optional[Path] = ConfigOpt, set_: Optional[List[str]] = SetOp
     _guarded(show_status, cfg, as_json)
 
 
+@app.command("acl")
+def acl(config: Optional[Path] = ConfigOpt, set_: Optional[List[str]] = SetOpt,
+        redis_url: Optional[str] = RedisOpt,
+        generator_password: Optional[str] = typer.Option(None, help="Default: random."),
+        learner_password: Optional[str] = typer.Option(None, help="Default: random."),
+        apply: bool = typer.Option(False, "--apply", help="Create the users on --redis-url "
+                                                          "(needs an admin connection).")) -> None:
+    """Print (or apply) least-privilege Redis ACL users for this run's generators and learner."""
+    import secrets
+
+    from broker.acl import acl_commands, generator_acl, learner_acl
+
+    cfg = _load(config, set_, redis_url)
+    gpw = generator_password or secrets.token_urlsafe(18)
+    lpw = learner_password or secrets.token_urlsafe(18)
+    run = cfg.run.run_id
+    if apply:
+        _need_redis(cfg)
+        from broker.connection import connect
+
+        r = _guarded(connect, cfg.redis.url, cfg.redis.connect_timeout_s)
+        r.execute_command("ACL", "SETUSER", f"rl-{run}-generator", *generator_acl(run, gpw))
+        r.execute_command("ACL", "SETUSER", f"rl-{run}-learner", *learner_acl(run, lpw))
+    for line in acl_commands(run, gpw, lpw):
+        typer.echo(line)
+    typer.echo(f"# generators: --redis-url redis://rl-{run}-generator:{gpw}@HOST:6379 "
+               f"(or rediss:// for TLS)")
+    typer.echo(f"# learner:    --redis-url redis://rl-{run}-learner:{lpw}@HOST:6379")
+
+
 def main() -> None:
     app(prog_name="rollctl")
 

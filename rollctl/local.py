@@ -66,8 +66,9 @@ def _follow(path: Path, offset: int) -> int:
     return offset + len(chunk)
 
 
-def run_local(cfg: Config) -> int:
-    """Run learner + generators to the end of training; returns the learner's exit code."""
+def run_local(cfg: Config, echo: bool = True) -> int:
+    """Run learner + generators to the end of training; returns the learner's exit code.
+    `echo` streams the learner's log and the summary to stdout."""
     run_dir = Path(cfg.run.run_dir)
     logs = run_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
@@ -75,7 +76,7 @@ def run_local(cfg: Config) -> int:
     if not cfg.redis.url:
         server = EmbeddedRedis(run_dir / "redis").start()
         cfg.redis.url = server.url
-        print(f"embedded redis-server at {server.url}", flush=True)
+        log.info("embedded redis-server at %s", server.url)
     config_path = run_dir / "run.yaml"
     cfg.save(config_path)
     common = ["--config", str(config_path)]
@@ -85,13 +86,15 @@ def run_local(cfg: Config) -> int:
     offset = 0
     try:
         while learner.poll() is None:
-            offset = _follow(logs / "learner.log", offset)
+            if echo:
+                offset = _follow(logs / "learner.log", offset)
             for i, g in enumerate(gens):
-                if g.returncode is None and g.poll() is not None:
+                if g.returncode is None and g.poll() is not None and g.returncode != 0:
                     print(f"generator gen-{i} exited with {g.returncode}: "
                           f"{_tail(logs / f'gen-{i}.log', 1)}", flush=True)
             time.sleep(0.5)
-        _follow(logs / "learner.log", offset)
+        if echo:
+            _follow(logs / "learner.log", offset)
     except KeyboardInterrupt:
         print("interrupted: stopping learner and generators", flush=True)
         _stop([learner])
@@ -101,7 +104,7 @@ def run_local(cfg: Config) -> int:
         if server is not None:
             server.stop()
     summary = run_dir / "summary.json"
-    if learner.returncode == 0 and summary.is_file():
+    if echo and learner.returncode == 0 and summary.is_file():
         print(json.dumps(json.loads(summary.read_text())), flush=True)
     elif learner.returncode != 0:
         print(f"learner exited with {learner.returncode}; see {logs / 'learner.log'}",

@@ -47,7 +47,11 @@ def show_status(cfg: Config, as_json: bool) -> None:
         return
     lr = s["learner"]
     print(f"run {s['run']}: state={lr.get('state', 'not started')} step={lr.get('step', 0)} "
-          f"issued={lr.get('issued', 0)} heldout_acc={lr.get('heldout_acc', '-')}")
+          f"issued={lr.get('issued', 0)} replaced={lr.get('replaced', 0)} "
+          f"heldout_acc={lr.get('heldout_acc', '-')}")
+    print(f"learner: reward={lr.get('reward_mean', '-')} wait_frac={lr.get('wait_frac', '-')} "
+          f"staleness_max={lr.get('staleness_max', '-')} samples/s={lr.get('samples_per_s', '-')} "
+          f"tokens/s={lr.get('tokens_per_s', '-')}")
     w = s["weights"]
     print(f"weights: v{w.get('version', '-')} {w.get('path', '')}")
     for name, st in s["streams"].items():

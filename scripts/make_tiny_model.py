@@ -121,16 +121,25 @@ def sft(
     lr: float,
     batch_size: int,
     seed: int,
-) -> float:
-    """AdamW with linear warmup (10% of steps) then cosine decay to 10% of lr; returns the last loss.
+    target_acc: float | None = None,
+    eval_every: int = 25,
+) -> tuple[int, float]:
+    """AdamW with linear warmup (min(50, steps // 10) steps) then cosine decay to 10% of lr.
 
-    HF's loss is a mean over answer tokens (labels shift inside the model).
+    HF's loss is a mean over answer tokens (labels shift inside the model). With `target_acc`, stop as
+    soon as greedy accuracy on 200 validation items (train problems from another seed's stream, never
+    held-out ones) reaches it, checked every `eval_every` steps: where the model lands on the steep
+    early-learning curve varies a lot between seeds, the accuracy it stops at varies much less. Give a
+    long horizon (`steps`) with a target so the lr is still near its peak at the stop: RL improves a
+    model stopped mid-learning much faster than one annealed onto a plateau at the same accuracy.
+    Returns (steps taken, last loss).
     """
     if steps <= 0:
-        return float("nan")
+        return 0, float("nan")
     items = task.train_items(seed)
+    val = list(itertools.islice(task.train_items(seed + 10_000), 200))
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0, betas=(0.9, 0.98))
-    warmup = max(1, steps // 10)
+    warmup = max(1, min(50, steps // 10))
 
     def schedule(step: int) -> float:
         if step < warmup:
@@ -151,8 +160,16 @@ def sft(
         sched.step()
         if step % 100 == 0 or step == steps - 1:
             logger.info("sft step %d loss %.4f", step, loss.item())
+        if target_acc is not None and (step + 1) % eval_every == 0:
+            model.eval()
+            acc = items_accuracy(model, tokenizer, val)
+            model.train()
+            logger.info("sft step %d validation greedy acc %.3f", step + 1, acc)
+            if acc >= target_acc:
+                model.eval()
+                return step + 1, float(loss.item())
     model.eval()
-    return float(loss.item())
+    return steps, float(loss.item())
 
 
 @torch.no_grad()
@@ -170,11 +187,15 @@ def greedy_responses(
     return responses
 
 
-def heldout_accuracy(
-    model: Qwen2ForCausalLM, tokenizer: PreTrainedTokenizerFast, task: Task, batch_size: int = 256
-) -> float:
+def heldout_accuracy(model: Qwen2ForCausalLM, tokenizer: PreTrainedTokenizerFast, task: Task) -> float:
     """Fraction of held-out items whose greedy response equals the answer exactly."""
-    items = task.heldout_items()
+    return items_accuracy(model, tokenizer, task.heldout_items())
+
+
+def items_accuracy(
+    model: Qwen2ForCausalLM, tokenizer: PreTrainedTokenizerFast, items: Sequence[Item], batch_size: int = 256
+) -> float:
+    """Fraction of `items` whose greedy response equals the answer exactly."""
     max_new = max(len(it.answer) for it in items) + 2
     hits = 0
     for start in range(0, len(items), batch_size):
@@ -192,14 +213,17 @@ def make_tiny_model(args: argparse.Namespace) -> dict[str, Any]:
     tokenizer = build_tokenizer()
     model = build_model(tokenizer, args.layers, args.hidden, args.heads, args.seed)
     t1 = time.perf_counter()
-    loss = sft(model, tokenizer, task, args.sft_steps, args.sft_lr, args.sft_batch_size, args.seed)
+    steps, loss = sft(
+        model, tokenizer, task, args.sft_steps, args.sft_lr, args.sft_batch_size, args.seed,
+        args.sft_target_acc,
+    )
     t2 = time.perf_counter()
     out = Path(args.out)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     acc = heldout_accuracy(model, tokenizer, task) if args.eval else None
     return {
-        "sft_steps": args.sft_steps,
+        "sft_steps": steps,
         "sft_loss": round(loss, 4),
         "build_wall_s": round(t1 - t0, 2),
         "sft_wall_s": round(t2 - t1, 2),
@@ -218,6 +242,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--sft-steps", type=int, default=300, help="SFT optimiser steps (0 = untrained)")
     p.add_argument("--sft-lr", type=float, default=3e-3, help="peak SFT learning rate")
     p.add_argument("--sft-batch-size", type=int, default=64, help="train items per SFT step")
+    p.add_argument("--sft-target-acc", type=float, default=None,
+                   help="stop SFT early once validation greedy accuracy reaches this (0..1)")
     p.add_argument("--seed", type=int, default=0, help="seeds weights and the train item stream")
     p.add_argument("--layers", type=int, default=2, help="transformer layers")
     p.add_argument("--hidden", type=int, default=128, help="hidden size (MLP is 4x)")

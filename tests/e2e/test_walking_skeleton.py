@@ -12,7 +12,7 @@ import yaml
 
 from broker.streams import GEN_GROUP, LEARNER_GROUP
 
-STEPS, B, N = 4, 4, 4
+STEPS, B, N = 6, 4, 4
 
 
 @pytest.fixture
@@ -52,8 +52,8 @@ def test_learner_and_two_generators_train_and_consume_every_trajectory_once(
             for k in r.scan_iter(match=prefix + "gen:*")}
     assert set(gens) == {"gen-0", "gen-1"}
     for g in gens.values():
-        assert int(g["reloads"]) >= 1 and int(g["loaded_version"]) >= 1
-        assert int(g["groups"]) >= 1
+        assert int(g["groups"]) >= 1, gens
+        assert int(g["reloads"]) >= 1 and int(g["loaded_version"]) >= 1, gens
 
     # exactly-once accounting by trajectory id
     produced = [f[b"traj_id"].decode() for _, f in r.xrange(prefix + "trajectories")]
@@ -72,3 +72,25 @@ def test_learner_and_two_generators_train_and_consume_every_trajectory_once(
     # generators acknowledged every prompt they turned into a trajectory
     prompts = {g["name"].decode(): g for g in r.xinfo_groups(prefix + "prompts")}[GEN_GROUP]
     assert prompts["pending"] == 0
+
+
+def test_status_shows_queues_versions_and_generators(e2e_config, redis_url, run_id):
+    path, cfg = e2e_config
+    subprocess.run([sys.executable, "-m", "rollctl.cli", "run", "--config", str(path),
+                    "--generators", "1", "--redis-url", redis_url, "--set", "trainer.total_steps=2"],
+                   capture_output=True, text=True, timeout=300, check=True)
+    out = subprocess.run([sys.executable, "-m", "rollctl.cli", "status", "--config", str(path),
+                          "--redis-url", redis_url, "--json"],
+                         capture_output=True, text=True, timeout=60, check=True)
+    s = json.loads(out.stdout)
+    assert s["learner"]["state"] == "done" and s["learner"]["step"] == "2"
+    assert s["weights"]["version"] == "2"
+    traj = s["streams"]["trajectories"]
+    assert traj["length"] >= 2 * B and traj["groups"][0]["group"] == "learner"
+    assert traj["groups"][0]["pending"] == 0
+    assert s["streams"]["prompts"]["groups"][0]["group"] == "gen"
+    assert s["generators"]["gen-0"]["loaded_version"] in ("1", "2")
+    text = subprocess.run([sys.executable, "-m", "rollctl.cli", "status", "--config", str(path),
+                           "--redis-url", redis_url], capture_output=True, text=True,
+                          timeout=60, check=True).stdout
+    assert "weights: v2" in text and "generator gen-0" in text and "trajectories" in text

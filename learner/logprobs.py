@@ -1,0 +1,46 @@
+"""Log-probabilities (and optionally entropies) of the sampled tokens under a causal LM.
+
+The learner scales logits by the sampling temperature, as the generators do, so that pi_learner and
+pi_behaviour describe the same distribution. log pi(y) = z_y - logsumexp(z) is computed without
+materialising a second [b, L-1, V] tensor of log-probabilities.
+
+Entropy needs the full softmax. For large vocabularies it is computed over slices of positions under
+activation checkpointing, so at most one slice's [b, t, V] softmax is alive at a time, in the forward
+and in the backward pass.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+from algos import entropy_from_logits
+
+ENTROPY_CHUNK_ELEMENTS = 1 << 26  # float32 elements of softmax held at once (256 MiB)
+
+
+def chunked_entropy(z: torch.Tensor, max_elements: int = ENTROPY_CHUNK_ELEMENTS) -> torch.Tensor:
+    """z: [b, T, V] float32 logits (already divided by the temperature) -> [b, T] float32 entropy.
+
+    One plain call when b * T * V <= max_elements; otherwise slices of positions, each recomputed in
+    the backward pass instead of being stored.
+    """
+    b, t, v = z.shape
+    if b * t * v <= max_elements:
+        return entropy_from_logits(z)
+    step = max(1, max_elements // max(b * v, 1))
+    parts = [checkpoint(entropy_from_logits, z[:, s:s + step], use_reentrant=False)
+             for s in range(0, t, step)]
+    return torch.cat(parts, dim=1)
+
+
+def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                   temperature: float, with_entropy: bool = False
+                   ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """input_ids, attention_mask: [b, L] int64 -> (logp [b, L-1] float32, entropy [b, L-1] float32
+    or None): position t scores token t+1 given tokens 0..t."""
+    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1]
+    z = logits.float() / temperature  # [b, L-1, V]
+    picked = z.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+    logp = picked - torch.logsumexp(z, dim=-1)
+    return logp, (chunked_entropy(z) if with_entropy else None)

@@ -1,0 +1,34 @@
+"""The frozen reference policy for the KL term (`algo.kl_coef > 0`).
+
+The reference is the initial policy, loaded once from `model.path` (not copied from the live policy,
+so that a learner that one day resumes from a checkpoint still anchors to the starting model). It is
+never trained: eval mode, no gradients. Its log-probabilities of the sampled tokens are computed once
+per step, before the update, for either use of the KL (a loss term, or a penalty in the reward).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM
+
+from learner.batch import MicroBatch
+from learner.logprobs import token_logprobs
+
+
+class ReferencePolicy:
+    def __init__(self, model: torch.nn.Module):
+        self.model = model.eval()
+        self.model.requires_grad_(False)
+
+    @classmethod
+    def load(cls, path: str | Path, dtype: str) -> "ReferencePolicy":
+        """dtype: "float32" or "bfloat16", as `model.dtype`."""
+        return cls(AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)))
+
+    @torch.no_grad()
+    def logprobs(self, mb: MicroBatch, temperature: float) -> torch.Tensor:
+        """[b, L-1] float32 log pi_ref of each next token, aligned like `mb.mask`."""
+        logp, _ = token_logprobs(self.model, mb.input_ids, mb.attention_mask, temperature)
+        return logp

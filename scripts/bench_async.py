@@ -1,0 +1,75 @@
+"""Benchmark: wall time of the same workload at async ratios 0, 0.5, 1 and 2.
+
+Runs the real system — an embedded redis-server, the real learner control loop (admission,
+collection, staleness filter, publishing) and 4 generator processes — with the simulated engine
+(`rollout.engine: sim`: GPU-like decode timing with a long-tail length distribution) and a
+simulated learner step, so the result measures scheduling, not this machine's CPU.
+
+Prints one JSON line: per ratio the wall time of steps 2..K (step 1 includes start-up), the
+speedup over a = 0, the mean generator idle fraction and the largest staleness seen.
+
+    .venv/bin/python scripts/bench_async.py [--steps 12] [--ratios 0,0.5,1,2] [--set key=value ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from broker.config import load_config  # noqa: E402
+from broker.connection import connect  # noqa: E402
+from broker.redis_server import EmbeddedRedis  # noqa: E402
+from broker.streams import RunBroker  # noqa: E402
+from rollctl.local import run_local  # noqa: E402
+
+WORKLOAD = [
+    "rollout.engine=sim", "rollout.num_return_sequences=4", "rollout.max_new_tokens=1024",
+    "rollout.prompts_per_pull=1", "rollout.num_rollout_workers=4",
+    "trainer.rollout_batch_size=16", "trainer.wait_timeout_s=120",
+    "sim.per_token_s=0.002", "sim.length_median=48", "sim.length_sigma=1.2",
+    "sim.learner_step_s=1.6", "task.eval_size=1", "run.torch_threads=1",
+]
+
+
+def run_one(ratio: float, steps: int, overrides: list[str], workdir: Path) -> dict:
+    run_dir = workdir / f"a{ratio}"
+    with EmbeddedRedis() as server:
+        cfg = load_config(None, WORKLOAD + overrides + [
+            f"trainer.async_ratio={ratio}", f"trainer.total_steps={steps}",
+            f"run.run_id=bench-a{ratio}", f"run.run_dir={run_dir}", f"redis.url={server.url}"])
+        if run_local(cfg, echo=False) != 0:
+            raise SystemExit(f"run with async_ratio={ratio} failed; see {run_dir}/logs")
+        broker = RunBroker(connect(server.url, 5), cfg.run.run_id, cfg.redis.max_payload_bytes)
+        idle = [float(g["idle_frac"]) for g in broker.live_generators().values()]
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return {"wall_s": round(sum(m["perf/step_s"] for m in metrics[1:]), 2),
+            "gen_idle_frac": round(sum(idle) / len(idle), 3),
+            "learner_wait_frac": round(sum(m["perf/wait_frac"] for m in metrics[1:])
+                                       / (len(metrics) - 1), 3),
+            "staleness_max": max(m["async/staleness_max"] for m in metrics),
+            "dropped_stale": sum(m["async/dropped_stale"] for m in metrics)}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--steps", type=int, default=12)
+    p.add_argument("--ratios", default="0,0.5,1,2")
+    p.add_argument("--set", dest="overrides", action="append", default=[])
+    args = p.parse_args()
+    ratios = [float(r) for r in args.ratios.split(",")]
+    with tempfile.TemporaryDirectory(prefix="bench-async-") as tmp:
+        results = {r: run_one(r, args.steps, args.overrides, Path(tmp)) for r in ratios}
+    base = results[ratios[0]]["wall_s"]
+    print(json.dumps({"bench": "async", "steps_timed": args.steps - 1, "workload": WORKLOAD + args.overrides,
+                      "results": {str(r): {**v, "speedup": round(base / v["wall_s"], 2)}
+                                  for r, v in results.items()}}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,91 @@
+"""Generator faults with real processes and a real redis-server: a generator killed with SIGKILL
+mid-generation, and one frozen (SIGSTOP) past the reclaim timeout that then wakes up and delivers
+a late duplicate. Training must finish, with every group trained exactly once."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import redis
+import yaml
+
+STEPS, B = 10, 4
+
+
+def _start(role, config, *extra):
+    return subprocess.Popen([sys.executable, "-m", "rollctl.cli", role, "--config", str(config),
+                             *extra], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def _wait_until(predicate, timeout_s, what):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _pending_of(r, stream, consumer):
+    try:
+        return r.xpending_range(stream, "gen", min="-", max="+", count=100, consumername=consumer)
+    except redis.ResponseError:  # the learner has not created the group yet
+        return []
+
+
+def test_killed_and_frozen_generators_lose_nothing_and_train_nothing_twice(
+        tmp_path, redis_url, run_id):
+    run_dir = tmp_path / "run"
+    config = tmp_path / "run.yaml"
+    config.write_text(yaml.safe_dump({
+        "run": {"run_id": run_id, "run_dir": str(run_dir), "torch_threads": 1},
+        "redis": {"url": redis_url},
+        "task": {"eval_size": 1},
+        "rollout": {"engine": "sim", "num_return_sequences": 2, "max_new_tokens": 400,
+                    "prompts_per_pull": 1, "reclaim_idle_s": 2.0},
+        "sim": {"per_token_s": 0.002, "length_median": 150, "length_sigma": 0.3,
+                "learner_step_s": 0.1},
+        "trainer": {"rollout_batch_size": B, "total_steps": STEPS, "async_ratio": 1,
+                    "wait_timeout_s": 60},
+    }))
+    r = redis.Redis.from_url(redis_url)
+    prompts = f"rl:{run_id}:prompts"
+    victims = {name: _start("start-generator", config, "--id", name)
+               for name in ("victim", "sleeper")}
+    learner = _start("start-learner", config)
+    # the learner publishes v0 and issues prompts; wait until each victim is mid-generation
+    _wait_until(lambda: _pending_of(r, prompts, "victim") and _pending_of(r, prompts, "sleeper"),
+                60, "both victims to claim a prompt")
+    victims["victim"].send_signal(signal.SIGKILL)
+    victims["sleeper"].send_signal(signal.SIGSTOP)
+    frozen = [p["message_id"].decode() for p in _pending_of(r, prompts, "sleeper")]
+    healthy = [_start("start-generator", config, "--id", f"healthy-{i}") for i in range(2)]
+    try:
+        # the sleeper's prompt must be taken over while it is frozen
+        _wait_until(lambda: not {p["message_id"].decode()
+                                 for p in _pending_of(r, prompts, "sleeper")} & set(frozen),
+                    30, "the frozen generator's prompt to be reclaimed")
+        os.kill(victims["sleeper"].pid, signal.SIGCONT)  # wakes up and delivers a duplicate
+        assert learner.wait(timeout=120) == 0, learner.stderr.read()[-3000:]
+    finally:
+        for p in [*healthy, *victims.values()]:
+            if p.poll() is None:
+                os.kill(p.pid, signal.SIGCONT)
+                p.terminate()
+                p.wait(timeout=30)
+    ledger = [json.loads(x) for x in (run_dir / "ledger.jsonl").read_text().splitlines()]
+    trained = [g for row in ledger for g in row["trained"]]
+    assert len(trained) == STEPS * B and len(set(trained)) == len(trained)
+    assert not set(trained) & {g for row in ledger for g in row["duplicate"]} - set(trained)
+    # every prompt the killed generator had claimed was finished by someone else
+    assert _pending_of(r, prompts, "victim") == []
+    metrics = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    produced = [f[b"traj_id"].decode() for _, f in r.xrange(f"rl:{run_id}:trajectories")]
+    duplicates_produced = len(produced) - len(set(produced))
+    counted = sum(m["async/duplicates"] for m in metrics)
+    consumed_dups = sum(len(row["duplicate"]) for row in ledger)
+    assert counted == consumed_dups <= duplicates_produced
+    assert counted >= 1  # the sleeper's late copy reached the learner and was dropped by id

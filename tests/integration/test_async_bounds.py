@@ -1,0 +1,105 @@
+"""Admission and staleness under random generator speeds, with the real Redis broker and the
+learner's real `Admission` and `collect`. Simulated generators (threads) claim prompts, hold them
+for a random time, and answer with weights somewhere between the prompt's issued version and the
+newest published one, as real generators may."""
+
+import math
+import random
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from broker.schema import Sample, Trajectory
+from envs import Item
+from learner.admission import Admission
+from learner.assemble import GroupAssembler
+from learner.collect import collect
+
+B, N, STEPS = 4, 2, 10
+
+
+def _items():
+    i = 0
+    while True:
+        yield Item(id=f"train-{i}", prompt="1+1=", answer="2")
+        i += 1
+
+
+class SimGenerators(threading.Thread):
+    def __init__(self, broker, published, rng, slow_frac):
+        super().__init__(daemon=True)
+        self.broker, self.published, self.rng, self.slow_frac = broker, published, rng, slow_frac
+        self.stop = threading.Event()
+
+    def run(self):
+        held = []  # (due time, entry id, work)
+        while not self.stop.is_set():
+            for entry_id, work in self.broker.claim_prompts("sim", count=8, block_ms=5):
+                delay = self.rng.uniform(0.05, 0.4) if self.rng.random() < self.slow_frac \
+                    else self.rng.uniform(0, 0.02)
+                held.append((time.monotonic() + delay, entry_id, work))
+            now = time.monotonic()
+            for due, entry_id, work in [h for h in held if h[0] <= now]:
+                held.remove((due, entry_id, work))
+                # the generator loaded some version >= issued (the rule) and <= newest published
+                v = self.rng.randint(work.issued_version, max(work.issued_version, self.published[0]))
+                s = Sample(response_ids=np.array([5], np.int32), logprobs=np.array([-1], np.float32),
+                           token_versions=np.array([v], np.int32), reward=self.rng.random(),
+                           finished=True)
+                self.broker.add_trajectory(Trajectory(
+                    traj_id=work.group_id, prompt_id=work.prompt_id, group_id=work.group_id,
+                    generator="sim", behavior_version=v, issued_version=work.issued_version,
+                    prompt_ids=np.array([1], np.int32), samples=[s] * N), entry_id)
+
+
+@pytest.mark.parametrize("ratio", [0, 0.5, 1, 2])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_staleness_and_admission_bounds_hold(broker, ratio, seed):
+    rng = random.Random(seed)
+    admission = Admission(_items(), B, ratio, N)
+    published = [0]
+    gens = SimGenerators(broker, published, rng, slow_frac=0.3)
+    gens.start()
+    seen, staleness, assembler = set(), [], GroupAssembler(N)
+    try:
+        for version in range(STEPS):
+            got = collect(broker, admission, assembler, version, math.ceil(ratio), seen,
+                          vocab_size=10, consumer="rank0", timeout_s=10)
+            assert len(got.groups) == B
+            assert admission.issued <= math.floor((version + 1 + ratio) * B) + admission.replaced
+            staleness += [version - int(s.token_versions.min()) for g in got.groups
+                          for s in g.samples]
+            if ratio == 0:
+                assert got.stale_ids == []
+            broker.ack_trajectories(got.entry_ids)
+            time.sleep(rng.uniform(0, 0.05))  # a training step
+            published[0] = version + 1
+    finally:
+        gens.stop.set()
+        gens.join()
+    assert max(staleness) <= math.ceil(ratio)
+    assert min(staleness) >= 0
+    if ratio == 0:
+        assert set(staleness) == {0}  # on-policy
+
+
+def test_a_group_with_any_old_token_is_stale(broker):
+    """Per-token versions are what counts: a group started on v0 and finished on v2 is as old as v0."""
+    admission = Admission(_items(), 1, 1.0, 1)
+    admission.top_up(broker, version=2)
+    for entry_id, work in broker.claim_prompts("g", 10, 10):
+        s = Sample(response_ids=np.array([5, 6], np.int32),
+                   logprobs=np.array([-1, -1], np.float32),
+                   token_versions=np.array([0, 2] if work.group_id.endswith("0") else [2, 2],
+                                           np.int32), reward=0.0, finished=True)
+        broker.add_trajectory(Trajectory(
+            traj_id=work.group_id, prompt_id=work.prompt_id, group_id=work.group_id, generator="g",
+            behavior_version=2, issued_version=2, prompt_ids=np.array([1], np.int32),
+            samples=[s]), entry_id)
+    got = collect(broker, admission, GroupAssembler(1), version=2, max_staleness=1, seen=set(),
+                  vocab_size=10, consumer="rank0", timeout_s=5)
+    assert got.stale_ids == ["g000000000"]  # oldest token v0 < 2 - 1
+    assert [g.traj_id for g in got.groups] == ["g000000001"]
+    assert admission.replaced == 1
