@@ -124,6 +124,18 @@ def status(config: Optional[Path] = ConfigOpt, set_: Optional[List[str]] = SetOp
     _guarded(show_status, cfg, as_json)
 
 
+@app.command("export")
+def export(config: Optional[Path] = ConfigOpt, set_: Optional[List[str]] = SetOpt,
+           version: Optional[int] = typer.Option(None, help="Weight version (default: latest)."),
+           out: Path = typer.Option(..., "--out", help="Directory to write.")) -> None:
+    """Write a published weight version as a Hugging Face model directory."""
+    cfg = _load(config, set_, None)
+    from learner.export import export_version
+
+    path = _guarded(export_version, cfg, version, out)
+    typer.echo(f"exported to {path}")
+
+
 @app.command("acl")
 def acl(config: Optional[Path] = ConfigOpt, set_: Optional[List[str]] = SetOpt,
         redis_url: Optional[str] = RedisOpt,
