@@ -1,0 +1,236 @@
+"""vLLM engine: the fast generator engine, hot-reloading weights from the weight store.
+
+Behaviour log-probabilities are the engine contract's log_softmax(logits / temperature) before top-p
+truncation (see `generators/engine.py`). vLLM returns, by default, raw log_softmax(logits) without
+temperature; we start it with `logprobs_mode="processed_logprobs"`, which is log_softmax(logits / T)
+after top-k / top-p masking and renormalisation. With top_p = 1 that is exactly our quantity. For
+top_p < 1 a worker hook (installed on first use) makes the sampler return the log-probabilities it
+had just before truncation instead, so the learner's recomputation still matches (as in verl, the
+log-probability is not renormalised over the nucleus).
+
+Prompts are tokenized here with the model's own Hugging Face tokenizer, exactly as the HF engine
+does (BOS from the tokenizer's post-processor), and handed to vLLM as token ids; responses are
+decoded here too. vLLM runs with `generation_config="vllm"` so that the model's generation defaults
+(extra EOS ids, top-k, repetition penalty) never change sampling behind our back.
+
+Weight reload (`load_weights`): the verified safetensors file goes through vLLM's own in-place
+reload (`Worker.reload_weights`, which calls the model's `load_weights` layer by layer), then the
+prefix cache is reset, so no cached KV block computed with old weights is reused. Tied embeddings
+need one more step: the file has no `lm_head.weight` (saved deduplicated), so the reload refills
+`embed_tokens` - whose storage `lm_head` shares - but never re-processes `lm_head`; on CPU its
+GEMM handle (a oneDNN / packed copy of the weight made at load time) then keeps computing logits
+with the old embeddings. The worker extension re-processes every embedding-method layer that shares
+its weight with another after each reload.
+
+Interrupt mode (`on_step`): the engine core runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0,
+the model still runs in a worker process), so one `step()` is one scheduled forward pass and nothing
+runs between our calls. `on_step` is called after every step; if it loads new weights, running
+requests are preempted and recomputed (vLLM's own "keep + clear cache" weight-update semantics):
+tokens sampled before the swap keep the old version's log-probabilities, every later token is
+sampled from the new weights over a KV cache recomputed with them, so each token's log-probability
+is exactly that of the version recorded for it. Versions come from vLLM's per-request weight-version
+spans (`CompletionOutput.weight_versions`), labelled by `set_weight_version` at each reload.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+from pathlib import Path
+from typing import Callable
+
+import torch
+from safetensors import safe_open
+from transformers import AutoTokenizer
+
+from generators.engine import GeneratedSample, SamplingParams
+
+log = logging.getLogger(__name__)
+
+_EXTENSION = "generators.vllm_engine.WeightReloadExtension"
+
+
+def refresh_tied_heads(model: torch.nn.Module) -> int:
+    """Re-run weight post-processing on unquantized embedding layers that share their weight with
+    another layer (a tied `lm_head`); returns how many layers were refreshed."""
+    from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod
+
+    groups: dict[int, list[torch.nn.Module]] = {}
+    for module in model.modules():
+        weight = getattr(module, "weight", None)
+        if isinstance(getattr(module, "quant_method", None), UnquantizedEmbeddingMethod) \
+                and isinstance(weight, torch.Tensor) and weight.numel():
+            groups.setdefault(weight.data_ptr(), []).append(module)
+    refreshed = 0
+    for modules in groups.values():
+        if len(modules) > 1:
+            for module in modules:
+                module.quant_method.process_weights_after_loading(module)
+                refreshed += 1
+    return refreshed
+
+
+def _pre_truncation_logprobs(forward: Callable) -> Callable:
+    """Wrap TopKTopPSampler.forward: sample as before, but return log_softmax of the logits it
+    received (already divided by the temperature) instead of the truncated, renormalised ones."""
+
+    def wrapped(logits: torch.Tensor, generators, k, p):
+        logprobs = logits.log_softmax(dim=-1, dtype=torch.float32)  # before top-k/top-p edit logits
+        sampled, _ = forward(logits, generators, k, p)
+        return sampled, logprobs
+
+    wrapped.rl_pre_truncation = True
+    return wrapped
+
+
+class WeightReloadExtension:
+    """Mixed into vLLM's worker class (`worker_extension_cls`); methods are called by name through
+    `collective_rpc`, so nothing is pickled. `self` is the vLLM worker."""
+
+    def rl_load_file(self, model_file: str) -> int:
+        from vllm.model_executor.model_loader.weight_utils import safetensors_weights_iterator
+
+        weights = safetensors_weights_iterator([model_file], use_tqdm_on_load=False)
+        self.reload_weights(weights_iterator=weights, is_checkpoint_format=True)
+        return refresh_tied_heads(self.model_runner.get_model())
+
+    def rl_use_pre_truncation_logprobs(self) -> bool:
+        sampler = getattr(getattr(self.model_runner, "sampler", None), "topk_topp_sampler", None)
+        if sampler is None:
+            return False
+        if not getattr(sampler.forward, "rl_pre_truncation", False):
+            sampler.forward = _pre_truncation_logprobs(sampler.forward)
+        return True
+
+
+class VLLMEngine:
+    """Engine-protocol wrapper around `vllm.LLM`, stepped by hand so weights can change mid-batch.
+
+    `memory_fraction` is vLLM's gpu_memory_utilization: of GPU memory, or on CPU of host memory
+    (there VLLM_CPU_KVCACHE_SPACE, in GiB, fixes the KV cache instead when set).
+    """
+
+    def __init__(self, model_path: str, dtype: str = "float32", seed: int = 0,
+                 memory_fraction: float | None = None, max_model_len: int | None = None):
+        model_dir = Path(model_path)
+        if not (model_dir / "config.json").is_file():
+            raise FileNotFoundError(f"model.path: no Hugging Face model directory at {model_path} "
+                                    "(build one with scripts/make_tiny_model.py)")
+        # in-process engine core: a step() is one forward pass, so reloads land between tokens
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        # a worker forked from a process that already ran torch ops decoded 2-3x slower on CPU
+        # (OpenMP pool state inherited across fork, it seems); spawn starts it clean
+        os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+        from vllm import LLM
+        from vllm.platforms import current_platform
+
+        on_cpu = current_platform.is_cpu()
+        if on_cpu and memory_fraction is None:
+            memory_fraction = 0.1  # of host RAM (vLLM's default 0.9 would claim it for KV cache)
+        kwargs = {"gpu_memory_utilization": memory_fraction} if memory_fraction else {}
+        self.llm = LLM(
+            model=str(model_dir), dtype=dtype, seed=seed, max_model_len=max_model_len,
+            enforce_eager=on_cpu, generation_config="vllm", logprobs_mode="processed_logprobs",
+            worker_extension_cls=_EXTENSION, disable_log_stats=True, async_scheduling=False,
+            # vLLM's CPU backend needs its multiprocessing executor to set up OpenMP threads
+            distributed_executor_backend="mp" if on_cpu else None, **kwargs)
+        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        self.eos_id = self.tokenizer.eos_token_id
+        self.vocab_size = self.llm.llm_engine.model_config.get_vocab_size()
+        self.version = 0  # the model at model.path is v0
+        self.llm.llm_engine.set_weight_version("0")
+        # a tied lm_head may or may not be stored (the weight store never stores it): not compared
+        tied = getattr(self.llm.llm_engine.model_config.hf_config, "tie_word_embeddings", False)
+        self._ignored = {"lm_head.weight"} if tied else set()
+        self._shapes = self._names_and_shapes(sorted(model_dir.glob("*.safetensors")))
+        self._pre_truncation = False
+        self._batches = itertools.count()
+        log.info("vLLM engine ready: %s (%s, %s)", model_dir, dtype, "cpu" if on_cpu else "gpu")
+
+    def load_weights(self, model_file: Path, version: int) -> None:
+        """Load a verified safetensors file in place; safe between steps of a running batch."""
+        shapes = self._names_and_shapes([Path(model_file)])
+        if shapes != self._shapes:
+            missing = sorted(set(self._shapes) - set(shapes))
+            unexpected = sorted(set(shapes) - set(self._shapes))
+            wrong = sorted(n for n in set(shapes) & set(self._shapes)
+                           if shapes[n] != self._shapes[n])
+            raise ValueError(f"weights {model_file} do not fit the model: missing {missing}, "
+                             f"unexpected {unexpected}, wrong shape {wrong}")
+        engine = self.llm.llm_engine
+        engine.collective_rpc("rl_load_file", args=(str(model_file),))
+        # running requests are preempted and recomputed with the new weights (their KV is stale)
+        engine.reset_prefix_cache(reset_running_requests=True)
+        engine.set_weight_version(str(version))
+        self.version = version
+
+    def _names_and_shapes(self, files: list[Path]) -> dict[str, tuple[int, ...]]:
+        """Tensor names and shapes from safetensors headers (no tensor data is read)."""
+        shapes: dict[str, tuple[int, ...]] = {}
+        for f in files:
+            with safe_open(str(f), framework="pt") as st:
+                for name in st.keys():
+                    if name not in self._ignored:
+                        shapes[name] = tuple(st.get_slice(name).get_shape())
+        return shapes
+
+    def generate(self, prompts: list[str], params: SamplingParams,
+                 on_step: Callable[[], object] | None = None) -> list[list[GeneratedSample]]:
+        """Sample `params.n` responses per prompt; `on_step` runs between decode steps and may
+        call `load_weights` (interrupt mode)."""
+        from vllm import SamplingParams as VSamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        if params.temperature <= 0:
+            raise ValueError("rollout.temperature must be > 0: behaviour log-probabilities are "
+                             "log_softmax(logits / temperature)")
+        if params.top_p < 1.0:
+            self._use_pre_truncation_logprobs()
+        prompt_ids = self.tokenizer(prompts)["input_ids"]
+        sampling = VSamplingParams(
+            n=params.n, temperature=params.temperature, top_p=params.top_p, top_k=0,
+            max_tokens=params.max_new_tokens, logprobs=0, detokenize=False,
+            output_kind=RequestOutputKind.FINAL_ONLY)
+        engine, batch = self.llm.llm_engine, next(self._batches)
+        request_ids = [f"b{batch}-p{i}" for i in range(len(prompts))]
+        inputs = self.llm.renderer.render_cmpl([{"prompt_token_ids": ids} for ids in prompt_ids])
+        finished: dict[str, object] = {}
+        try:
+            for request_id, engine_input in zip(request_ids, inputs):
+                engine.add_request(request_id, engine_input, sampling)
+            while engine.has_unfinished_requests():
+                for out in engine.step():
+                    if out.finished:
+                        finished[out.request_id] = out
+                if on_step is not None and engine.has_unfinished_requests():
+                    on_step()
+        except BaseException:
+            engine.abort_request([r for r in request_ids if r not in finished])
+            raise
+        return [[self._sample(ids, c) for c in sorted(finished[r].outputs, key=lambda c: c.index)]
+                for ids, r in zip(prompt_ids, request_ids)]
+
+    def _sample(self, prompt_ids: list[int], completion) -> GeneratedSample:
+        ids = list(completion.token_ids)
+        logprobs = [float(lp[t].logprob) for t, lp in zip(ids, completion.logprobs)]
+        versions = [self.version] * len(ids)
+        for span in completion.weight_versions or []:
+            versions[span.start:span.end] = [int(span.version)] * (span.end - span.start)
+        return GeneratedSample(
+            prompt_ids=list(prompt_ids), response_ids=ids, logprobs=logprobs,
+            finished=bool(ids) and ids[-1] == self.eos_id,
+            text=self.tokenizer.decode(ids, skip_special_tokens=True), token_versions=versions)
+
+    def _use_pre_truncation_logprobs(self) -> None:
+        if self._pre_truncation:
+            return
+        if not all(self.llm.collective_rpc("rl_use_pre_truncation_logprobs")):
+            raise NotImplementedError(
+                "rollout.top_p < 1 with the vllm engine: this vLLM's sampler has no "
+                "topk_topp_sampler to report pre-truncation log-probabilities; use top_p: 1.0")
+        self._pre_truncation = True
+
+    def close(self) -> None:
+        """Stop the worker processes now rather than at interpreter exit."""
+        self.llm.llm_engine.engine_core.shutdown()

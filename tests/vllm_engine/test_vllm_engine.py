@@ -1,0 +1,172 @@
+"""The vLLM engine against the HF engine's definitions, for tied and untied embeddings (issue 5).
+
+Each test loads the weights it starts from, so the order of tests does not matter. Tolerance 1e-3
+on log-probabilities: both engines run float32 on CPU; observed differences are ~1e-6.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+# a submodule, not "vllm": pytest puts tests/ on sys.path, where this folder alone would import as
+# an empty namespace package named vllm
+pytest.importorskip("vllm")
+
+from generators.engine import SamplingParams  # noqa: E402
+
+T = 0.7
+PROMPTS = ["1+2=", "33+4=", "7*8=", "12-5="]
+TOL = 1e-3
+
+
+def _flat(groups):
+    return [s for g in groups for s in g]
+
+
+def test_samples_follow_the_hf_engine_definitions(harness):
+    from generators.hf_engine import HFEngine
+
+    h = harness
+    h.engine.load_weights(h.model_dir / "model.safetensors", 0)
+    groups = h.engine.generate(PROMPTS, SamplingParams(n=3, temperature=T, top_p=1.0,
+                                                       max_new_tokens=10))
+    hf = HFEngine(str(h.model_dir))
+    hf_groups = hf.generate(PROMPTS, SamplingParams(n=2, temperature=T, top_p=1.0,
+                                                    max_new_tokens=10))
+    assert [len(g) for g in groups] == [3] * len(PROMPTS)
+    eos = hf.eos_id
+    for prompt, group, hf_group in zip(PROMPTS, groups, hf_groups):
+        for s in group:
+            assert s.prompt_ids == hf_group[0].prompt_ids  # same tokenizer call: <bos> + chars
+            assert s.prompt_ids[0] == hf.tokenizer.bos_token_id
+            assert 1 <= len(s.response_ids) <= 10 and len(s.logprobs) == len(s.response_ids)
+            assert eos not in s.response_ids[:-1]
+            assert s.finished == (s.response_ids[-1] == eos)
+            assert s.finished or len(s.response_ids) == 10
+            assert s.text == hf.tokenizer.decode(s.response_ids, skip_special_tokens=True)
+            assert s.token_versions == [0] * len(s.response_ids)
+            assert all(lp <= 0.0 for lp in s.logprobs)
+    # the reference is the HF engine's own definition (checked on its samples), and vLLM matches it
+    assert h.max_error(_flat(hf_groups), 0, T) < 1e-4
+    assert h.max_error(_flat(groups), 0, T) < TOL
+
+
+def test_top_p_logprobs_are_taken_before_truncation(harness):
+    h = harness
+    h.engine.load_weights(h.model_dir / "model.safetensors", 0)
+    top_p = 0.8
+    samples = _flat(h.engine.generate(PROMPTS, SamplingParams(n=4, temperature=T, top_p=top_p,
+                                                              max_new_tokens=10)))
+    assert h.max_error(samples, 0, T) < TOL
+    # the renormalised nucleus log-probability vLLM reports by default would fail that check:
+    # log p_nucleus(x) = log p(x) - log(mass of the nucleus), and the mass is < 1 for some token
+    shifts = []
+    for s in samples:
+        ids = torch.tensor([s.prompt_ids + s.response_ids])
+        with torch.no_grad():
+            probs = torch.softmax(h.hf(0)(ids).logits[0, len(s.prompt_ids) - 1:-1] / T, dim=-1)
+        for row in probs:  # [V] per response token
+            sorted_p = row.sort(descending=True).values
+            keep = int((sorted_p.cumsum(0) - sorted_p < top_p).sum())  # vLLM keeps the top one too
+            shifts.append(-math.log(sorted_p[:keep].sum().item()))
+    assert max(shifts) > 10 * TOL
+
+
+def test_reload_makes_logprobs_match_the_new_weights(harness):
+    h = harness
+    h.engine.load_weights(h.model_dir / "model.safetensors", 0)
+    version, path, _ = h.publish(seed=1)
+    params = SamplingParams(n=3, temperature=T, top_p=1.0, max_new_tokens=10)
+
+    before = _flat(h.engine.generate(PROMPTS, params))
+    assert h.max_error(before, 0, T) < TOL
+    assert h.max_error(before, version, T) > 50 * TOL  # published, not loaded yet
+
+    h.engine.load_weights(path, version)
+    after = _flat(h.engine.generate(PROMPTS, params))
+    assert h.max_error(after, version, T) < TOL
+    assert h.max_error(after, 0, T) > 50 * TOL
+    assert all(s.token_versions == [version] * len(s.response_ids) for s in after)
+
+
+def test_a_version_with_a_bad_checksum_is_never_loaded(harness, broker):
+    from broker.notify import VersionPublisher
+    from generators.reload import WeightFollower
+
+    h = harness
+    publisher = VersionPublisher()
+    follower = WeightFollower(broker, h.store, h.engine, poll_interval_s=0.0)
+    try:
+        good, good_path, good_sha = h.publish(seed=2)
+        broker.announce_weights(good, str(good_path.parent), good_sha, publisher.endpoint)
+        assert follower.maybe_reload() and h.engine.version == good
+
+        bad, bad_path, bad_sha = h.publish(seed=3)
+        data = bytearray(bad_path.read_bytes())
+        data[-64] ^= 0x01  # one bit of one weight: the file still parses and would load
+        bad_path.write_bytes(bytes(data))
+        broker.announce_weights(bad, str(bad_path.parent), bad_sha, publisher.endpoint)
+        assert not follower.maybe_reload()
+        assert follower.loaded_version == good and h.engine.version == good
+
+        samples = _flat(h.engine.generate(PROMPTS, SamplingParams(n=3, temperature=T, top_p=1.0,
+                                                                  max_new_tokens=10)))
+        assert h.max_error(samples, good, T) < TOL
+        assert h.max_error(samples, bad, T) > 50 * TOL
+    finally:
+        follower.close()
+        publisher.close()
+
+
+def test_interrupt_swaps_weights_between_tokens(harness):
+    """on_step loads v_b after the 3rd decode step: each request's first 3 tokens come from v_a,
+    the rest from v_b over a KV cache recomputed with v_b, so every token matches its version."""
+    h = harness
+    # heavily perturbed versions rarely emit EOS early, so most samples span the swap
+    a, path_a, _ = h.publish(seed=4, scale=1.0)
+    b, path_b, _ = h.publish(seed=5, scale=1.0)
+    h.engine.load_weights(path_a, a)
+    steps = []
+
+    def on_step() -> None:
+        steps.append(1)
+        if len(steps) == 3:
+            h.engine.load_weights(path_b, b)
+
+    samples = _flat(h.engine.generate(PROMPTS, SamplingParams(n=3, temperature=T, top_p=1.0,
+                                                              max_new_tokens=12),
+                                      on_step=on_step))
+    assert sum(len(s.response_ids) > 3 for s in samples) >= len(samples) // 2
+    for s in samples:
+        k = min(3, len(s.response_ids))
+        assert s.token_versions == [a] * k + [b] * (len(s.response_ids) - k)
+        got = torch.tensor(s.logprobs)
+        torch.testing.assert_close(got[:k], h.reference_logprobs(s, a, T)[:k], atol=TOL, rtol=0)
+        torch.testing.assert_close(got[k:], h.reference_logprobs(s, b, T)[k:], atol=TOL, rtol=0)
+    # without the swap the later tokens would not match v_b: the versions really differ
+    long = [s for s in samples if len(s.response_ids) > 3]
+    assert max((h.reference_logprobs(s, a, T)[3:] - torch.tensor(s.logprobs[3:])).abs().max().item()
+               for s in long) > 50 * TOL
+
+
+def test_a_file_that_does_not_fit_the_model_is_refused(harness, tmp_path):
+    """A partial file would otherwise load silently: vLLM's layer-wise reload keeps the old
+    tensors of any layer the file does not mention."""
+    from safetensors.torch import load_file, save_file
+
+    h = harness
+    h.engine.load_weights(h.model_dir / "model.safetensors", 0)
+    version, path, _ = h.publish(seed=6)
+    state = load_file(str(path))
+    dropped = "model.layers.0.mlp.down_proj.weight"
+    del state[dropped]
+    save_file(state, str(tmp_path / "partial.safetensors"))
+    with pytest.raises(ValueError, match=dropped):
+        h.engine.load_weights(tmp_path / "partial.safetensors", version)
+    assert h.engine.version == 0
+    samples = _flat(h.engine.generate(PROMPTS, SamplingParams(n=2, temperature=T, top_p=1.0,
+                                                              max_new_tokens=10)))
+    assert h.max_error(samples, 0, T) < TOL
