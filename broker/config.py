@@ -142,7 +142,7 @@ class AlgoConfig:
     clip_range_value: float | None = None  # value clipping around the old values (None = unclipped)
     reward_clip: float | None = None  # clamp scores to [-reward_clip, reward_clip] (None = off)
     reward_norm: Literal["none", "batch", "group", "running"] = "none"  # z-scoring of the scores
-    dynamic_sampling: bool = False  # replace groups whose scores are all equal by fresh prompts (DAPO)
+    dynamic_sampling: bool = False  # drop groups whose scores are all equal (DAPO)
     overlong_filter: bool = False  # mask truncated samples out of the loss (DAPO)
     overlong_buffer: int | None = None  # soft overlong penalty over the budget's last N tokens (None = off)
     overlong_penalty_factor: float = 1.0  # scale of the soft overlong penalty

@@ -34,6 +34,7 @@ from learner.prepare import AlgoModels, build_algo_models
 from learner.assemble import GroupAssembler
 from learner.collect import Collected, collect
 from learner.evaluate import heldout_accuracy
+from learner.filters import drop_reason
 from learner.metrics import MetricsSink
 from learner.simulated import SimulatedPolicy
 from learner.train import train_step
@@ -94,6 +95,7 @@ def step_metrics(c: Collected, train: dict[str, float], wall: dict[str, float]) 
         **{f"async/staleness_hist/{k}": v for k, v in sorted(c.staleness.items())},
         "async/dropped_stale": len(c.stale_ids), "async/duplicates": len(c.duplicate_ids),
         "async/late_samples": len(c.late_ids),
+        **{f"filter/dropped_{reason}": n for reason, n in sorted(c.filtered.items())},
         "async/rejected": c.rejected,
         "perf/wait_frac": c.wait_s / step_s, "perf/step_s": step_s,
         "perf/publish_s": wall["publish_s"],
@@ -166,7 +168,7 @@ def learner_step(ln: Learner, step: int) -> dict[str, float]:
     cfg, version, t0 = ln.cfg, step - 1, time.monotonic()
     batch = collect(ln.broker, ln.admission, ln.assembler, version, cfg.trainer.max_staleness,
                     ln.seen, ln.model.config.vocab_size, consumer="rank0",
-                    timeout_s=cfg.trainer.wait_timeout_s)
+                    timeout_s=cfg.trainer.wait_timeout_s, drop=lambda g: drop_reason(g, cfg))
     if isinstance(ln.model, SimulatedPolicy):
         stats = ln.model.train_step()
     else:
@@ -175,7 +177,7 @@ def learner_step(ln: Learner, step: int) -> dict[str, float]:
     ln.broker.ack_trajectories(batch.entry_ids)
     ln.ledger.write(json.dumps({"step": step, "trained": [g.traj_id for g in batch.groups],
                                 "stale": batch.stale_ids, "duplicate": batch.duplicate_ids,
-                                "late": batch.late_ids}) + "\n")
+                                "late": batch.late_ids, "filtered": batch.filtered_ids}) + "\n")
     metrics = step_metrics(batch, stats, {"step_s": time.monotonic() - t0, "publish_s": publish_s})
     if cfg.trainer.eval_every and step % cfg.trainer.eval_every == 0:
         metrics["eval/heldout_acc"] = ln.evaluate()

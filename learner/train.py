@@ -1,6 +1,6 @@
 """One optimisation step of the policy (and the critic) on one collected batch.
 
-    kept, dropped = filter_groups(groups)          # DAPO filters (collect normally applied them)
+    kept, dropped = filter_groups(groups)          # DAPO filters (a no-op once collect applies them)
     batch = prepare_batch(kept)                    # scores, reference KL, old values, advantages
     policy: loss = POLICY_LOSSES[policy_loss] + kl_coef * kl_loss + entropy_coef * entropy_bonus
     critic: loss = value_loss(values, old_values, returns)          (critic: true)

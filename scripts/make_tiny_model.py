@@ -7,14 +7,21 @@ because generation pads on the left).
 
 Why warm-start: a randomly initialised model never writes a correct answer, so every GRPO group has equal
 rewards and zero advantage. A short SFT on the task's train items (loss on answer + EOS tokens only) gives
-a model that is right sometimes and nearly right often; RL then has something to sharpen. Stop SFT early
-(few steps) to leave room for RL to improve held-out greedy accuracy.
+a model that is right sometimes and nearly right often; RL then has something to sharpen. Two ways to
+leave room for RL (held-out greedy accuracy well below what sampling reaches):
+- `--sft-teacher-error P` (the demo's choice): an imperfect teacher whose answer is off by one with
+  probability P; RL with the exact-match reward corrects it within tens of steps (see `sft_items`).
+- `--sft-target-acc A`: stop SFT once validation greedy accuracy reaches A. RL gains from such a model
+  measured +5 to +35 points in 300 steps depending on the seed (see `sft`), too uneven for the demo.
 
 Deterministic for a seed and a thread count. Prints one JSON line at the end:
     {"sft_steps": ..., "sft_loss": ..., "build_wall_s": ..., "sft_wall_s": ..., "wall_s": ...,
      "heldout_acc": ..., "params": ..., "out": ...}
 
     python scripts/make_tiny_model.py --out models/tiny --task arithmetic --sft-steps 300 --seed 0
+    # the demo's warm start (held-out greedy accuracy ~0.2-0.35, ~1 min on one core):
+    python scripts/make_tiny_model.py --out models/tiny --task-params '{"ops": ["+"]}' \
+        --sft-steps 1200 --sft-lr 1e-3 --sft-teacher-error 0.6 --seed 0
 """
 
 from __future__ import annotations
@@ -24,10 +31,12 @@ import itertools
 import json
 import logging
 import math
+import random
 import string
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
@@ -113,32 +122,24 @@ def sft_batch(
     return {"input_ids": ids, "attention_mask": mask, "labels": labels}
 
 
-def sft(
-    model: Qwen2ForCausalLM,
-    tokenizer: PreTrainedTokenizerFast,
-    task: Task,
-    steps: int,
-    lr: float,
-    batch_size: int,
-    seed: int,
-    target_acc: float | None = None,
-    eval_every: int = 25,
-) -> tuple[int, float]:
-    """AdamW with linear warmup (min(50, steps // 10) steps) then cosine decay to 10% of lr.
+def sft_items(task: Task, seed: int, teacher_error: float) -> Iterator[Item]:
+    """The task's train items, each answer replaced by answer + 1 with probability `teacher_error`.
 
-    HF's loss is a mean over answer tokens (labels shift inside the model). With `target_acc`, stop as
-    soon as greedy accuracy on 200 validation items (train problems from another seed's stream, never
-    held-out ones) reaches it, checked every `eval_every` steps: where the model lands on the steep
-    early-learning curve varies a lot between seeds, the accuracy it stops at varies much less. Give a
-    long horizon (`steps`) with a target so the lr is still near its peak at the stop: RL improves a
-    model stopped mid-learning much faster than one annealed onto a plateau at the same accuracy.
-    Returns (steps taken, last loss).
+    Why: a model distilled from such a teacher puts ~`teacher_error` of its mass on "answer + 1" and
+    the rest on the answer, so for teacher_error a little above 0.5 greedy decoding is right only where
+    its estimate happens to tip the other way, while sampling is right about half the time: pass@n is
+    far above greedy pass@1, the gap RL with a verifier closes (it only has to learn one consistent
+    shift, so it does so in tens of steps). Needs integer answers.
     """
-    if steps <= 0:
-        return 0, float("nan")
-    items = task.train_items(seed)
-    val = list(itertools.islice(task.train_items(seed + 10_000), 200))
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0, betas=(0.9, 0.98))
+    rng = random.Random(seed + 1)
+    for item in task.train_items(seed):
+        if teacher_error > 0 and rng.random() < teacher_error:
+            item = Item(id=item.id, prompt=item.prompt, answer=str(int(item.answer) + 1))
+        yield item
+
+
+def warmup_cosine(steps: int) -> Callable[[int], float]:
+    """lr multiplier: linear warmup over min(50, steps // 10) steps, then cosine from 1 to 0.1."""
     warmup = max(1, min(50, steps // 10))
 
     def schedule(step: int) -> float:
@@ -147,29 +148,71 @@ def sft(
         progress = (step - warmup) / max(1, steps - warmup)
         return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
 
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
+    return schedule
+
+
+@dataclass(frozen=True)
+class SFTConfig:
+    """Warm-start settings (flags of the same names with an `sft-` prefix)."""
+
+    steps: int = 300  # optimiser steps; also the horizon of the cosine schedule
+    lr: float = 1e-3  # peak AdamW lr (3e-3 learned erratically: 200 to 800+ steps to the same accuracy)
+    batch_size: int = 64  # train items per step
+    seed: int = 0  # seeds the train stream and the teacher's errors
+    target_acc: float | None = None  # stop once validation greedy accuracy reaches this
+    teacher_error: float = 0.0  # probability that a target is answer + 1 (see sft_items)
+    eval_every: int = 25  # steps between validation checks (only with target_acc)
+
+
+def sft(
+    model: Qwen2ForCausalLM, tokenizer: PreTrainedTokenizerFast, task: Task, cfg: SFTConfig
+) -> tuple[int, float]:
+    """AdamW (no weight decay, betas 0.9/0.98, grad clip 1.0) on the `warmup_cosine(steps)` schedule.
+
+    HF's loss is a mean over answer tokens (labels shift inside the model). With `target_acc`, stop as
+    soon as greedy accuracy on 200 validation items (train problems from another seed's stream, never
+    held-out ones) reaches it, checked every `eval_every` steps: where the model lands on the steep
+    early-learning curve varies a lot between seeds, the accuracy it stops at much less. Give a long
+    horizon (`steps`) with a target so the lr is still near its peak at the stop; RL from a model
+    annealed onto a plateau at the same accuracy gained far less (+5 vs +25..+50 points in our runs).
+    Returns (steps taken, last loss).
+    """
+    if cfg.steps <= 0:
+        return 0, float("nan")
+    items = sft_items(task, cfg.seed, cfg.teacher_error)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0, betas=(0.9, 0.98))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, warmup_cosine(cfg.steps))
     model.train()
     loss = torch.tensor(float("nan"))
-    for step in range(steps):
-        batch = sft_batch(tokenizer, list(itertools.islice(items, batch_size)))
+    for step in range(1, cfg.steps + 1):
+        batch = sft_batch(tokenizer, list(itertools.islice(items, cfg.batch_size)))
         loss = model(**batch).loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         sched.step()
-        if step % 100 == 0 or step == steps - 1:
+        if step % 100 == 0:
             logger.info("sft step %d loss %.4f", step, loss.item())
-        if target_acc is not None and (step + 1) % eval_every == 0:
-            model.eval()
-            acc = items_accuracy(model, tokenizer, val)
-            model.train()
-            logger.info("sft step %d validation greedy acc %.3f", step + 1, acc)
-            if acc >= target_acc:
-                model.eval()
-                return step + 1, float(loss.item())
+        if cfg.target_acc is not None and step % cfg.eval_every == 0:
+            if reached_target(model, tokenizer, task, cfg, step):
+                return step, float(loss.item())
     model.eval()
-    return steps, float(loss.item())
+    return cfg.steps, float(loss.item())
+
+
+def reached_target(
+    model: Qwen2ForCausalLM, tokenizer: PreTrainedTokenizerFast, task: Task, cfg: SFTConfig, step: int
+) -> bool:
+    """Validation check for `sft`; leaves the model in eval mode if the target is reached."""
+    val = list(itertools.islice(task.train_items(cfg.seed + 10_000), 200))
+    model.eval()
+    acc = items_accuracy(model, tokenizer, val)
+    logger.info("sft step %d validation greedy acc %.3f", step, acc)
+    if acc >= cfg.target_acc:
+        return True
+    model.train()
+    return False
 
 
 @torch.no_grad()
@@ -213,10 +256,11 @@ def make_tiny_model(args: argparse.Namespace) -> dict[str, Any]:
     tokenizer = build_tokenizer()
     model = build_model(tokenizer, args.layers, args.hidden, args.heads, args.seed)
     t1 = time.perf_counter()
-    steps, loss = sft(
-        model, tokenizer, task, args.sft_steps, args.sft_lr, args.sft_batch_size, args.seed,
-        args.sft_target_acc,
+    cfg = SFTConfig(
+        steps=args.sft_steps, lr=args.sft_lr, batch_size=args.sft_batch_size, seed=args.seed,
+        target_acc=args.sft_target_acc, teacher_error=args.sft_teacher_error,
     )
+    steps, loss = sft(model, tokenizer, task, cfg)
     t2 = time.perf_counter()
     out = Path(args.out)
     model.save_pretrained(out)
@@ -240,17 +284,26 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--task", default="arithmetic", help="task name for envs.make_task")
     p.add_argument("--task-params", default="{}", help="JSON dict of task constructor params")
     p.add_argument("--sft-steps", type=int, default=300, help="SFT optimiser steps (0 = untrained)")
-    p.add_argument("--sft-lr", type=float, default=3e-3, help="peak SFT learning rate")
+    p.add_argument("--sft-lr", type=float, default=1e-3, help="peak SFT learning rate")
     p.add_argument("--sft-batch-size", type=int, default=64, help="train items per SFT step")
     p.add_argument("--sft-target-acc", type=float, default=None,
                    help="stop SFT early once validation greedy accuracy reaches this (0..1)")
+    p.add_argument("--sft-teacher-error", type=float, default=0.0,
+                   help="probability that an SFT target is answer+1 instead of the answer (see sft_items)")
     p.add_argument("--seed", type=int, default=0, help="seeds weights and the train item stream")
     p.add_argument("--layers", type=int, default=2, help="transformer layers")
     p.add_argument("--hidden", type=int, default=128, help="hidden size (MLP is 4x)")
     p.add_argument("--heads", type=int, default=4, help="attention heads (= key/value heads)")
-    p.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch intra-op threads; 1 because these matrices are too small to gain from more, "
+                   "and on a busy 2-core box 2 threads ran 6x slower than 1 (spinning on a taken core)")
     p.add_argument("--no-eval", dest="eval", action="store_false", help="skip held-out evaluation")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if not 0.0 <= args.sft_teacher_error < 1.0:
+        p.error(f"--sft-teacher-error must be in [0, 1), got {args.sft_teacher_error}")
+    if args.sft_target_acc is not None and not 0.0 <= args.sft_target_acc <= 1.0:
+        p.error(f"--sft-target-acc must be in [0, 1], got {args.sft_target_acc}")
+    return args
 
 
 def main(argv: Sequence[str] | None = None) -> None:

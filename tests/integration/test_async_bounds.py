@@ -103,3 +103,22 @@ def test_a_group_with_any_old_token_is_stale(broker):
     assert got.stale_ids == ["g000000000"]  # oldest token v0 < 2 - 1
     assert [g.traj_id for g in got.groups] == ["g000000001"]
     assert admission.replaced == 1
+
+
+def test_filtered_groups_are_replaced_so_a_step_still_gets_b_groups(broker):
+    """DAPO dynamic sampling through collect: groups the filter rejects are acknowledged, counted
+    and replaced by fresh prompts until B groups pass (here every other group is rejected)."""
+    admission = Admission(_items(), 2, 0.0, 1)
+    published = [0]
+    gens = SimGenerators(broker, published, random.Random(0), slow_frac=0.0)
+    gens.start()
+    try:
+        got = collect(broker, admission, GroupAssembler(N), 0, 0, set(), vocab_size=10,
+                      consumer="rank0", timeout_s=10,
+                      drop=lambda g: "dynamic_sampling" if int(g.group_id[1:]) % 2 else None)
+    finally:
+        gens.stop.set()
+        gens.join()
+    assert [g.group_id for g in got.groups] == ["g000000000", "g000000002"]
+    assert got.filtered_ids == ["g000000001"] and got.filtered["dynamic_sampling"] == 1
+    assert admission.replaced == 1 and admission.issued == 3

@@ -1,11 +1,13 @@
 """scripts/make_tiny_model.py builds a standard HF dir that the Auto classes load back."""
 
+import itertools
 import json
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from scripts.make_tiny_model import main
+from envs import make_task
+from scripts.make_tiny_model import main, sft_items
 
 
 def test_build_and_load_back(tmp_path, capsys):
@@ -44,3 +46,22 @@ def test_deterministic_for_a_seed(tmp_path, capsys):
     b = AutoModelForCausalLM.from_pretrained(tmp_path / "b").state_dict()
     for key in a:
         torch.testing.assert_close(a[key], b[key], atol=0, rtol=0)
+
+
+def test_teacher_error_shifts_answers_by_one():
+    task = make_task("arithmetic", {"ops": ["+"], "heldout_size": 10})
+    clean = list(itertools.islice(task.train_items(0), 200))
+    assert list(itertools.islice(sft_items(task, 0, 0.0), 200)) == clean
+    noisy = list(itertools.islice(sft_items(task, 0, 0.6), 200))
+    assert noisy == list(itertools.islice(sft_items(task, 0, 0.6), 200))  # deterministic per seed
+    assert [it.prompt for it in noisy] == [it.prompt for it in clean]
+    shifted = [n for n, c in zip(noisy, clean) if n.answer != c.answer]
+    assert all(int(n.answer) == int(c.answer) + 1 for n, c in zip(noisy, clean) if n in shifted)
+    assert 0.5 < len(shifted) / 200 < 0.7  # Binomial(200, 0.6): mean 120, sd 7 -> 0.53..0.67 at 2 sd
+
+
+def test_target_acc_zero_stops_at_first_check(tmp_path, capsys):
+    main(["--out", str(tmp_path / "t"), "--sft-steps", "100", "--sft-target-acc", "0", "--sft-batch-size",
+          "4", "--layers", "1", "--hidden", "32", "--heads", "2", "--no-eval"])
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["sft_steps"] == 25  # first validation check (every 25 steps) meets a 0.0 target
