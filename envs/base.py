@@ -11,7 +11,7 @@ Stdlib only: the generator and learner both import `envs/`, and neither should p
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterator, Protocol, runtime_checkable
+from typing import Any, Iterator, Protocol, runtime_checkable
 
 
 @dataclass(frozen=True)
@@ -40,3 +40,12 @@ class Task(Protocol):
     def score(self, item: Item, response: str) -> float:
         """Reward of `response` (text after the prompt, EOS stripped) for `item`."""
         ...
+
+
+def response_text(tokenizer: Any, ids: list[int], eos_id: int | None) -> str:
+    """The text a task scores: the response up to its first EOS, every other special token kept as
+    written, so that "4<pad>2" is not read as "42" (skipping them would let a policy game the
+    reward). `tokenizer` is anything with `decode(ids, skip_special_tokens=...)`."""
+    if eos_id is not None and eos_id in ids:
+        ids = ids[:ids.index(eos_id)]
+    return tokenizer.decode(ids, skip_special_tokens=False)

@@ -16,6 +16,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from envs import response_text
 from generators.engine import GeneratedSample, SamplingParams
 
 log = logging.getLogger(__name__)
@@ -78,4 +79,4 @@ class HFEngine:
         return GeneratedSample(
             prompt_ids=prompt_ids, response_ids=ids[:length], logprobs=logp[:length].tolist(),
             finished=finished,
-            text=self.tokenizer.decode(ids[:length], skip_special_tokens=True))
+            text=response_text(self.tokenizer, ids[:length], self.eos_id))

@@ -44,6 +44,7 @@ import torch
 from safetensors import safe_open
 from transformers import AutoTokenizer
 
+from envs import response_text
 from generators.engine import GeneratedSample, SamplingParams
 
 log = logging.getLogger(__name__)
@@ -220,7 +221,7 @@ class VLLMEngine:
         return GeneratedSample(
             prompt_ids=list(prompt_ids), response_ids=ids, logprobs=logprobs,
             finished=bool(ids) and ids[-1] == self.eos_id,
-            text=self.tokenizer.decode(ids, skip_special_tokens=True), token_versions=versions)
+            text=response_text(self.tokenizer, ids, self.eos_id), token_versions=versions)
 
     def _use_pre_truncation_logprobs(self) -> None:
         if self._pre_truncation:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from envs import Item, Task
+from envs import Item, Task, response_text
 
 
 @torch.no_grad()
@@ -20,7 +20,7 @@ def heldout_accuracy(model: torch.nn.Module, tokenizer, task: Task, items: list[
         enc = tokenizer([it.prompt for it in chunk], return_tensors="pt", padding=True)
         out = model.generate(**enc, do_sample=False, max_new_tokens=max_new_tokens,
                              pad_token_id=pad_id, eos_token_id=tokenizer.eos_token_id)
-        texts = tokenizer.batch_decode(out[:, enc["input_ids"].shape[1]:],
-                                       skip_special_tokens=True)
+        texts = [response_text(tokenizer, row, tokenizer.eos_token_id)
+                 for row in out[:, enc["input_ids"].shape[1]:].tolist()]
         correct += sum(task.score(it, text) >= 1.0 for it, text in zip(chunk, texts))
     return correct / max(len(items), 1)

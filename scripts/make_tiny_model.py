@@ -12,7 +12,7 @@ leave room for RL (held-out greedy accuracy well below what sampling reaches):
 - `--sft-teacher-error P` (the demo's choice): an imperfect teacher whose answer is off by one with
   probability P; RL with the exact-match reward corrects it within tens of steps (see `sft_items`).
 - `--sft-target-acc A`: stop SFT once validation greedy accuracy reaches A. RL gains from such a model
-  measured +5 to +35 points in 300 steps depending on the seed (see `sft`), too uneven for the demo.
+  measured -2 to +50 points in 300 steps depending on seed and lrs (see `sft`): too uneven for a demo.
 
 Deterministic for a seed and a thread count. Prints one JSON line at the end:
     {"sft_steps": ..., "sft_loss": ..., "build_wall_s": ..., "sft_wall_s": ..., "wall_s": ...,

@@ -3,11 +3,12 @@
 import itertools
 import json
 
+import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from envs import make_task
-from scripts.make_tiny_model import main, sft_items
+from scripts.make_tiny_model import build_tokenizer, main, sft_items
 
 
 def test_build_and_load_back(tmp_path, capsys):
@@ -55,9 +56,9 @@ def test_teacher_error_shifts_answers_by_one():
     noisy = list(itertools.islice(sft_items(task, 0, 0.6), 200))
     assert noisy == list(itertools.islice(sft_items(task, 0, 0.6), 200))  # deterministic per seed
     assert [it.prompt for it in noisy] == [it.prompt for it in clean]
-    shifted = [n for n, c in zip(noisy, clean) if n.answer != c.answer]
-    assert all(int(n.answer) == int(c.answer) + 1 for n, c in zip(noisy, clean) if n in shifted)
-    assert 0.5 < len(shifted) / 200 < 0.7  # Binomial(200, 0.6): mean 120, sd 7 -> 0.53..0.67 at 2 sd
+    offsets = [int(n.answer) - int(c.answer) for n, c in zip(noisy, clean)]
+    assert set(offsets) == {0, 1}
+    assert 0.5 < sum(offsets) / 200 < 0.7  # Binomial(200, 0.6): mean 120, sd 7 -> 0.53..0.67 at 2 sd
 
 
 def test_target_acc_zero_stops_at_first_check(tmp_path, capsys):
@@ -65,3 +66,18 @@ def test_target_acc_zero_stops_at_first_check(tmp_path, capsys):
           "4", "--layers", "1", "--hidden", "32", "--heads", "2", "--no-eval"])
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert summary["sft_steps"] == 25  # first validation check (every 25 steps) meets a 0.0 target
+
+
+def test_special_tokens_inside_a_response_are_not_skipped_when_scoring():
+    """A policy must not earn the reward for "4<pad>2" as if it had written "42"."""
+    from envs import Item, make_task, response_text
+
+    tok = build_tokenizer()
+    task = make_task("arithmetic", {"ops": ["+"]})
+    item = Item(id="x", prompt="40+2=", answer="42")
+    digits = tok("42", add_special_tokens=False)["input_ids"]
+    honest = digits + [tok.eos_token_id, tok.pad_token_id]
+    gamed = [digits[0], tok.pad_token_id, digits[1], tok.eos_token_id]
+    assert response_text(tok, honest, tok.eos_token_id) == "42"
+    assert task.score(item, response_text(tok, honest, tok.eos_token_id)) == pytest.approx(1.1)
+    assert task.score(item, response_text(tok, gamed, tok.eos_token_id)) == 0.0
