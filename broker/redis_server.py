@@ -39,7 +39,8 @@ class EmbeddedRedis:
             raise RedisServerError("redis-server not found on PATH; install it (apt-get install "
                                    "redis-server) or pass --redis-url")
         self._own_dir = workdir is None
-        self.dir = Path(workdir or tempfile.mkdtemp(prefix="rollredis-"))
+        # absolute: redis-server chdirs to --dir before binding the socket path
+        self.dir = Path(workdir or tempfile.mkdtemp(prefix="rollredis-")).resolve()
         self.dir.mkdir(parents=True, exist_ok=True)
         self.socket = self.dir / "redis.sock"
         if len(str(self.socket)) > 100:  # unix socket paths are limited to ~107 bytes

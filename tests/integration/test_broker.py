@@ -93,3 +93,12 @@ def test_unreachable_redis_fails_after_bounded_retries(tmp_path):
     with pytest.raises(BrokerUnavailable, match="cannot reach Redis at unix://.*after"):
         connect(f"unix://{tmp_path}/nothing.sock", timeout_s=1.5)
     assert 1.0 < time.monotonic() - started < 6
+
+
+def test_embedded_redis_with_a_relative_directory(tmp_path, monkeypatch):
+    """`rollctl run` with run_dir "runs/demo" passes a relative path (redis-server chdirs first)."""
+    from broker.redis_server import EmbeddedRedis
+
+    monkeypatch.chdir(tmp_path)
+    with EmbeddedRedis("runs/demo/redis") as server:
+        assert connect(server.url, 5).ping()
