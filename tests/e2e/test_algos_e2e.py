@@ -3,8 +3,8 @@
 greedy accuracy in a short CPU run.
 
 Real processes: `rollctl run` starts its own redis-server, a learner and two generators. The model is
-the demo's warm start (`warm_model_dir` in tests/conftest.py: two-digit addition, SFT stopped at 35%
-validation accuracy), where RL has room to improve. Longer runs of the same configs are recorded in
+the demo's warm start (`warm_model_dir` in tests/conftest.py: two-digit addition, teacher-error
+SFT), where RL has room to improve. Longer runs of the same configs are recorded in
 docs/algorithms.md, "Measured runs".
 """
 
