@@ -243,14 +243,9 @@ def _check_algo(cfg: Config) -> None:
         raise ConfigError(re.sub(r"^(algo\.\w+) ", r"\1: ", str(e))) from None
 
 
-def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, dict) and not (prefix.startswith("task.") or k == "params"):
-            out.update(_flatten(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
+def _flatten(d: dict) -> dict[str, Any]:
+    """{"section.key": value} for the one level of sections (task.params stays a dict)."""
+    return {f"{section}.{k}": v for section, fields in d.items() for k, v in fields.items()}
 
 
 def _coerce(value: Any, hint: Any, key: str) -> Any:

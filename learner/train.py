@@ -1,6 +1,6 @@
 """One optimisation step of the policy (and the critic) on one collected batch.
 
-    kept, dropped = filter_groups(groups)          # DAPO filters (a no-op once collect applies them)
+    kept, dropped = filter_groups(groups)          # DAPO filters: only groups past collect's cap
     batch = prepare_batch(kept)                    # scores, reference KL, old values, advantages
     policy: loss = POLICY_LOSSES[policy_loss] + kl_coef * kl_loss + entropy_coef * entropy_bonus
     critic: loss = value_loss(values, old_values, returns)          (critic: true)
@@ -144,8 +144,8 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, groups:
                cfg: Config, models: AlgoModels) -> dict[str, float]:
     """Update the policy (and critic) on the step's groups; returns the step's flat metrics.
 
-    Groups the DAPO filters reject are left out here too (a no-op when collect already replaced
-    them). If nothing is left the step makes no update and reports `optim/skipped` = 1.
+    Groups the DAPO filters reject are left out here too: collect replaces them up to its cap of
+    4 x B per step, and any kept past that cap are dropped here. If nothing is left the step makes no update and reports `optim/skipped` = 1.
     """
     kept, dropped = filter_groups(groups, cfg)
     stats = {"filter/dropped_in_step": float(len(dropped)), "optim/skipped": 0.0}
