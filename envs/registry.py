@@ -1,6 +1,6 @@
 """Task registry: config name -> task class.
 
-Configs name a task and pass its constructor parameters as a dict; a typo in either is an error that
+Configs name a task (or a multi-turn environment) and pass its constructor parameters as a dict; a typo in either is an error that
 names the culprit, never a silent default. Add a task by adding one entry to `_REGISTRY`.
 """
 
@@ -11,9 +11,18 @@ from typing import Any, Callable
 
 from envs.arithmetic import ArithmeticTask
 from envs.base import Task
+from envs.gridworld import gridworld_task
+from envs.simulated import simulated_task
+from envs.sokoban import sokoban_task
+from envs.tools import tool_use_task
 
 _REGISTRY: dict[str, Callable[..., Task]] = {
     "arithmetic": ArithmeticTask,
+    # multi-turn environments (envs/multiturn.py): an EnvTask whose items are episode seeds
+    "gridworld": gridworld_task,
+    "sokoban": sokoban_task,
+    "tool_use": tool_use_task,
+    "sim_env": simulated_task,
 }
 
 

@@ -1,0 +1,142 @@
+"""One episode as the token sequence the learner trains on.
+
+The model sees, and the learner re-scores, exactly one token sequence per episode:
+
+    prompt_ids = encode(first observation)
+    response   = action_1 [EOS] obs_1  action_2 [EOS] obs_2 ... action_K [EOS]
+    loss_mask  =    1 ...   1    0...0   1 ...   1    0...0      1 ...   1
+
+Actions are the tokens the engine generated (EOS included when the turn stopped on it); observation
+tokens come from `encode(observation, first=False)` and are appended after the action, so the next
+turn is generated from the very tokens the learner will later see: no re-tokenisation of the
+concatenated text, which for BPE tokenisers would not reproduce the sampled tokens. Observation
+tokens carry a loss mask of 0, a behaviour log-probability of 0 (never used) and the version of the
+turn before them.
+
+Per turn the episode records where the action starts (`turn_starts`, an index into the response),
+the turn's reward, and `turn_states`, a 63-bit hash of the observation the action answered: turns of
+different episodes in a group with the same state key are "the same state" for GiGPO-style step
+grouping (algos/multiturn.py).
+
+Encoders (duck-typed tokenizers, no torch):
+- `plain_encoder`: observation text tokenised as is, special tokens (e.g. `<bos>`) only on the
+  first observation. For models without a chat template, such as the tiny test models.
+- `chat_encoder`: the first observation as a user message with the generation prompt; each later
+  one as the template's text between the end of an assistant message and the next generation
+  prompt (a user message in between), found by rendering the template.
+
+Stdlib only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from envs.multiturn import Env
+
+Encode = Callable[[str, bool], list[int]]  # (observation text, is_first) -> token ids
+
+
+def state_key(observation: str) -> int:
+    """A stable 63-bit hash of an observation (the same across processes, unlike hash())."""
+    return int.from_bytes(hashlib.blake2b(observation.encode(), digest_size=8).digest(), "little") >> 1
+
+
+def plain_encoder(tokenizer: Any) -> Encode:
+    def encode(text: str, first: bool) -> list[int]:
+        return list(tokenizer(text, add_special_tokens=first)["input_ids"])
+
+    return encode
+
+
+def chat_encoder(tokenizer: Any) -> Encode:
+    """Observation tokens for a model with a chat template (see the module docstring)."""
+    eos_text = tokenizer.decode([tokenizer.eos_token_id])
+
+    def render(messages: list[dict], gen: bool) -> str:
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=gen)
+
+    def encode(text: str, first: bool) -> list[int]:
+        user = {"role": "user", "content": text}
+        if first:
+            return list(tokenizer(render([user], True), add_special_tokens=False)["input_ids"])
+        # the text the template puts after an assistant turn's EOS, then the user turn and prompt
+        before = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]
+        closed = render(before, False)
+        cut = closed.rindex(eos_text) + len(eos_text)
+        full = render(before + [user], True)
+        if not full.startswith(closed[:cut]):
+            raise ValueError("the chat template does not extend a conversation by appending; "
+                             "use a model without a chat template or a plain encoder")
+        return list(tokenizer(full[cut:], add_special_tokens=False)["input_ids"])
+
+    return encode
+
+
+@dataclass
+class Episode:
+    """The running record of one episode; `act` plays one turn."""
+
+    env: Env
+    seed: int
+    encode: Encode
+    max_tokens: int  # response budget (actions + observations); the episode is cut when exceeded
+    action_tokens: int = 0  # longest action (max_new_tokens): cut when the next could not fit
+    prompt_ids: list[int] = field(default_factory=list)
+    response_ids: list[int] = field(default_factory=list)
+    loss_mask: list[int] = field(default_factory=list)  # 1 on action tokens, 0 on observations
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    turn_starts: list[int] = field(default_factory=list)
+    turn_rewards: list[float] = field(default_factory=list)
+    turn_states: list[int] = field(default_factory=list)
+    done: bool = False  # no more turns: the env ended the episode or a limit cut it
+    success: bool = False  # info["success"] of the last step
+    truncated: bool = False  # ended by the env's turn limit or the token budget
+    observation: str = ""
+
+    def __post_init__(self) -> None:
+        self.observation = self.env.reset(self.seed)
+        self.prompt_ids = self.encode(self.observation, True)
+
+    @property
+    def context(self) -> list[int]:
+        """The tokens the next action is generated from."""
+        return self.prompt_ids + self.response_ids
+
+    @property
+    def reward(self) -> float:
+        return float(sum(self.turn_rewards))
+
+    def act(self, ids: list[int], logprobs: list[float], versions: list[int], text: str) -> None:
+        """Record one generated action (tokens, behaviour log-probs, versions, decoded text without
+        EOS), step the environment with `text`, and append its observation unless the episode ended."""
+        if self.done:
+            raise RuntimeError("act() on a finished episode")
+        if not ids or not len(ids) == len(logprobs) == len(versions):
+            raise ValueError("an action needs >= 1 token, with one logprob and version per token")
+        self.turn_starts.append(len(self.response_ids))
+        self.turn_states.append(state_key(self.observation))
+        self.response_ids += ids
+        self.loss_mask += [1] * len(ids)
+        self.logprobs += logprobs
+        self.versions += versions
+        result = self.env.step(text)
+        self.turn_rewards.append(float(result.reward))
+        self.success = bool(result.info.get("success", False))
+        if result.done:
+            self.done, self.truncated = True, bool(result.info.get("truncated", False))
+            return
+        self.observation = result.observation
+        obs = self.encode(result.observation, False)
+        self.response_ids += obs
+        self.loss_mask += [0] * len(obs)
+        self.logprobs += [0.0] * len(obs)
+        self.versions += [versions[-1]] * len(obs)
+        if len(self.response_ids) + max(self.action_tokens, 1) > self.max_tokens:
+            self.done, self.truncated = True, True
+
+    def close(self) -> None:
+        self.env.close()
