@@ -15,8 +15,11 @@ from algos.aggregation import AGG_MODES, aggregate
 from algos.entropy import entropy_bonus, entropy_from_logits
 from algos.filtering import dynamic_sampling_mask, overlong_filter_mask, soft_overlong_penalty
 from algos.kl import KL_ESTIMATORS, kl_loss, kl_penalty
+from algos.kl_control import adaptive_kl_coef, next_kl_coef
+from algos.multiturn import TurnInputs, step_group_advantages, turn_returns, turns_to_tokens
 from algos.masked import masked_max, masked_mean, masked_sum, masked_whiten
 from algos.offpolicy import IS_LEVELS, IS_MODES, ISWeights, importance_weights
+from algos.preference import bradley_terry_loss
 from algos.policy_loss import (
     POLICY_LOSSES,
     PolicyLossConfig,
@@ -57,7 +60,10 @@ __all__ = [
     "PolicyLossConfig",
     "PolicyLossInputs",
     "RunningRewardNorm",
+    "TurnInputs",
+    "adaptive_kl_coef",
     "aggregate",
+    "bradley_terry_loss",
     "broadcast_to_tokens",
     "cispo_loss",
     "clip_rewards",
@@ -77,6 +83,7 @@ __all__ = [
     "masked_mean",
     "masked_sum",
     "masked_whiten",
+    "next_kl_coef",
     "normalize_rewards",
     "overlong_filter_mask",
     "place_terminal_reward",
@@ -84,7 +91,10 @@ __all__ = [
     "reinforce_loss",
     "rloo_advantages",
     "soft_overlong_penalty",
+    "step_group_advantages",
     "topr_loss",
+    "turn_returns",
+    "turns_to_tokens",
     "validate_algo_choice",
     "value_loss",
 ]

@@ -2,7 +2,8 @@
 
 Outcome (critic-free) estimators work on one scalar score per response, arranged as G groups of n samples
 of the same prompt (`rewards [G, n]`): GRPO, Dr.GRPO, RLOO. Token-level estimators work on token rewards:
-GAE (needs a critic), REINFORCE++ (batch-whitened discounted returns).
+GAE (needs a critic), REINFORCE++ (batch-whitened discounted returns). GiGPO adds step-level
+advantages for multi-turn episodes (algos/multiturn.py).
 
 Registry entries share one signature, `(AdvantageInputs, AdvantageConfig) -> AdvantageOutput`, so the
 learner picks one by name. Rows are group-major: row g * n + j is sample j of group g.
@@ -17,6 +18,7 @@ import torch
 from torch import Tensor
 
 from algos.masked import masked_fill_zero, masked_sum, masked_whiten
+from algos.multiturn import TurnInputs, step_group_advantages, turn_returns, turns_to_tokens
 from algos.returns import discounted_returns, gae_advantages, place_terminal_reward
 
 
@@ -67,6 +69,7 @@ class AdvantageInputs:
     group_size: int  # n, samples per prompt (num_return_sequences); rows are group-major
     values: Tensor | None = None  # [B, T] float32, critic values (required by "gae")
     token_rewards: Tensor | None = None  # [B, T] float32, dense rewards, e.g. -kl_coef * KL (optional)
+    turns: TurnInputs | None = None  # per-turn rewards and states of multi-turn episodes ("gigpo")
 
 
 @dataclass
@@ -74,6 +77,7 @@ class AdvantageConfig:
     gamma: float = 1.0  # discount per token (gae, reinforce++)
     lam: float = 0.95  # GAE lambda
     eps: float = 1e-6  # added to std before dividing
+    step_weight: float = 1.0  # gigpo: omega, the weight of the step-level advantage (paper: 1)
 
 
 @dataclass
@@ -146,6 +150,21 @@ def reinforce_pp_baseline_estimator(x: AdvantageInputs, cfg: AdvantageConfig) ->
     )
 
 
+def gigpo_estimator(x: AdvantageInputs, cfg: AdvantageConfig) -> AdvantageOutput:
+    """GiGPO (Feng et al. 2025; algos/multiturn.py): episode-level GRPO plus omega times the
+    step-level advantage of each turn within its group of identical states; `gamma` discounts per
+    turn here (the paper: 0.95), not per token."""
+    if x.turns is None:
+        raise ValueError("adv_estimator 'gigpo' needs multi-turn episodes (AdvantageInputs.turns); "
+                         "use it with a multi-turn environment task")
+    episode = grpo_estimator(x, cfg).advantages  # [B, T]
+    t = x.turns
+    step = step_group_advantages(turn_returns(t.rewards, t.mask, cfg.gamma), t.state_ids, t.mask,
+                                 x.group_size, cfg.eps)  # [B, K]
+    adv = episode + cfg.step_weight * turns_to_tokens(step, t.token_turn, x.mask)
+    return AdvantageOutput(advantages=adv, returns=adv)
+
+
 ADVANTAGE_ESTIMATORS: dict[str, Callable[[AdvantageInputs, AdvantageConfig], AdvantageOutput]] = {
     "grpo": grpo_estimator,
     "dr_grpo": dr_grpo_estimator,
@@ -153,6 +172,7 @@ ADVANTAGE_ESTIMATORS: dict[str, Callable[[AdvantageInputs, AdvantageConfig], Adv
     "gae": gae_estimator,
     "reinforce++": reinforce_pp_estimator,
     "reinforce++-baseline": reinforce_pp_baseline_estimator,
+    "gigpo": gigpo_estimator,
 }
 
 # Estimators that need a value model; validate_algo_choice enforces this at config load.

@@ -16,7 +16,7 @@ from algos.policy_loss import POLICY_LOSSES
 from algos.rewards import REWARD_NORMS
 
 # estimators whose baseline needs more than one sample per prompt
-_GROUP_ESTIMATORS = frozenset({"grpo", "dr_grpo", "rloo", "reinforce++-baseline"})
+_GROUP_ESTIMATORS = frozenset({"grpo", "dr_grpo", "rloo", "reinforce++-baseline", "gigpo"})
 
 
 def _known(key: str, value: str, registry: Any) -> None:

@@ -116,8 +116,9 @@ class AlgoConfig:
     import torch (tests/unit/test_learner_config.py checks that they match)."""
 
     adv_estimator: Literal[
-        "grpo", "dr_grpo", "rloo", "gae", "reinforce++", "reinforce++-baseline"
-    ] = "grpo"  # advantage estimator (algos.ADVANTAGE_ESTIMATORS); gae needs critic: true
+        "grpo", "dr_grpo", "rloo", "gae", "reinforce++", "reinforce++-baseline", "gigpo"
+    ] = "grpo"  # advantage estimator (algos.ADVANTAGE_ESTIMATORS); gae needs critic: true;
+    #             gigpo (step-level, multi-turn environments only) discounts turns by gamma
     policy_loss: Literal["ppo", "gspo", "cispo", "topr", "reinforce"] = "ppo"  # algos.POLICY_LOSSES
     clip_low: float = 0.2  # ratio lower bound 1 - clip_low
     clip_high: float = 0.2  # ratio upper bound 1 + clip_high (DAPO: 0.28)
@@ -210,7 +211,7 @@ def _check_ranges(cfg: Config) -> None:
     _check_algo(cfg)
 
 
-_GROUP_BASELINES = ("grpo", "dr_grpo", "rloo", "reinforce++-baseline")  # baseline from the group
+_GROUP_BASELINES = ("grpo", "dr_grpo", "rloo", "reinforce++-baseline", "gigpo")  # baseline from the group
 
 
 def _check_algo(cfg: Config) -> None:

@@ -8,7 +8,10 @@ Rules (ARCHITECTURE.md, "Wire rules"):
 - Decoding validates types, finiteness and token-id ranges; any failure raises `WireError` with a
   one-line reason, which callers put in the dead-letter stream.
 
-A trajectory entry is one finished group: the n samples a generator drew for one prompt. Its small
+A trajectory entry is one finished group: the n samples a generator drew for one prompt. A sample
+of a multi-turn episode (envs/episode.py) adds `loss_mask`, `turn_starts`, `turn_rewards` and
+`turn_states`; they are optional keys, so single-turn entries are unchanged and SCHEMA_VERSION
+stays 1 (a reader that predates them would ignore them, and train on observation tokens). Its small
 scalar fields (`traj_id`, `behavior_version`, `reward_mean`, ...) sit beside the msgpack `data`
 field so that `redis-cli XRANGE` shows them readably.
 """
@@ -25,7 +28,7 @@ import numpy as np
 SCHEMA_VERSION = 1
 
 _MAX_ITEMS = 65_536  # msgpack array/map length limit: far above any group size or field count
-_DTYPES = {"<i4": np.dtype("<i4"), "<f4": np.dtype("<f4")}
+_DTYPES = {"<i4": np.dtype("<i4"), "<f4": np.dtype("<f4"), "<i8": np.dtype("<i8"), "|u1": np.dtype("|u1")}
 
 
 class WireError(ValueError):
@@ -54,6 +57,11 @@ class Sample:
     reward: float
     finished: bool  # True if the response ended with EOS, False if cut at max_new_tokens
     text: str = ""  # decoded response, kept for inspection and reward debugging
+    # multi-turn episodes only (absent on the wire for single-turn samples; see _decode_turns):
+    loss_mask: np.ndarray | None = None  # [T] uint8, 1 on model tokens, 0 on observation tokens
+    turn_starts: np.ndarray | None = None  # [K] int32, response index where turn k's action starts
+    turn_rewards: np.ndarray | None = None  # [K] float32, reward of each turn (sum = reward)
+    turn_states: np.ndarray | None = None  # [K] int64, state key each turn acted in (GiGPO groups)
 
 
 @dataclass
@@ -135,12 +143,23 @@ def decode_prompt(fields: dict[bytes, bytes], max_bytes: int) -> PromptWork:
         raise WireError(f"prompt: bad scalar field ({e})") from None
 
 
+_TURN_FIELDS = (("loss_mask", "|u1"), ("turn_starts", "<i4"), ("turn_rewards", "<f4"),
+                ("turn_states", "<i8"))
+
+
+def _encode_sample(s: Sample) -> dict[str, Any]:
+    out = {"response_ids": pack_array(s.response_ids, "<i4"),
+           "logprobs": pack_array(s.logprobs, "<f4"),
+           "token_versions": pack_array(s.token_versions, "<i4"),
+           "reward": float(s.reward), "finished": bool(s.finished), "text": s.text}
+    for name, dtype in _TURN_FIELDS:
+        if getattr(s, name) is not None:
+            out[name] = pack_array(getattr(s, name), dtype)
+    return out
+
+
 def encode_trajectory(t: Trajectory) -> dict[str, Any]:
-    samples = [{"response_ids": pack_array(s.response_ids, "<i4"),
-                "logprobs": pack_array(s.logprobs, "<f4"),
-                "token_versions": pack_array(s.token_versions, "<i4"),
-                "reward": float(s.reward), "finished": bool(s.finished), "text": s.text}
-               for s in t.samples]
+    samples = [_encode_sample(s) for s in t.samples]
     body = {"prompt_ids": pack_array(t.prompt_ids, "<i4"), "issued_version": t.issued_version,
             "samples": samples}
     return {"schema": SCHEMA_VERSION, "traj_id": t.traj_id, "prompt_id": t.prompt_id,
@@ -164,7 +183,32 @@ def _decode_sample(s: Any, i: int) -> Sample:
     if not np.all(np.isfinite(logprobs)) or np.any(logprobs > 1e-4):
         raise WireError(f"{what}.logprobs: not finite or positive")
     return Sample(response_ids=ids, logprobs=logprobs, token_versions=versions, reward=float(reward),
-                  finished=_get(s, "finished", bool, what), text=_get(s, "text", str, what))
+                  finished=_get(s, "finished", bool, what), text=_get(s, "text", str, what),
+                  **_decode_turns(s, ids.shape[0], what))
+
+
+def _decode_turns(s: dict, length: int, what: str) -> dict[str, np.ndarray]:
+    """The optional multi-turn arrays: all four or none; loss_mask is 0/1 over the response, turn
+    starts strictly increase inside it and each starts on a model token, rewards are finite."""
+    present = {name: s.get(name) is not None for name, _ in _TURN_FIELDS}
+    if not any(present.values()):
+        return {}
+    if not all(present.values()):
+        missing = [n for n, p in present.items() if not p]
+        raise WireError(f"{what}: multi-turn fields incomplete, missing {', '.join(missing)}")
+    out = {name: unpack_array(s[name], dtype, f"{what}.{name}") for name, dtype in _TURN_FIELDS}
+    mask, starts = out["loss_mask"], out["turn_starts"]
+    if mask.shape != (length,) or np.any(mask > 1):
+        raise WireError(f"{what}.loss_mask: must be 0/1 with the response's shape")
+    k = starts.shape
+    if len(k) != 1 or k[0] < 1 or out["turn_rewards"].shape != k or out["turn_states"].shape != k:
+        raise WireError(f"{what}: turn_starts, turn_rewards and turn_states must be [K], K >= 1")
+    if np.any(np.diff(starts) <= 0) or starts[0] < 0 or starts[-1] >= length \
+            or not np.all(mask[starts] == 1):
+        raise WireError(f"{what}.turn_starts: not increasing model-token positions")
+    if not np.all(np.isfinite(out["turn_rewards"])):
+        raise WireError(f"{what}.turn_rewards: not finite")
+    return out
 
 
 def decode_trajectory(fields: dict[bytes, bytes], max_bytes: int, vocab_size: int) -> Trajectory:
