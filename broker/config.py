@@ -147,6 +147,58 @@ class AlgoConfig:
     overlong_filter: bool = False  # mask truncated samples out of the loss (DAPO)
     overlong_buffer: int | None = None  # soft overlong penalty over the budget's last N tokens (None = off)
     overlong_penalty_factor: float = 1.0  # scale of the soft overlong penalty
+    kl_target: float | None = None  # adaptive kl_coef aiming at this per-token KL (None = fixed)
+    kl_horizon: float = 10000.0  # samples over which the adaptive kl_coef moves by up to 20%
+
+
+@dataclass
+class RewardConfig:
+    """The `reward:` section: how generators score a finished response (docs/algorithms.md, RLHF)."""
+
+    type: Literal["rule", "model", "mixed"] = "rule"  # the task's verifier, a reward model, or both
+    model_path: str | None = None  # HF dir with a scalar head (`rollctl train-rm`); model / mixed
+    weight_rule: float = 1.0  # mixed: reward = weight_rule * rule + weight_model * model score
+    weight_model: float = 1.0  # scale of the reward-model score (model and mixed)
+    micro_batch_size: int = 64  # responses per reward-model forward pass in the generator
+    max_len: int = 512  # reward-model input tokens (prompt + response + EOS), cut from the left
+
+
+@dataclass
+class RewardModelTrainConfig:
+    """The `rm:` section, read by `rollctl train-rm` only: Bradley-Terry reward-model training
+    (names as OpenRLHF's train_rm)."""
+
+    pretrain: str | None = None  # initial weights, a local HF dir (None = model.path)
+    dataset: str = "data/preferences.jsonl"  # JSONL of {"prompt", "chosen", "rejected"}
+    eval_dataset: str | None = None  # held-out pairs (None = the last eval_split of dataset)
+    eval_split: float = 0.1  # share of dataset held out when eval_dataset is None
+    save_path: str = "models/rm"  # where the trained model is saved (a standard HF directory)
+    max_epochs: int = 1  # passes over the training pairs
+    max_steps: int = 0  # stop after this many optimiser steps (0 = max_epochs decides)
+    learning_rate: float = 1e-4  # AdamW peak lr (linear warm-up, cosine decay to 10%)
+    weight_decay: float = 0.0  # AdamW weight decay
+    max_grad_norm: float = 1.0  # gradient clipping (0 = off)
+    train_batch_size: int = 32  # preference pairs per optimiser step, over all ranks
+    micro_train_batch_size: int = 32  # pairs per forward/backward on one rank
+    max_len: int = 512  # tokens of prompt + response + EOS, cut from the left
+    eval_every: int = 0  # held-out accuracy every N steps (0 = only before and after)
+
+
+@dataclass
+class GuardsConfig:
+    """The `guards:` section: reward-hacking warnings (`guard/*` metrics, `rollctl status`)."""
+
+    enabled: bool = True  # compute the guard/* metrics every step
+    stop_on_guard: bool = False  # end training (summary `stopped_by_guard`) once a guard persists
+    patience: int = 3  # consecutive steps a guard must fire before stop_on_guard stops
+    kl_window: int = 5  # steps over which the rise of the KL to the reference is measured
+    kl_max_rise: float = 0.5  # warn if KL(behaviour || reference) rose more than this in kl_window
+    score_std_min: float = 1e-3  # warn if the batch's reward std falls below this (model rewards)
+    min_length: float = 1.5  # warn if the mean response length (tokens, EOS included) falls below
+    max_truncated_frac: float = 0.5  # warn if more than this share of responses hit max_new_tokens
+    ngram_n: int = 3  # n of the repeated n-gram check
+    max_ngram_repeat: float = 0.3  # warn if the mean share of repeated n-grams exceeds this
+
 
 
 @dataclass
@@ -159,6 +211,9 @@ class Config:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     sim: SimConfig = field(default_factory=SimConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    rm: RewardModelTrainConfig = field(default_factory=RewardModelTrainConfig)
+    guards: GuardsConfig = field(default_factory=GuardsConfig)
 
     @property
     def key_prefix(self) -> str:
@@ -209,6 +264,39 @@ def _check_ranges(cfg: Config) -> None:
     if cfg.algo.tis_cap is not None and cfg.algo.tis_cap < 1:
         raise ConfigError(f"algo.tis_cap: must be >= 1 or null, got {cfg.algo.tis_cap!r}")
     _check_algo(cfg)
+    _check_rlhf(cfg)
+
+
+
+def _check_rlhf(cfg: Config) -> None:
+    """The reward, rm and guards sections, and algo.kl_target / kl_horizon (issue 9)."""
+    flat = _flatten(cfg.to_dict())
+    for key in ("reward.micro_batch_size", "reward.max_len", "rm.learning_rate",
+                "rm.train_batch_size", "rm.micro_train_batch_size", "rm.max_len", "rm.max_epochs",
+                "algo.kl_horizon", "guards.patience", "guards.kl_window", "guards.ngram_n"):
+        if not flat[key] > 0:
+            raise ConfigError(f"{key}: must be > 0, got {flat[key]!r}")
+    for key in ("reward.weight_rule", "reward.weight_model", "rm.max_steps", "rm.eval_every",
+                "rm.weight_decay", "rm.max_grad_norm", "guards.kl_max_rise", "guards.score_std_min",
+                "guards.min_length", "guards.max_truncated_frac", "guards.max_ngram_repeat"):
+        if not flat[key] >= 0:
+            raise ConfigError(f"{key}: must be >= 0, got {flat[key]!r}")
+    if cfg.reward.type != "rule" and not cfg.reward.model_path:
+        raise ConfigError(f"reward.model_path: reward.type {cfg.reward.type!r} needs a reward-model "
+                          "directory (train one with `rollctl train-rm`)")
+    if cfg.reward.type == "rule" and cfg.reward.model_path:
+        raise ConfigError("reward.model_path: set, but reward.type is 'rule' (use 'model' or 'mixed')")
+    if not 0 < cfg.rm.eval_split < 1:
+        raise ConfigError(f"rm.eval_split: must be in (0, 1), got {cfg.rm.eval_split!r}")
+    if cfg.rm.train_batch_size % cfg.rm.micro_train_batch_size:
+        raise ConfigError(f"rm.train_batch_size: must be a multiple of rm.micro_train_batch_size "
+                          f"({cfg.rm.micro_train_batch_size}), got {cfg.rm.train_batch_size}")
+    if cfg.algo.kl_target is not None:
+        if not cfg.algo.kl_target > 0:
+            raise ConfigError(f"algo.kl_target: must be > 0 or null, got {cfg.algo.kl_target!r}")
+        if not cfg.algo.kl_coef > 0:
+            raise ConfigError("algo.kl_target: the adaptive controller needs a starting "
+                              "algo.kl_coef > 0 (InstructGPT: 0.02)")
 
 
 _GROUP_BASELINES = ("grpo", "dr_grpo", "rloo", "reinforce++-baseline", "gigpo")  # baseline from the group

@@ -1,7 +1,9 @@
 """A private redis-server for `rollctl run` and the test suites.
 
-It listens on a unix socket only (`port 0`, no TCP), so nothing outside this machine can reach it,
-and keeps no snapshot or AOF unless asked. The owner stops it with `stop()` or by using the object
+It listens on a unix socket only (`port 0`, no TCP) with mode 700, so no other machine and no other
+user of this one can reach it (tests/integration/test_security.py checks that it opens no TCP
+socket), and keeps no snapshot or AOF unless asked (`persistence`, `extra_args` such as
+`--appendonly yes --appendfsync always`). The owner stops it with `stop()` or by using the object
 as a context manager; `rollctl run` does so on Ctrl-C and at the end of training.
 """
 
@@ -85,6 +87,14 @@ class EmbeddedRedis:
         self.proc = None
         if self._own_dir:
             shutil.rmtree(self.dir, ignore_errors=True)
+
+    def kill(self) -> None:
+        """SIGKILL the server, as a crash would; its directory (and any AOF) stays for a restart
+        with `start()`. For fault tests."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.proc = None
 
     def __enter__(self) -> "EmbeddedRedis":
         return self.start()

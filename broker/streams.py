@@ -10,16 +10,33 @@ Delivery guarantees:
 - Entries that fail to decode or validate are copied to `dlq` with the reason and their original
   id, then acknowledged: nothing is dropped silently and nothing poisons a reader twice.
 Trajectories are at-least-once; the learner drops duplicates by `traj_id`.
+
+Redis restarts (ARCHITECTURE.md, docs/faults.md):
+- The client from broker.connection reconnects with backoff, so a restart only delays calls.
+- Nothing here re-creates a run's keys after they are gone: XADD uses NOMKSTREAM, and a missing
+  stream, consumer group or run hash raises `RunLost`, which names what is missing. Only the
+  learner's start (`ensure_groups`, `register_run`) creates them.
+- Redis with `appendfsync everysec` (or no fsync) may come back without its last writes. The
+  learner's broker re-checks, at most once a second, that the prompts it added are still there
+  (`verify_prompts`), re-adds the forgotten ones and counts them (`lost["prompts"]`, run hash
+  `redis_lost_prompts`). A forgotten trajectory comes back by itself: its prompt's XACK was in the
+  same transaction, so the prompt is pending again and is generated again; the generator that
+  wrote it recognises the prompt and counts it (`lost["trajectories"]`, heartbeat `redis_lost`).
+- Writes refused because Redis is at maxmemory (noeviction: "OOM ...") are retried with backoff
+  for `busy_timeout_s`, then raise `BrokerUnavailable`.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass
+from typing import Any, Callable
 
 import redis
 
+from broker.connection import BrokerUnavailable
 from broker.schema import (SCHEMA_VERSION, PromptWork, Trajectory, WireError, decode_prompt,
                            decode_trajectory, encode_prompt, encode_trajectory)
 
@@ -27,10 +44,38 @@ log = logging.getLogger(__name__)
 
 GEN_GROUP = "gen"
 LEARNER_GROUP = "learner"
+WATCH_INTERVAL_S = 1.0  # how often the learner's reads re-check that Redis still holds the run
+RECENT_PROMPTS = 4096  # prompt entries the learner remembers, to re-add any Redis forgets
+RECENT_COMPLETIONS = 65536  # prompts a generator remembers finishing, to spot forgotten ones
 
 
 class RunMismatch(RuntimeError):
     """This process was started with a config or schema that differs from the run's."""
+
+
+class RunLost(RunMismatch):
+    """Redis no longer holds this run's state (it came back empty, or keys were deleted)."""
+
+
+def _lost(prefix: str, what: str) -> RunLost:
+    return RunLost(f"Redis no longer holds run {prefix}: {what}; it restarted without its data "
+                   "(no AOF, another --dir) or was flushed. Nothing was re-created: restore Redis "
+                   "or start a new run (another run.run_id)")
+
+
+def _entry_key(entry_id: str) -> tuple[int, int]:
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq or 0)
+
+
+def is_oom(e: Exception) -> bool:
+    """Redis refused a write because it is at maxmemory (policy noeviction)."""
+    return isinstance(e, redis.exceptions.OutOfMemoryError) or (
+        isinstance(e, redis.ResponseError) and str(e).startswith("OOM"))
+
+
+def _is_nogroup(e: redis.ResponseError) -> bool:
+    return str(e).startswith("NOGROUP")
 
 
 @dataclass
@@ -44,8 +89,10 @@ def _text(v: bytes | str | None) -> str | None:
 
 
 class RunBroker:
-    def __init__(self, client: redis.Redis, run_id: str, max_payload_bytes: int):
+    def __init__(self, client: redis.Redis, run_id: str, max_payload_bytes: int,
+                 busy_timeout_s: float = 60.0):
         self.r = client
+        self.busy_timeout_s = busy_timeout_s  # how long writes wait out Redis at maxmemory
         self.prefix = f"rl:{run_id}:"
         self.max_payload_bytes = max_payload_bytes
         self.prompts = self.prefix + "prompts"
@@ -53,6 +100,30 @@ class RunBroker:
         self.dlq = self.prefix + "dlq"
         self.weights_key = self.prefix + "weights"
         self.run_key = self.prefix + "run"
+        self.lost: Counter = Counter()  # acknowledged writes Redis forgot: prompts, trajectories
+        self.dead_lettered = 0  # entries this process sent to the dlq
+        self._fingerprint: str | None = None  # set by the learner's register_run
+        self._recent_prompts: deque[tuple[str, dict]] = deque(maxlen=RECENT_PROMPTS)
+        self._last_issued: int | None = None
+        self._completed: OrderedDict[tuple[str, int], None] = OrderedDict()
+        self._next_watch = 0.0
+
+    def _busy(self, write: Callable[[], Any]) -> Any:
+        """Run a write, waiting out "OOM" refusals (Redis at maxmemory with noeviction)."""
+        deadline, delay = time.monotonic() + self.busy_timeout_s, 0.2
+        while True:
+            try:
+                return write()
+            except redis.ResponseError as e:
+                if not is_oom(e):
+                    raise
+                if time.monotonic() > deadline:
+                    raise BrokerUnavailable(
+                        f"Redis refused writes for {self.busy_timeout_s:.0f}s because it is at "
+                        "maxmemory: raise maxmemory or free memory") from None
+                log.warning("Redis is at maxmemory (%s); retrying the write in %.1fs", e, delay)
+                time.sleep(delay)
+                delay = min(delay * 2, 5.0)
 
     # --- set-up -------------------------------------------------------------------------------
     def ensure_groups(self) -> None:
@@ -68,6 +139,38 @@ class RunBroker:
         self.r.hsetnx(self.run_key, "fingerprint", fingerprint)
         self.r.hsetnx(self.run_key, "schema", SCHEMA_VERSION)
         self._check_run(fingerprint)
+        self._fingerprint = fingerprint
+
+    def check_intact(self) -> None:
+        """Raise `RunLost` naming what is missing unless Redis still holds the run hash (with
+        this run's fingerprint), both streams and both consumer groups. Needs XINFO (the learner's
+        ACL user; not the generator's). One round trip."""
+        pipe = self.r.pipeline(transaction=False)
+        pipe.hget(self.run_key, "fingerprint")
+        pipe.xinfo_groups(self.prompts)
+        pipe.xinfo_groups(self.trajectories)
+        fingerprint, *groups = pipe.execute(raise_on_error=False)
+        if fingerprint is None:
+            raise _lost(self.prefix, f"the run hash {self.run_key} is gone")
+        if self._fingerprint is not None and _text(fingerprint) != self._fingerprint:
+            raise RunMismatch(f"run {self.prefix} now has config fingerprint {_text(fingerprint)}, "
+                              f"this learner registered {self._fingerprint}")
+        for stream, group, info in zip((self.prompts, self.trajectories),
+                                       (GEN_GROUP, LEARNER_GROUP), groups):
+            if isinstance(info, Exception):
+                if "no such key" not in str(info).lower():
+                    raise info
+                raise _lost(self.prefix, f"the stream {stream} is gone")
+            if group not in {_text(g["name"]) for g in info}:
+                raise _lost(self.prefix, f"the consumer group {group!r} of {stream} is gone")
+
+    def run_state(self) -> str | None:
+        """The run's `state` field (None before training starts); raises `RunLost` when the run
+        hash is gone. What a generator checks every turn (its ACL allows no XINFO)."""
+        fields = self.run_fields()
+        if "fingerprint" not in fields:
+            raise _lost(self.prefix, f"the run hash {self.run_key} is gone")
+        return fields.get("state")
 
     def join_run(self, fingerprint: str, timeout_s: float) -> None:
         """Generator: wait (read-only) for the learner to register the run, then check it."""
@@ -90,24 +193,76 @@ class RunBroker:
                               "config file, or another run.run_id")
 
     def set_run_fields(self, **fields: str | int | float) -> None:
-        self.r.hset(self.run_key, mapping=fields)
+        self._busy(lambda: self.r.hset(self.run_key, mapping=fields))
 
     def run_fields(self) -> dict[str, str]:
         return {_text(k): _text(v) for k, v in self.r.hgetall(self.run_key).items()}
 
     # --- prompts --------------------------------------------------------------------------------
     def add_prompts(self, works: list[PromptWork]) -> None:
+        self.verify_prompts()  # before our XADDs move the stream's last id past a lost tail
+        entries = [encode_prompt(w) for w in works]
+        ids = self._busy(lambda: self._xadd_prompts(entries, None))
+        self._recent_prompts.extend(zip(ids, entries))
+
+    def _xadd_prompts(self, entries: list[dict], issued: int | None) -> list[str]:
         pipe = self.r.pipeline(transaction=True)
-        for w in works:
-            pipe.xadd(self.prompts, encode_prompt(w))
-        pipe.execute()
+        for fields in entries:
+            pipe.xadd(self.prompts, fields, nomkstream=True)
+        if issued is not None:
+            pipe.hset(self.run_key, "issued", issued)
+        ids = pipe.execute()[:len(entries)]
+        if any(i is None for i in ids):
+            raise _lost(self.prefix, f"the stream {self.prompts} is gone")
+        return [_text(i) for i in ids]
+
+    def verify_prompts(self) -> int:
+        """Learner: re-add prompts Redis acknowledged and then forgot (a restart with appendfsync
+        everysec); returns how many. The learner is the only writer of the prompts stream, so
+        any of our entries above the stream's last id is one Redis lost."""
+        if not self._recent_prompts:
+            return 0
+        try:
+            last = _text(self.r.xinfo_stream(self.prompts)["last-generated-id"])
+        except redis.ResponseError as e:
+            if "no such key" in str(e).lower():
+                raise _lost(self.prefix, f"the stream {self.prompts} is gone") from None
+            raise
+        if _entry_key(self._recent_prompts[-1][0]) <= _entry_key(last):
+            return 0
+        if _entry_key(self._recent_prompts[0][0]) > _entry_key(last):
+            raise _lost(self.prefix, f"it forgot more than the last {RECENT_PROMPTS} prompts "
+                                     f"(the stream ends at {last})")
+        kept = [(i, f) for i, f in self._recent_prompts if _entry_key(i) <= _entry_key(last)]
+        forgotten = [f for i, f in self._recent_prompts if _entry_key(i) > _entry_key(last)]
+        log.error("Redis forgot %d prompts it had acknowledged (restart with appendfsync "
+                  "everysec?); adding them again", len(forgotten))
+        ids = self._busy(lambda: self._xadd_prompts(forgotten, self._last_issued))
+        self._recent_prompts = deque(kept + list(zip(ids, forgotten)), maxlen=RECENT_PROMPTS)
+        self.lost["prompts"] += len(forgotten)
+        self._busy(lambda: self.r.hincrby(self.run_key, "redis_lost_prompts", len(forgotten)))
+        return len(forgotten)
+
+    def watch(self) -> None:
+        """Learner: at most every WATCH_INTERVAL_S, `check_intact` and `verify_prompts`."""
+        if self._fingerprint is None or time.monotonic() < self._next_watch:
+            return
+        self._next_watch = time.monotonic() + WATCH_INTERVAL_S
+        self.check_intact()
+        self.verify_prompts()
 
     def claim_prompts(self, consumer: str, count: int, block_ms: int,
                       own_pending: bool = False) -> list[tuple[str, PromptWork]]:
         """Read up to `count` prompts for `consumer`; `own_pending` re-reads unacked ones first."""
         start = "0" if own_pending else ">"
-        reply = self.r.xreadgroup(GEN_GROUP, consumer, {self.prompts: start}, count=count,
-                                  block=None if own_pending else block_ms)
+        try:
+            reply = self.r.xreadgroup(GEN_GROUP, consumer, {self.prompts: start}, count=count,
+                                      block=None if own_pending else block_ms)
+        except redis.ResponseError as e:
+            if _is_nogroup(e):
+                raise _lost(self.prefix, f"the consumer group {GEN_GROUP!r} of {self.prompts} "
+                                         "is gone") from None
+            raise
         return self._decode_prompts(reply[0][1] if reply else [])
 
     def _decode_prompts(self, entries: list) -> list[tuple[str, PromptWork]]:
@@ -118,35 +273,69 @@ class RunBroker:
                 self.r.xack(self.prompts, GEN_GROUP, entry_id)
                 continue
             try:
-                out.append((entry_id, decode_prompt(fields, self.max_payload_bytes)))
+                work = decode_prompt(fields, self.max_payload_bytes)
             except WireError as e:
                 self.dead_letter(self.prompts, GEN_GROUP, entry_id, str(e), fields)
+                continue
+            if (work.group_id, work.sample_index) in self._completed:
+                # we added its trajectory and acknowledged it in one transaction: Redis forgot both
+                self.lost["trajectories"] += 1
+                log.error("Redis forgot the trajectory of %s/%d it had acknowledged (restart "
+                          "with appendfsync everysec?); generating it again", work.group_id,
+                          work.sample_index)
+            out.append((entry_id, work))
         return out
 
     def reclaim_prompts(self, consumer: str, min_idle_ms: int,
                         count: int) -> list[tuple[str, PromptWork]]:
         """Take over prompts another generator claimed but has not finished for `min_idle_ms`
         (it probably died): XAUTOCLAIM moves them to `consumer`."""
-        _, entries, _ = self.r.xautoclaim(self.prompts, GEN_GROUP, consumer, min_idle_ms,
-                                          start_id="0-0", count=count)
+        try:
+            _, entries, _ = self.r.xautoclaim(self.prompts, GEN_GROUP, consumer, min_idle_ms,
+                                              start_id="0-0", count=count)
+        except redis.ResponseError as e:
+            if _is_nogroup(e):
+                raise _lost(self.prefix, f"the consumer group {GEN_GROUP!r} of {self.prompts} "
+                                         "is gone") from None
+            raise
         return self._decode_prompts(entries)
 
     # --- trajectories -----------------------------------------------------------------------------
-    def add_trajectory(self, t: Trajectory, prompt_entry_id: str | None) -> str:
-        """XADD the trajectory and XACK its prompt atomically; returns the trajectory entry id."""
-        pipe = self.r.pipeline(transaction=True)
-        pipe.xadd(self.trajectories, encode_trajectory(t))
-        if prompt_entry_id is not None:
-            pipe.xack(self.prompts, GEN_GROUP, prompt_entry_id)
-        return _text(pipe.execute()[0])
+    def add_trajectory(self, t: Trajectory, prompt_entry_id: str | None,
+                       sample_index: int = -1) -> str:
+        """XADD the trajectory and XACK its prompt atomically; returns the trajectory entry id.
+        `sample_index` is the prompt's (replicated prompts), to recognise it if Redis forgets."""
+        fields = encode_trajectory(t)
+
+        def write() -> Any:
+            pipe = self.r.pipeline(transaction=True)
+            pipe.xadd(self.trajectories, fields, nomkstream=True)
+            if prompt_entry_id is not None:
+                pipe.xack(self.prompts, GEN_GROUP, prompt_entry_id)
+            return pipe.execute()[0]
+
+        entry_id = self._busy(write)
+        if entry_id is None:
+            raise _lost(self.prefix, f"the stream {self.trajectories} is gone")
+        self._completed[(t.group_id, sample_index)] = None
+        if len(self._completed) > RECENT_COMPLETIONS:
+            self._completed.popitem(last=False)
+        return _text(entry_id)
 
     def read_trajectories(self, consumer: str, count: int, block_ms: int, vocab_size: int,
                           own_pending: bool = False
                           ) -> tuple[list[tuple[str, Trajectory]], list[Rejected]]:
         """Read and validate; invalid entries are dead-lettered, acked, and returned as Rejected."""
         start = "0" if own_pending else ">"
-        reply = self.r.xreadgroup(LEARNER_GROUP, consumer, {self.trajectories: start},
-                                  count=count, block=None if own_pending else block_ms)
+        self.watch()
+        try:
+            reply = self.r.xreadgroup(LEARNER_GROUP, consumer, {self.trajectories: start},
+                                      count=count, block=None if own_pending else block_ms)
+        except redis.ResponseError as e:
+            if _is_nogroup(e):
+                raise _lost(self.prefix, f"the consumer group {LEARNER_GROUP!r} of "
+                                         f"{self.trajectories} is gone") from None
+            raise
         good, bad = [], []
         for entry_id, fields in (reply[0][1] if reply else []):
             entry_id = _text(entry_id)
@@ -169,26 +358,35 @@ class RunBroker:
         entry = {"reason": reason, "source": stream, "original_id": entry_id}
         for k, v in fields.items():
             entry[f"orig_{_text(k)}"] = v if len(v) <= self.max_payload_bytes else b"<oversize>"
-        pipe = self.r.pipeline(transaction=True)
-        pipe.xadd(self.dlq, entry, maxlen=100_000, approximate=True)
-        pipe.xack(stream, group, entry_id)
-        pipe.execute()
+
+        def write() -> None:
+            pipe = self.r.pipeline(transaction=True)
+            pipe.xadd(self.dlq, entry, maxlen=100_000, approximate=True)
+            pipe.xack(stream, group, entry_id)
+            pipe.execute()
+
+        self._busy(write)
+        self.dead_lettered += 1
 
     # --- weights and liveness ---------------------------------------------------------------------
     def announce_weights(self, version: int, path: str, sha256: str, zmq_endpoint: str) -> None:
-        self.r.hset(self.weights_key, mapping={
+        self._busy(lambda: self.r.hset(self.weights_key, mapping={
             "version": version, "path": path, "sha256": sha256, "published_at": time.time(),
-            "zmq_endpoint": zmq_endpoint})
+            "zmq_endpoint": zmq_endpoint}))
 
     def weights(self) -> dict[str, str]:
         return {_text(k): _text(v) for k, v in self.r.hgetall(self.weights_key).items()}
 
     def heartbeat(self, generator_id: str, fields: dict, ttl_s: float) -> None:
         key = f"{self.prefix}gen:{generator_id}"
-        pipe = self.r.pipeline(transaction=True)
-        pipe.hset(key, mapping={**fields, "heartbeat_at": time.time()})
-        pipe.pexpire(key, int(ttl_s * 1000))
-        pipe.execute()
+
+        def write() -> None:
+            pipe = self.r.pipeline(transaction=True)
+            pipe.hset(key, mapping={**fields, "heartbeat_at": time.time()})
+            pipe.pexpire(key, int(ttl_s * 1000))
+            pipe.execute()
+
+        self._busy(write)
 
     def live_generators(self) -> dict[str, dict[str, str]]:
         out = {}

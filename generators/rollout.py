@@ -3,12 +3,16 @@
 Loop, one batch of `rollout.prompts_per_pull` prompts at a time (so a fast generator never waits for
 a slow one):
 1. heartbeat (loaded version, counters) and pick up a newer weight version if one was published;
-2. claim prompts from the `prompts` stream (own pending entries first, after a restart);
+2. claim prompts from the `prompts` stream: our own pending entries first (after a restart of this
+   process, or of Redis that forgot an acknowledgement), then ones another generator abandoned,
+   then new ones;
 3. make sure the loaded version is at least every claimed prompt's `issued_version`: with
    async_ratio 0 this is what makes training on-policy;
 4. sample n responses per prompt, score each with the task, XADD one trajectory per prompt and
    XACK its prompt in the same transaction.
-The process stops when the learner marks the run done, or on SIGTERM / SIGINT.
+The process stops when the learner marks the run done, or on SIGTERM / SIGINT. It waits out Redis
+restarts and maxmemory refusals with backoff (broker/connection.py, broker/streams.py) and stops
+with `RunLost` if Redis comes back without the run's keys.
 """
 
 from __future__ import annotations
@@ -22,10 +26,10 @@ import numpy as np
 import redis
 
 from broker.config import Config
-from broker.connection import BrokerUnavailable, connect
+from broker.connection import BrokerUnavailable, connect, redact
 from broker.process import setup_process
 from broker.schema import PromptWork, Sample, Trajectory
-from broker.streams import RunBroker
+from broker.streams import RunBroker, is_oom
 from broker.weights import WeightStore
 from envs import Item, Task, make_task
 from generators.engine import Engine, GeneratedSample, SamplingParams, make_engine
@@ -104,7 +108,7 @@ def rollout_batch(claimed: list[tuple[str, PromptWork]], engine: Engine, task: T
     for (entry_id, work), samples in zip(claimed, groups):
         kept = first_finished(samples, work.n)
         traj = to_trajectory(work, kept, task, generator_id, version)
-        broker.add_trajectory(traj, prompt_entry_id=entry_id)
+        broker.add_trajectory(traj, prompt_entry_id=entry_id, sample_index=work.sample_index)
         n_samples += len(kept)
         n_tokens += sum(len(s.response_ids) for s in kept)
     return n_samples, n_tokens
@@ -116,26 +120,30 @@ class Generator:
     def __init__(self, cfg: Config, generator_id: str):
         self.cfg, self.id = cfg, generator_id
         self.broker = RunBroker(connect(cfg.redis.url, cfg.redis.connect_timeout_s),
-                                cfg.run.run_id, cfg.redis.max_payload_bytes)
+                                cfg.run.run_id, cfg.redis.max_payload_bytes,
+                                busy_timeout_s=cfg.redis.connect_timeout_s)
         # read-only: the learner creates the run and its consumer groups (least privilege)
         self.broker.join_run(cfg.fingerprint(), timeout_s=cfg.trainer.wait_timeout_s)
         self.task = make_task(cfg.task.name, cfg.task.params)
         self.engine = make_engine(cfg, seed=cfg.run.seed + sum(map(ord, generator_id)))
         self.follower = WeightFollower(self.broker, WeightStore(cfg.run.run_dir), self.engine)
         self.counters = Counters()
-        self.restarted = True  # re-read our own pending prompts first
 
     def heartbeat(self, state: str) -> None:
         self.broker.heartbeat(self.id, {"loaded_version": self.follower.loaded_version,
                                         "state": state, "reloads": self.follower.reloads,
+                                        "redis_lost": self.broker.lost["trajectories"],
+                                        "dead_letters": self.broker.dead_lettered,
                                         **self.counters.as_fields()},
                               self.cfg.rollout.heartbeat_ttl_s)
 
     def claim(self) -> list[tuple[str, PromptWork]]:
         count = self.cfg.rollout.prompts_per_pull
-        if self.restarted:
-            self.restarted = False
-            return self.broker.claim_prompts(self.id, count, block_ms=0, own_pending=True)
+        # normally empty (a batch is finished before the next claim): non-empty after a restart
+        # of this process, or when Redis forgot acknowledgements (restart without fsync)
+        own = self.broker.claim_prompts(self.id, count, block_ms=0, own_pending=True)
+        if own:
+            return own
         reclaimed = self.broker.reclaim_prompts(
             self.id, int(self.cfg.rollout.reclaim_idle_s * 1000), count)
         if reclaimed:
@@ -165,13 +173,12 @@ class Generator:
         c.tokens += tokens
 
     def finished(self) -> bool:
-        return self.broker.run_fields().get("state") == "done"
+        return self.broker.run_state() == "done"
 
 
 def _redis_trouble(e: Exception) -> bool:
     """Errors to wait out: a lost connection, or Redis refusing writes at maxmemory."""
-    return isinstance(e, (redis.ConnectionError, redis.TimeoutError)) or (
-        isinstance(e, redis.ResponseError) and str(e).startswith("OOM"))
+    return isinstance(e, (redis.ConnectionError, redis.TimeoutError)) or is_oom(e)
 
 
 def run(cfg: Config, generator_id: str) -> None:
@@ -193,12 +200,11 @@ def run(cfg: Config, generator_id: str) -> None:
             # claimed prompts stay pending and are re-read (or reclaimed) once Redis is back
             trouble_since = trouble_since or time.monotonic()
             if time.monotonic() - trouble_since > cfg.redis.connect_timeout_s:
-                raise BrokerUnavailable(f"Redis at {cfg.redis.url} unusable for "
+                raise BrokerUnavailable(f"Redis at {redact(cfg.redis.url)} unusable for "
                                         f"{cfg.redis.connect_timeout_s:.0f}s: {e}") from None
             log.warning("Redis trouble (%s); retrying in %.1fs", e, delay)
             time.sleep(delay)
             delay = min(delay * 2, 5.0)
-            gen.restarted = True
     gen.heartbeat("stopped")
     gen.follower.close()
     log.info("generator %s stopped: %s", generator_id, gen.counters.as_fields())

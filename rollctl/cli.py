@@ -136,6 +136,19 @@ def export(config: Optional[Path] = ConfigOpt, set_: Optional[List[str]] = SetOp
     typer.echo(f"exported to {path}")
 
 
+@app.command("train-rm")
+def train_rm(config: Optional[Path] = ConfigOpt, set_: Optional[List[str]] = SetOpt) -> None:
+    """Train a Bradley-Terry reward model on preference pairs (the `rm:` section); under
+    `torchrun --nproc-per-node N -m rollctl.cli train-rm ...` on N ranks."""
+    import json
+
+    cfg = _load(config, set_, None)
+    from learner.reward_model import run as train
+
+    summary = _guarded(train, cfg)
+    typer.echo(json.dumps(summary))
+
+
 @app.command("acl")
 def acl(config: Optional[Path] = ConfigOpt, set_: Optional[List[str]] = SetOpt,
         redis_url: Optional[str] = RedisOpt,

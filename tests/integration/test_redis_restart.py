@@ -1,0 +1,176 @@
+"""Redis restarts under the broker, with a real redis-server killed with SIGKILL and started again
+from its directory: calls ride out the restart; with `appendfsync always` nothing acknowledged is
+lost; a server that comes back empty is reported (RunLost), never silently re-created; and what a
+server with `appendfsync everysec` forgets is re-added (prompts) or regenerated (trajectories), and
+counted.
+
+The everysec window: SIGKILL alone loses nothing (the OS still holds what Redis wrote to the AOF);
+what everysec risks is an OS crash or power cut losing the last second of un-fsynced AOF. The
+tests reproduce that by truncating the AOF to the size it had a moment earlier before restarting.
+"""
+
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import redis
+
+from broker.connection import BrokerUnavailable, connect
+from broker.redis_server import EmbeddedRedis
+from broker.schema import PromptWork, Sample, Trajectory
+from broker.streams import GEN_GROUP, RunBroker, RunLost
+
+FP = "fp0"
+
+
+def _server(tmp_path: Path, fsync: str | None) -> EmbeddedRedis:
+    aof = ["--appendonly", "yes", "--appendfsync", fsync, "--save", "",
+           "--auto-aof-rewrite-percentage", "0"] if fsync else []
+    return EmbeddedRedis(tmp_path / "redis", persistence=fsync is not None, extra_args=aof).start()
+
+
+def _work(i: int) -> PromptWork:
+    return PromptWork(prompt_id=f"train-{i}", group_id=f"g{i:09d}", n=1, issued_version=0,
+                      item={"id": f"train-{i}", "prompt": f"{i}+1=", "answer": str(i + 1)})
+
+
+def _traj(work: PromptWork) -> Trajectory:
+    s = Sample(np.array([5], np.int32), np.array([-0.5], np.float32), np.array([0], np.int32),
+               1.0, True)
+    return Trajectory(work.group_id, work.prompt_id, work.group_id, "gen-0", 0, 0,
+                      np.array([1], np.int32), [s])
+
+
+def _pair(server: EmbeddedRedis, timeout_s: float = 20.0) -> tuple[RunBroker, RunBroker]:
+    learner = RunBroker(connect(server.url, timeout_s), "r", 100_000, busy_timeout_s=5)
+    learner.ensure_groups()
+    learner.register_run(FP)
+    gen = RunBroker(connect(server.url, timeout_s), "r", 100_000, busy_timeout_s=5)
+    gen.join_run(FP, timeout_s=5)
+    return learner, gen
+
+
+def _generate(gen: RunBroker, count: int) -> list[str]:
+    """What a generator's turn does: own pending first, then new prompts; returns group ids."""
+    claimed = gen.claim_prompts("gen-0", count, block_ms=0, own_pending=True) or \
+        gen.claim_prompts("gen-0", count, block_ms=100)
+    for entry_id, w in claimed:
+        gen.add_trajectory(_traj(w), entry_id)
+    return [w.group_id for _, w in claimed]
+
+
+def _aof_incr(server: EmbeddedRedis) -> Path:
+    (path,) = (server.dir / "appendonlydir").glob("*.incr.aof")
+    return path
+
+
+def test_calls_ride_out_a_restart_and_always_loses_nothing(tmp_path):
+    server = _server(tmp_path, "always")
+    try:
+        learner, gen = _pair(server)
+        learner.add_prompts([_work(i) for i in range(4)])
+        assert _generate(gen, 2) == ["g000000000", "g000000001"]
+        server.kill()
+        # a read issued while Redis is down blocks, reconnects with backoff, then succeeds
+        # (redis-server is started from this thread: PR_SET_PDEATHSIG ties it to its creator)
+        got: dict = {}
+        reader = threading.Thread(target=lambda: got.update(
+            out=learner.read_trajectories("rank0", 10, 100, vocab_size=10),
+            at=time.monotonic()))
+        reader.start()
+        time.sleep(1.0)
+        restarted_at = time.monotonic()
+        server.start()
+        reader.join(timeout=30)
+        good, _ = got["out"]
+        assert got["at"] > restarted_at
+        assert [t.traj_id for _, t in good] == ["g000000000", "g000000001"]
+        learner.check_intact()
+        assert learner.verify_prompts() == 0
+        assert _generate(gen, 4) == ["g000000002", "g000000003"]
+        assert gen.lost["trajectories"] == 0 and learner.lost["prompts"] == 0
+    finally:
+        server.stop()
+
+
+def test_redis_down_longer_than_the_timeout_fails_with_one_clear_error(tmp_path):
+    server = _server(tmp_path, None)
+    learner, _ = _pair(server, timeout_s=1.5)
+    server.kill()
+    started = time.monotonic()
+    with pytest.raises(BrokerUnavailable, match=r"cannot reach Redis at unix://.* after \d+ "
+                                                r"attempts in 2s"):
+        learner.read_trajectories("rank0", 10, 100, vocab_size=10)
+    assert 1.4 < time.monotonic() - started < 8
+
+
+@pytest.mark.parametrize("how", ["restart without persistence", "group destroyed",
+                                 "stream deleted"])
+def test_a_redis_that_lost_the_run_is_reported_and_nothing_is_recreated(tmp_path, how):
+    server = _server(tmp_path, None)
+    try:
+        learner, gen = _pair(server)
+        learner.add_prompts([_work(i) for i in range(2)])
+        (entry_id, work), = gen.claim_prompts("gen-0", 1, block_ms=100)
+        admin = redis.Redis.from_url(server.url)
+        if how == "restart without persistence":
+            server.kill()
+            server.start()
+            missing = "run hash"
+        elif how == "group destroyed":
+            admin.xgroup_destroy(learner.trajectories, "learner")
+            missing = "consumer group 'learner'"
+        else:
+            admin.delete(learner.prompts)
+            missing = "stream rl:r:prompts"
+        with pytest.raises(RunLost, match=missing):
+            learner.check_intact()
+        calls = {"learner read": lambda: learner.read_trajectories("rank0", 1, 10, 10)}
+        if how != "group destroyed":  # the learner's group: only the learner uses it
+            calls["claim"] = lambda: gen.claim_prompts("gen-0", 1, block_ms=10)
+            calls["prompts"] = lambda: learner.add_prompts([_work(9)])
+        if how == "restart without persistence":
+            calls["trajectory"] = lambda: gen.add_trajectory(_traj(work), entry_id)
+        for name, call in calls.items():
+            learner._next_watch = 0.0  # the learner's reads re-check at most once a second
+            with pytest.raises(RunLost, match="Redis no longer holds run rl:r:"):
+                call()
+        if how == "restart without persistence":
+            with pytest.raises(RunLost, match="run hash"):
+                gen.run_state()  # a generator's per-turn check (its ACL has no XINFO)
+            assert admin.keys("rl:r:*") == []  # nothing was silently re-created
+        if how == "stream deleted":
+            assert not admin.exists(learner.prompts)
+    finally:
+        server.stop()
+
+
+def test_everysec_window_forgotten_prompts_and_trajectories_are_recovered_and_counted(tmp_path):
+    server = _server(tmp_path, "everysec")
+    try:
+        learner, gen = _pair(server)
+        learner.add_prompts([_work(i) for i in range(3)])
+        assert _generate(gen, 2) == ["g000000000", "g000000001"]
+        durable = _aof_incr(server).stat().st_size  # what survives the simulated power cut
+        learner.add_prompts([_work(i) for i in range(3, 5)])
+        assert _generate(gen, 2) == ["g000000002", "g000000003"]  # acknowledged, then forgotten
+        server.kill()
+        with open(_aof_incr(server), "r+b") as f:
+            f.truncate(durable)
+        server.start()
+        learner.check_intact()
+        assert learner.verify_prompts() == 2  # g3, g4 were forgotten: added again
+        assert learner.run_fields()["redis_lost_prompts"] == "2"
+        stream = [f[b"group_id"].decode() for _, f in learner.r.xrange(learner.prompts)]
+        assert stream == [f"g{i:09d}" for i in range(5)]
+        # g2's delivery and trajectory were forgotten: it comes back, and gen-0 knows it did it
+        regenerated = _generate(gen, 10)
+        assert regenerated == ["g000000002", "g000000003", "g000000004"]
+        assert gen.lost["trajectories"] == 2  # g2 and g3
+        good, _ = learner.read_trajectories("rank0", 10, 100, vocab_size=10)
+        assert sorted(t.traj_id for _, t in good) == [f"g{i:09d}" for i in range(5)]
+        assert learner.r.xpending(learner.prompts, GEN_GROUP)["pending"] == 0
+    finally:
+        server.stop()
