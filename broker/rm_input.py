@@ -1,0 +1,28 @@
+"""What a reward model reads: the contract between reward-model training (learner/reward_model.py)
+and reward scoring in the generators (generators/reward_model.py).
+
+A reward model scores the token ids of `prompt + response` (one string, tokenised by the reward
+model's own tokenizer, its special tokens such as `<bos>` added), followed by the EOS token, so that
+the last position, where the scalar head reads (last non-pad token, as Hugging Face's
+`*ForSequenceClassification`), is always the end-of-response marker (as OpenRLHF appends EOS).
+Longer inputs keep their last `max_len` tokens: the end of the response matters most.
+
+Both sides must build inputs the same way, so it lives here, in the shared contract; tokenizer-only,
+no torch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def reward_model_input_ids(tokenizer: Any, prompt: str, response: str, max_len: int) -> list[int]:
+    """Token ids of `prompt + response` + EOS, at most `max_len` (the last ones kept).
+
+    `tokenizer` is any Hugging Face tokenizer with an EOS token (or a pad token used as EOS).
+    """
+    eos = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else tokenizer.pad_token_id
+    if eos is None:
+        raise ValueError("reward model tokenizer has neither an EOS nor a pad token")
+    ids = list(tokenizer(prompt + response)["input_ids"]) + [eos]
+    return ids[-max_len:]
