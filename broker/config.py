@@ -100,8 +100,13 @@ class TrainerConfig:
     async_ratio: float = 1.0  # how many versions ahead prompts may be issued (0 = on-policy)
     eval_every: int = 0  # greedy held-out evaluation every N steps (0 = only before and after)
     keep_versions: int = 3  # weight versions kept on disk (plus any a live generator has loaded)
-    num_trainer_workers: int = 1  # learner ranks
+    num_trainer_workers: int = 1  # learner ranks (`rollctl start-learner --nproc` overrides)
     wait_timeout_s: float = 600.0  # fail if no trajectory arrives for this long
+    checkpoint_every: int = 10  # checkpoint every N steps and at the end; trajectories are
+    #                             acknowledged only once their checkpoint is durable (0 = never:
+    #                             acknowledged at publish, and a crash loses those updates)
+    lr_warmup_steps: int = 0  # linear learning-rate warm-up over this many steps
+    lr_schedule: Literal["constant", "cosine"] = "constant"  # after warm-up
 
     @property
     def max_staleness(self) -> int:
@@ -200,7 +205,6 @@ class GuardsConfig:
     max_ngram_repeat: float = 0.3  # warn if the mean share of repeated n-grams exceeds this
 
 
-
 @dataclass
 class Config:
     run: RunConfig = field(default_factory=RunConfig)
@@ -226,6 +230,7 @@ class Config:
         """sha256 of the fields every process must agree on (not run-local paths or counts)."""
         shared = {k: v for k, v in self.to_dict().items() if k not in ("redis",)}
         shared["rollout"] = {k: v for k, v in shared["rollout"].items() if k != "num_rollout_workers"}
+        shared["trainer"] = {k: v for k, v in shared["trainer"].items() if k != "num_trainer_workers"}
         blob = json.dumps(shared, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
 
@@ -242,7 +247,7 @@ _POSITIVE = {
     "rollout.temperature", "rollout.heartbeat_ttl_s", "rollout.reclaim_idle_s", "sim.per_token_s",
     "sim.length_median", "sim.length_sigma", "sim.vocab_size",
 }
-_NON_NEGATIVE = {"run.torch_threads", "trainer.async_ratio", "trainer.eval_every",
+_NON_NEGATIVE = {"run.torch_threads", "trainer.checkpoint_every", "trainer.lr_warmup_steps", "trainer.async_ratio", "trainer.eval_every",
                  "trainer.max_grad_norm", "trainer.weight_decay", "rollout.num_rollout_workers", "task.eval_size",
                  "rollout.redundant_samples", "sim.batch_slowdown", "sim.learner_step_s"}
 
@@ -263,9 +268,12 @@ def _check_ranges(cfg: Config) -> None:
         raise ConfigError(f"algo.clip_high: must be > 0, got {cfg.algo.clip_high!r}")
     if cfg.algo.tis_cap is not None and cfg.algo.tis_cap < 1:
         raise ConfigError(f"algo.tis_cap: must be >= 1 or null, got {cfg.algo.tis_cap!r}")
+    if cfg.trainer.num_trainer_workers > 1 and cfg.rollout.replicate_prompts:
+        raise ConfigError("rollout.replicate_prompts: not supported with "
+                          "trainer.num_trainer_workers > 1 (a group's samples would be read by "
+                          "different learner ranks)")
     _check_algo(cfg)
     _check_rlhf(cfg)
-
 
 
 def _check_rlhf(cfg: Config) -> None:

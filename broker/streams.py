@@ -199,11 +199,14 @@ class RunBroker:
         return {_text(k): _text(v) for k, v in self.r.hgetall(self.run_key).items()}
 
     # --- prompts --------------------------------------------------------------------------------
-    def add_prompts(self, works: list[PromptWork]) -> None:
+    def add_prompts(self, works: list[PromptWork], issued: int | None = None) -> None:
+        """XADD the prompts; `issued` (the learner's new total) is recorded in the run hash in the
+        same transaction, so Redis always holds the exact count a resumed learner continues."""
         self.verify_prompts()  # before our XADDs move the stream's last id past a lost tail
         entries = [encode_prompt(w) for w in works]
-        ids = self._busy(lambda: self._xadd_prompts(entries, None))
+        ids = self._busy(lambda: self._xadd_prompts(entries, issued))
         self._recent_prompts.extend(zip(ids, entries))
+        self._last_issued = issued if issued is not None else self._last_issued
 
     def _xadd_prompts(self, entries: list[dict], issued: int | None) -> list[str]:
         pipe = self.r.pipeline(transaction=True)
@@ -323,10 +326,11 @@ class RunBroker:
         return _text(entry_id)
 
     def read_trajectories(self, consumer: str, count: int, block_ms: int, vocab_size: int,
-                          own_pending: bool = False
+                          own_pending: bool = False, after: str = "0"
                           ) -> tuple[list[tuple[str, Trajectory]], list[Rejected]]:
-        """Read and validate; invalid entries are dead-lettered, acked, and returned as Rejected."""
-        start = "0" if own_pending else ">"
+        """Read and validate; invalid entries are dead-lettered, acked, and returned as Rejected.
+        `own_pending` re-reads this consumer's unacknowledged entries with ids above `after`."""
+        start = after if own_pending else ">"
         self.watch()
         try:
             reply = self.r.xreadgroup(LEARNER_GROUP, consumer, {self.trajectories: start},
@@ -347,9 +351,22 @@ class RunBroker:
                 bad.append(Rejected(entry_id, str(e)))
         return good, bad
 
-    def ack_trajectories(self, entry_ids: list[str]) -> None:
+    def ack_trajectories(self, entry_ids: list[str], replaced: int = 0) -> None:
+        """Acknowledge entries; `replaced` counts the groups among them that were dropped and
+        must be replaced by fresh prompts. It is added to the run hash's `replaced` in the same
+        transaction, so the admission count survives a learner crash exactly."""
+        if not entry_ids and not replaced:
+            return
+        pipe = self.r.pipeline(transaction=True)
         if entry_ids:
-            self.r.xack(self.trajectories, LEARNER_GROUP, *entry_ids)
+            pipe.xack(self.trajectories, LEARNER_GROUP, *entry_ids)
+        if replaced:
+            pipe.hincrby(self.run_key, "replaced", replaced)
+        pipe.execute()
+
+    def replaced_groups(self) -> int:
+        """Groups the learner ranks dropped and asked to replace, over the run's life."""
+        return int(self.r.hget(self.run_key, "replaced") or 0)
 
     def dead_letter(self, stream: str, group: str, entry_id: str, reason: str,
                     fields: dict) -> None:
@@ -363,6 +380,8 @@ class RunBroker:
             pipe = self.r.pipeline(transaction=True)
             pipe.xadd(self.dlq, entry, maxlen=100_000, approximate=True)
             pipe.xack(stream, group, entry_id)
+            if group == LEARNER_GROUP:  # the learner replaces a rejected group with a fresh prompt
+                pipe.hincrby(self.run_key, "replaced", 1)
             pipe.execute()
 
         self._busy(write)

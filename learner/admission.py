@@ -1,14 +1,20 @@
 """Admission control: how many prompts may be in the system for the learner's current version.
 
-ARCHITECTURE.md: while the learner is at version v, the total number of prompts ever issued is at
-most (v + 1 + a) * B, where a = `async_ratio` and B = `rollout_batch_size`. A group the learner
-throws away (stale, duplicate-free but rejected, or filtered) is replaced by a fresh prompt, so the
-bound counts `replaced` on top: issued <= floor((v + 1 + a) * B) + replaced.
+ARCHITECTURE.md: while the learner is at step s (version v without a resume), the total number of
+prompts ever issued is at most (s + 1 + a) * B, where a = `async_ratio` and B =
+`rollout_batch_size`. A group the learner throws away (stale, rejected by validation, or filtered)
+is replaced by a fresh prompt, so the bound counts `replaced` on top:
+issued <= floor((s + 1 + a) * B) + replaced.
+
+Both counters live in the run hash and are never reset: `issued` is written in the transaction
+that adds the prompts, and `replaced` is incremented (by whichever learner rank drops a group) in
+the transaction that acknowledges the dropped entries. A resumed learner therefore continues from
+the exact counts; only rank 0 issues prompts, and it re-reads `replaced` before each top-up.
 
 The bound counts prompts (groups). With `rollout.replicate_prompts` each prompt becomes n + r
 entries of one sample each, which generators pick up independently.
 
-With a = 0 this issues exactly B prompts per version, each tagged with the version it was issued
+With a = 0 this issues exactly B prompts per step, each tagged with the version it was issued
 for; generators refuse to start a prompt with older weights, which makes training on-policy.
 """
 
@@ -34,15 +40,15 @@ class Admission:
         self.issued = issued  # prompts ever issued in this run
         self.replaced = replaced  # groups thrown away and replaced by fresh prompts
 
-    def allowance(self, version: int) -> int:
-        return math.floor((version + 1 + self.async_ratio) * self.batch_size) + self.replaced
+    def allowance(self, step: int) -> int:
+        return math.floor((step + 1 + self.async_ratio) * self.batch_size) + self.replaced
 
-    def replace(self, count: int) -> None:
-        self.replaced += count
-
-    def top_up(self, broker: RunBroker, version: int) -> int:
-        """Issue prompts up to the allowance for `version`; returns how many were issued."""
-        room = self.allowance(version) - self.issued
+    def top_up(self, broker: RunBroker, step: int, version: int | None = None) -> int:
+        """Issue prompts up to the allowance for `step`, tagged with `version` (default: step);
+        returns how many were issued."""
+        version = step if version is None else version
+        self.replaced = broker.replaced_groups()
+        room = self.allowance(step) - self.issued
         if room <= 0:
             return 0
         works = []
@@ -56,7 +62,6 @@ class Admission:
             else:
                 works.append(PromptWork(prompt_id=item["id"], group_id=group_id,
                                         n=self.group_size, issued_version=version, item=item))
-        broker.add_prompts(works)
+        broker.add_prompts(works, issued=self.issued + room)
         self.issued += room
-        broker.set_run_fields(issued=self.issued, replaced=self.replaced)
         return room

@@ -1,17 +1,26 @@
 """Gathering one step's groups from the trajectories stream.
 
-For learner version v, `collect` reads until it holds `rollout_batch_size` complete, fresh groups:
+For the learner at step s (publishing version v), `Collector.collect` reads until the ranks
+together hold `rollout_batch_size` complete, fresh groups:
 - invalid entries were already dead-lettered by the broker; they are replaced by fresh prompts;
-- an entry `traj_id` seen before (a retried generator) is acknowledged and counted as a duplicate;
+- an entry whose `traj_id` was seen before (a retried generator) is acknowledged and counted as a
+  duplicate;
 - entries are assembled into groups (learner/assemble.py: one entry per group, or one per sample
   with prompt replication); samples for an already complete group are acknowledged as late;
-- a group whose oldest token is older than v - ceil(async_ratio) is acknowledged, counted as stale
-  and replaced by a fresh prompt;
+- a group whose oldest token is more than ceil(async_ratio) steps old is acknowledged, counted as
+  stale and replaced by a fresh prompt. Age is measured in steps of the model's lineage
+  (learner/checkpoint.py `Lineage`): without a resume, step == version;
 - a group a DAPO filter rejects (`drop` returns the reason: dynamic sampling, overlong) is
   acknowledged, counted and replaced too, up to FILTER_CAP x B per step, after which groups are
   kept anyway so that a model that solves every prompt cannot make a step wait forever.
-Accepted entries are NOT acknowledged here: the caller acknowledges them once the update that used
-them is published, so a learner crash re-delivers them.
+Accepted entries are NOT acknowledged here: the learner acknowledges them once the checkpoint that
+contains their update is durable, so a learner crash re-delivers them.
+
+With several ranks, every rank reads as its own consumer and keeps the groups it accepted; after
+each read the ranks exchange counts, and once they hold B groups together each rank trains a quota
+of its own (learner/dist.py `split_quotas`) and keeps the rest, unacknowledged, for the next step.
+Only rank 0 issues prompts; every rank records the groups it drops in the run hash's `replaced`,
+atomically with their acknowledgement (learner/admission.py), so rank 0 replaces them.
 """
 
 from __future__ import annotations
@@ -26,11 +35,14 @@ from broker.schema import Trajectory
 from broker.streams import RunBroker
 from learner.admission import Admission
 from learner.assemble import GroupAssembler
+from learner.checkpoint import Lineage
+from learner.dist import Dist, split_quotas
 
 log = logging.getLogger(__name__)
 
 
 FILTER_CAP = 4  # at most this many batches' worth of filtered groups are replaced per step
+_BLOCK_MS = 500
 
 
 class NoData(RuntimeError):
@@ -38,9 +50,17 @@ class NoData(RuntimeError):
 
 
 @dataclass
+class Ready:
+    """An accepted group not yet trained, with the stream entries to acknowledge once it is."""
+
+    group: Trajectory
+    entry_ids: list[str]
+
+
+@dataclass
 class Collected:
-    groups: list[Trajectory] = field(default_factory=list)
-    entry_ids: list[str] = field(default_factory=list)  # to acknowledge after publishing
+    groups: list[Trajectory] = field(default_factory=list)  # this rank's share of the step
+    entry_ids: list[str] = field(default_factory=list)  # to acknowledge after the checkpoint
     stale_ids: list[str] = field(default_factory=list)  # group ids dropped as too old
     duplicate_ids: list[str] = field(default_factory=list)  # entry traj_ids seen before
     late_ids: list[str] = field(default_factory=list)  # samples for already complete groups
@@ -48,63 +68,128 @@ class Collected:
     filtered: Counter = field(default_factory=Counter)  # filter reason -> dropped groups
     rejected: int = 0
     wait_s: float = 0.0
-    staleness: Counter = field(default_factory=Counter)  # version lag -> accepted groups
+    staleness: Counter = field(default_factory=Counter)  # steps of lag -> accepted groups
 
 
-def _sort_entry(out: Collected, entry_id: str, traj: Trajectory, assembler: GroupAssembler,
-                seen: set[str], version: int, max_staleness: int, admission: Admission,
-                drop: Callable[[Trajectory], str | None]) -> list[str]:
-    """File one entry under duplicate / late / pending / stale / accepted; returns ids to ack now."""
-    if traj.traj_id in seen:
-        out.duplicate_ids.append(traj.traj_id)
-        return [entry_id]
-    seen.add(traj.traj_id)
-    if assembler.is_late(traj):
-        out.late_ids.append(traj.traj_id)
-        return [entry_id]
-    done = assembler.add(entry_id, traj)
-    if done is None:
-        return []  # stays pending until its group completes
-    oldest = done.group.behavior_version
-    if oldest < version - max_staleness:
-        out.stale_ids.append(done.group.group_id)
-        admission.replace(1)
-        return done.entry_ids
-    reason = drop(done.group)
-    if reason is not None and len(out.filtered_ids) < FILTER_CAP * admission.batch_size:
-        out.filtered[reason] += 1
-        out.filtered_ids.append(done.group.group_id)
-        admission.replace(1)
-        return done.entry_ids
-    out.groups.append(done.group)
-    out.entry_ids.extend(done.entry_ids)
-    out.staleness[version - oldest] += 1
-    return []
+class Collector:
+    """What a rank keeps between steps: partial groups, accepted-but-untrained groups, the ids it
+    has seen, and (after a resume) the entries re-read from its pending list."""
 
+    def __init__(self, broker: RunBroker, admission: Admission, group_size: int, vocab_size: int,
+                 max_staleness: int, timeout_s: float,
+                 drop: Callable[[Trajectory], str | None] = lambda g: None, dist: Dist = Dist(),
+                 lineage: Lineage | None = None):
+        self.broker, self.admission, self.dist = broker, admission, dist
+        self.vocab_size, self.max_staleness, self.timeout_s = vocab_size, max_staleness, timeout_s
+        self.drop = drop
+        self.lineage = lineage or Lineage()
+        self.assembler = GroupAssembler(group_size)
+        self.seen: set[str] = set()  # trajectory ids read by this rank
+        self.trained: set[str] = set()  # trajectory ids trained by any rank
+        self.ready: list[Ready] = []
+        self.backlog: list[tuple[str, Trajectory]] = []  # re-read pending entries, read first
 
-def collect(broker: RunBroker, admission: Admission, assembler: GroupAssembler, version: int,
-            max_staleness: int, seen: set[str], vocab_size: int, consumer: str,
-            timeout_s: float, drop: Callable[[Trajectory], str | None] = lambda g: None
-            ) -> Collected:
-    want = admission.batch_size
-    out = Collected()
-    started = last_arrival = time.monotonic()
-    while len(out.groups) < want:
-        admission.top_up(broker, version)
-        # each entry completes at most one group, so this never reads past the batch
-        good, bad = broker.read_trajectories(consumer, count=want - len(out.groups),
-                                             block_ms=500, vocab_size=vocab_size)
-        if good or bad:
-            last_arrival = time.monotonic()
-        elif time.monotonic() - last_arrival > timeout_s:
-            raise NoData(f"no trajectory arrived for {timeout_s:.0f}s at version {version}: are "
-                         "generators running (rollctl status)?")
-        out.rejected += len(bad)
-        admission.replace(len(bad))
-        ack_now = []
-        for entry_id, traj in good:
-            ack_now += _sort_entry(out, entry_id, traj, assembler, seen, version, max_staleness,
-                                   admission, drop)
-        broker.ack_trajectories(ack_now)
-    out.wait_s = time.monotonic() - started
-    return out
+    def age(self, group: Trajectory, step: int) -> int:
+        return step - self.lineage.step_of(group.behavior_version)
+
+    def collect(self, step: int, version: int | None = None) -> Collected:
+        """This rank's share of B fresh groups for the model at `step` (published as `version`,
+        which prompts issued now are tagged with; default `step`)."""
+        version = step if version is None else version
+        want = self.admission.batch_size
+        out = Collected()
+        started = last_arrival = time.monotonic()
+        self._drop_aged(out, step)
+        while True:
+            if self.dist.is_main:
+                self.admission.top_up(self.broker, step, version)
+            entries, rejected = self._read(want - len(self.ready))  # rejected: replaced already
+            if entries or rejected:
+                last_arrival = time.monotonic()
+            out.rejected += rejected
+            ack_now, dropped = [], 0
+            for entry_id, traj in entries:
+                ids, replace = self._sort_entry(out, entry_id, traj, step)
+                ack_now += ids
+                dropped += replace
+            self.broker.ack_trajectories(ack_now, replaced=dropped)
+            timed_out = time.monotonic() - last_arrival > self.timeout_s
+            counts = self.dist.gather([len(self.ready), timed_out])
+            if sum(c[0] for c in counts) >= want:
+                break
+            if counts[0][1]:
+                raise NoData(f"no trajectory arrived for {self.timeout_s:.0f}s at step {step}: "
+                             "are generators running (rollctl status)?")
+        quota = split_quotas([c[0] for c in counts], want)[self.dist.rank]
+        self._take(out, quota, step)
+        out.wait_s = time.monotonic() - started
+        return out
+
+    def _read(self, count: int) -> tuple[list[tuple[str, Trajectory]], int]:
+        if self.backlog:
+            entries, self.backlog = self.backlog[:max(count, 1)], self.backlog[max(count, 1):]
+            return entries, 0
+        # each entry completes at most one group, so this never reads far past the batch
+        good, bad = self.broker.read_trajectories(self.dist.consumer, count=max(count, 1),
+                                                  block_ms=_BLOCK_MS, vocab_size=self.vocab_size)
+        return good, len(bad)
+
+    def _sort_entry(self, out: Collected, entry_id: str, traj: Trajectory, step: int
+                    ) -> tuple[list[str], int]:
+        """File one entry under duplicate / late / pending / stale / filtered / ready; returns
+        the entry ids to acknowledge now and how many groups they drop (to be replaced)."""
+        if traj.traj_id in self.seen or traj.traj_id in self.trained:
+            out.duplicate_ids.append(traj.traj_id)
+            return [entry_id], 0
+        self.seen.add(traj.traj_id)
+        if self.assembler.is_late(traj):
+            out.late_ids.append(traj.traj_id)
+            return [entry_id], 0
+        done = self.assembler.add(entry_id, traj)
+        if done is None:
+            return [], 0  # stays pending until its group completes
+        if self.age(done.group, step) > self.max_staleness:
+            out.stale_ids.append(done.group.group_id)
+            return done.entry_ids, 1
+        reason = self.drop(done.group)
+        if reason is not None and len(out.filtered_ids) < FILTER_CAP * self.admission.batch_size:
+            out.filtered[reason] += 1
+            out.filtered_ids.append(done.group.group_id)
+            return done.entry_ids, 1
+        self.ready.append(Ready(done.group, done.entry_ids))
+        return [], 0
+
+    def _drop_aged(self, out: Collected, step: int) -> None:
+        """Groups kept from an earlier step may have grown too old meanwhile."""
+        fresh = []
+        for r in self.ready:
+            if self.age(r.group, step) > self.max_staleness:
+                out.stale_ids.append(r.group.group_id)
+                self.broker.ack_trajectories(r.entry_ids, replaced=1)
+            else:
+                fresh.append(r)
+        self.ready = fresh
+
+    def _take(self, out: Collected, quota: int, step: int) -> None:
+        """Move this rank's quota of ready groups (oldest first) into the step's batch. A group
+        another rank trains in this same step (a duplicate that reached two ranks) is dropped by
+        the higher rank; every rank records every trained id, so none is trained twice later."""
+        mine, self.ready = self.ready[:quota], self.ready[quota:]
+        taken = self.dist.gather([r.group.traj_id for r in mine])
+        earlier = {t for ids in taken[:self.dist.rank] for t in ids}
+        for r in mine:
+            if r.group.traj_id in earlier:
+                out.duplicate_ids.append(r.group.traj_id)
+                self.broker.ack_trajectories(r.entry_ids)
+                continue
+            out.groups.append(r.group)
+            out.entry_ids.extend(r.entry_ids)
+            out.staleness[max(0, self.age(r.group, step))] += 1
+        self.trained.update(t for ids in taken for t in ids)
+        self.ready = [r for r in self.ready if r.group.traj_id not in self.trained
+                      or self._ack_duplicate(out, r)]
+
+    def _ack_duplicate(self, out: Collected, r: Ready) -> bool:
+        out.duplicate_ids.append(r.group.traj_id)
+        self.broker.ack_trajectories(r.entry_ids)
+        return False

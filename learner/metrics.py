@@ -36,3 +36,30 @@ class MetricsSink:
         self._file.close()
         if self._tb is not None:
             self._tb.close()
+
+
+_SUMMED = ("async/dropped_stale", "async/duplicates", "async/late_samples", "async/rejected",
+           "async/staleness_hist/", "filter/dropped_")
+
+
+def merge_rank_metrics(parts: list[tuple[dict[str, float], int]]) -> dict[str, float]:
+    """One step's metrics from every rank's (metrics, groups trained): counts add up, `*_max`
+    take the maximum, wall times and rates come from rank 0 (the ranks step together), and every
+    other value is a mean weighted by the rank's groups."""
+    if len(parts) == 1:
+        return dict(parts[0][0])
+    total = sum(n for _, n in parts) or 1
+    out: dict[str, float] = {}
+    for key in {k for m, _ in parts for k in m}:
+        values = [(m[key], n) for m, n in parts if key in m]
+        if key.startswith("perf/"):
+            out[key] = parts[0][0].get(key, values[0][0])
+            if key in ("perf/samples_per_s", "perf/tokens_per_s"):
+                out[key] = sum(v for v, _ in values)
+        elif key.endswith("_max"):
+            out[key] = max(v for v, _ in values)
+        elif key.startswith(_SUMMED):
+            out[key] = sum(v for v, _ in values)
+        else:
+            out[key] = sum(v * n for v, n in values) / total
+    return out

@@ -15,16 +15,28 @@ once a batch gets more than one update.
 Gradient accumulation keeps the chosen aggregation exact: each micro-batch's loss (policy, KL,
 entropy and value alike, all aggregated by `loss_agg_mode`) is weighted by its share of the batch's
 selected tokens (token-mean) or of its non-empty sequences (the seq-mean modes).
+
+With several ranks (learner/dist.py) the shares are of the step's total over all ranks, and each
+rank's loss is multiplied by the world size because DDP averages gradients: the summed gradient is
+then exactly the one-rank gradient of the whole batch. Gradients are synchronised once per step,
+on a rank's last micro-batch; a rank with no data this step runs one zero-weighted pass so that it
+still takes part. Batch-level statistics (`reward_norm: batch`, `whiten_advantages`) are computed
+over each rank's own groups; group-level estimators (GRPO, RLOO, ...) are unaffected.
 """
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+from typing import Callable
+
 import torch
+from torch.nn.parallel import DistributedDataParallel
 
 from algos import POLICY_LOSSES, PolicyLossConfig, PolicyLossInputs, entropy_bonus, kl_loss, value_loss
 from broker.config import Config
 from broker.schema import Trajectory
 from learner.batch import MicroBatch
+from learner.dist import Dist
 from learner.filters import filter_groups
 from learner.logprobs import token_logprobs
 from learner.prepare import AlgoModels, prepare_batch
@@ -47,22 +59,52 @@ class _MetricMeans:
     Ratios of sums (explained variance) become share-weighted means of the per-micro-batch ratios."""
 
     def __init__(self) -> None:
-        self.values: dict[str, float] = {}
+        self.sums: dict[str, float] = {}
+        self.weight = 0.0
 
     def add(self, metrics: dict[str, torch.Tensor], weight: float) -> None:
+        self.weight += weight
         for name, value in metrics.items():
             v = float(value)
             if name.endswith("_max"):
-                self.values[name] = max(self.values.get(name, v), v)
+                self.sums[name] = max(self.sums.get(name, v), v)
             else:
-                self.values[name] = self.values.get(name, 0.0) + weight * v
+                self.sums[name] = self.sums.get(name, 0.0) + weight * v
+
+    @property
+    def values(self) -> dict[str, float]:
+        w = self.weight or 1.0
+        return {k: v if k.endswith("_max") else v / w for k, v in self.sums.items()}
 
 
-def loss_shares(batch: list[MicroBatch], agg_mode: str) -> list[float]:
-    """Each micro-batch's share of the batch's loss denominator (they sum to 1 unless all empty)."""
+def loss_shares(batch: list[MicroBatch], agg_mode: str, dist: Dist = Dist()) -> list[float]:
+    """Each micro-batch's share of the step's loss denominator over all ranks (the shares of all
+    ranks sum to 1 unless everything is empty)."""
     sizes = [mb.num_tokens if agg_mode == "token-mean" else mb.num_seqs for mb in batch]
-    total = max(sum(sizes), 1)
+    total = max(dist.sum(sum(sizes)), 1)
     return [s / total for s in sizes]
+
+
+def _backward(model: torch.nn.Module, batch: list[MicroBatch], shares: list[float], dist: Dist,
+              loss_fn: Callable[[MicroBatch], tuple[torch.Tensor, dict]],
+              dummy_loss: Callable[[], torch.Tensor]) -> _MetricMeans:
+    """Backward every micro-batch's share-weighted loss, synchronising gradients (DDP) on the
+    last one only; with no micro-batch, one zero-weighted pass takes part in the sync."""
+    means = _MetricMeans()
+    ddp = isinstance(model, DistributedDataParallel)
+    if not batch:
+        (dummy_loss() * 0.0).backward()
+        return means
+    for i, (mb, share) in enumerate(zip(batch, shares)):
+        with model.no_sync() if ddp and i < len(batch) - 1 else nullcontext():
+            loss, metrics = loss_fn(mb)
+            (loss * share * dist.world_size).backward()
+        means.add(metrics, share)
+    return means
+
+
+def _dummy_input() -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.zeros(1, 2, dtype=torch.long), torch.ones(1, 2, dtype=torch.long)
 
 
 def mismatch_metrics(logp: torch.Tensor, behav: torch.Tensor, mask: torch.Tensor
@@ -112,48 +154,54 @@ def _clip_and_step(params, optimizer: torch.optim.Optimizer, max_grad_norm: floa
 
 
 def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: list[MicroBatch],
-                  cfg: Config) -> dict[str, float]:
+                  cfg: Config, dist: Dist = Dist()) -> dict[str, float]:
     model.train()
     optimizer.zero_grad(set_to_none=True)
-    means = _MetricMeans()
-    for mb, share in zip(batch, loss_shares(batch, cfg.algo.loss_agg_mode)):
-        loss, metrics = policy_loss(model, mb, cfg)
-        (loss * share).backward()
-        means.add(metrics, share)
+    means = _backward(model, batch, loss_shares(batch, cfg.algo.loss_agg_mode, dist), dist,
+                      lambda mb: policy_loss(model, mb, cfg),
+                      lambda: model(*_dummy_input()).logits.sum())
     grad_norm = _clip_and_step(model.parameters(), optimizer, cfg.trainer.max_grad_norm)
     return {**means.values, "optim/grad_norm": grad_norm}
 
 
-def critic_update(models: AlgoModels, batch: list[MicroBatch], cfg: Config) -> dict[str, float]:
+def critic_update(models: AlgoModels, batch: list[MicroBatch], cfg: Config,
+                  dist: Dist = Dist()) -> dict[str, float]:
     """One AdamW step of the critic on the clipped value loss against the GAE returns."""
     critic, optimizer, a = models.critic, models.critic_optimizer, cfg.algo
     critic.train()
     optimizer.zero_grad(set_to_none=True)
-    means = _MetricMeans()
-    for mb, share in zip(batch, loss_shares(batch, a.loss_agg_mode)):
-        values = critic(mb.input_ids, mb.attention_mask)
-        out = value_loss(values, mb.old_values, mb.returns, mb.mask, a.clip_range_value,
-                         agg_mode=a.loss_agg_mode, norm_len=norm_len(cfg))
-        (out.loss * share).backward()
-        means.add({**out.metrics, "loss/value": out.loss.detach()}, share)
+
+    def loss_fn(mb: MicroBatch) -> tuple[torch.Tensor, dict]:
+        out = value_loss(critic(mb.input_ids, mb.attention_mask), mb.old_values, mb.returns,
+                         mb.mask, a.clip_range_value, agg_mode=a.loss_agg_mode,
+                         norm_len=norm_len(cfg))
+        return out.loss, {**out.metrics, "loss/value": out.loss.detach()}
+
+    means = _backward(critic, batch, loss_shares(batch, a.loss_agg_mode, dist), dist, loss_fn,
+                      lambda: critic(*_dummy_input()).sum())
     grad_norm = _clip_and_step(critic.parameters(), optimizer, cfg.trainer.max_grad_norm)
     return {**means.values, "critic/grad_norm": grad_norm}
 
 
 def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, groups: list[Trajectory],
-               cfg: Config, models: AlgoModels) -> dict[str, float]:
-    """Update the policy (and critic) on the step's groups; returns the step's flat metrics.
+               cfg: Config, models: AlgoModels, dist: Dist = Dist()) -> dict[str, float]:
+    """Update the policy (and critic) on this rank's share of the step's groups; returns the
+    rank's flat metrics.
 
     Groups the DAPO filters reject are left out here too: collect replaces them up to its cap of
-    4 x B per step, and any kept past that cap are dropped here. If nothing is left the step makes no update and reports `optim/skipped` = 1.
+    4 x B per step, and any kept past that cap are dropped here. If no rank has anything left the
+    step makes no update and reports `optim/skipped` = 1.
     """
     kept, dropped = filter_groups(groups, cfg)
     stats = {"filter/dropped_in_step": float(len(dropped)), "optim/skipped": 0.0}
-    if not kept:
+    if dist.sum(len(kept)) == 0:
         return {**stats, "optim/skipped": 1.0, "loss/policy": 0.0, "optim/grad_norm": 0.0}
-    prepared = prepare_batch(kept, cfg, models)
-    stats.update(prepared.metrics)
-    stats.update(policy_update(model, optimizer, prepared.micro_batches, cfg))
+    micro_batches = []
+    if kept:
+        prepared = prepare_batch(kept, cfg, models)
+        stats.update(prepared.metrics)
+        micro_batches = prepared.micro_batches
+    stats.update(policy_update(model, optimizer, micro_batches, cfg, dist))
     if models.critic is not None:
-        stats.update(critic_update(models, prepared.micro_batches, cfg))
+        stats.update(critic_update(models, micro_batches, cfg, dist))
     return stats

@@ -68,13 +68,33 @@ def _need_redis(cfg) -> None:
 
 @app.command("start-learner")
 def start_learner(config: Optional[Path] = ConfigOpt, set_: Optional[List[str]] = SetOpt,
-                  redis_url: Optional[str] = RedisOpt) -> None:
-    """Run the learner: train, publish weights, write metrics and summary.json."""
+                  redis_url: Optional[str] = RedisOpt,
+                  nproc: Optional[int] = typer.Option(None, "--nproc", min=1,
+                                                      help="Learner ranks on this node (torchrun "
+                                                           "underneath; default "
+                                                           "trainer.num_trainer_workers)."),
+                  nnodes: int = typer.Option(1, "--nnodes", min=1, help="Nodes (torchrun)."),
+                  rdzv_endpoint: Optional[str] = typer.Option(
+                      None, "--rdzv-endpoint", help="HOST:PORT of the rendezvous, for "
+                                                    "--nnodes > 1 (torchrun)."),
+                  resume: Optional[bool] = typer.Option(
+                      None, "--resume/--no-resume", help="Resume from the run's latest "
+                                                         "checkpoint (default: when one exists).")
+                  ) -> None:
+    """Run the learner: train, publish weights, checkpoint, write metrics and summary.json."""
+    import os
+
     cfg = _load(config, set_, redis_url)
     _need_redis(cfg)
+    ranks = nproc or cfg.trainer.num_trainer_workers
+    if (ranks > 1 or nnodes > 1) and "LOCAL_RANK" not in os.environ:
+        from learner.launch import torchrun_argv
+
+        argv = torchrun_argv(ranks, nnodes, rdzv_endpoint, sys.argv[1:])
+        os.execv(argv[0], argv)  # torchrun starts the ranks, each running this command again
     import learner
 
-    _guarded(learner.run, cfg)
+    _guarded(learner.run, cfg, resume)
 
 
 @app.command("start-generator")

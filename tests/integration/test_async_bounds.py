@@ -14,8 +14,7 @@ import pytest
 from broker.schema import Sample, Trajectory
 from envs import Item
 from learner.admission import Admission
-from learner.assemble import GroupAssembler
-from learner.collect import collect
+from learner.collect import Collector
 
 B, N, STEPS = 4, 2, 10
 
@@ -62,13 +61,15 @@ def test_staleness_and_admission_bounds_hold(broker, ratio, seed):
     published = [0]
     gens = SimGenerators(broker, published, rng, slow_frac=0.3)
     gens.start()
-    seen, staleness, assembler = set(), [], GroupAssembler(N)
+    staleness = []
+    collector = Collector(broker, admission, N, vocab_size=10, max_staleness=math.ceil(ratio),
+                          timeout_s=10)
     try:
         for version in range(STEPS):
-            got = collect(broker, admission, assembler, version, math.ceil(ratio), seen,
-                          vocab_size=10, consumer="rank0", timeout_s=10)
+            got = collector.collect(version)
             assert len(got.groups) == B
-            assert admission.issued <= math.floor((version + 1 + ratio) * B) + admission.replaced
+            assert admission.issued <= (math.floor((version + 1 + ratio) * B)
+                                        + broker.replaced_groups())
             staleness += [version - int(s.token_versions.min()) for g in got.groups
                           for s in g.samples]
             if ratio == 0:
@@ -88,7 +89,7 @@ def test_staleness_and_admission_bounds_hold(broker, ratio, seed):
 def test_a_group_with_any_old_token_is_stale(broker):
     """Per-token versions are what counts: a group started on v0 and finished on v2 is as old as v0."""
     admission = Admission(_items(), 1, 1.0, 1)
-    admission.top_up(broker, version=2)
+    admission.top_up(broker, step=2)
     for entry_id, work in broker.claim_prompts("g", 10, 10):
         s = Sample(response_ids=np.array([5, 6], np.int32),
                    logprobs=np.array([-1, -1], np.float32),
@@ -98,11 +99,11 @@ def test_a_group_with_any_old_token_is_stale(broker):
             traj_id=work.group_id, prompt_id=work.prompt_id, group_id=work.group_id, generator="g",
             behavior_version=2, issued_version=2, prompt_ids=np.array([1], np.int32),
             samples=[s]), entry_id)
-    got = collect(broker, admission, GroupAssembler(1), version=2, max_staleness=1, seen=set(),
-                  vocab_size=10, consumer="rank0", timeout_s=5)
+    got = Collector(broker, admission, 1, vocab_size=10, max_staleness=1,
+                    timeout_s=5).collect(step=2)
     assert got.stale_ids == ["g000000000"]  # oldest token v0 < 2 - 1
     assert [g.traj_id for g in got.groups] == ["g000000001"]
-    assert admission.replaced == 1
+    assert broker.replaced_groups() == 1
 
 
 def test_filtered_groups_are_replaced_so_a_step_still_gets_b_groups(broker):
@@ -113,12 +114,12 @@ def test_filtered_groups_are_replaced_so_a_step_still_gets_b_groups(broker):
     gens = SimGenerators(broker, published, random.Random(0), slow_frac=0.0)
     gens.start()
     try:
-        got = collect(broker, admission, GroupAssembler(N), 0, 0, set(), vocab_size=10,
-                      consumer="rank0", timeout_s=10,
-                      drop=lambda g: "dynamic_sampling" if int(g.group_id[1:]) % 2 else None)
+        got = Collector(broker, admission, N, vocab_size=10, max_staleness=0, timeout_s=10,
+                        drop=lambda g: "dynamic_sampling" if int(g.group_id[1:]) % 2 else None
+                        ).collect(step=0)
     finally:
         gens.stop.set()
         gens.join()
     assert [g.group_id for g in got.groups] == ["g000000000", "g000000002"]
     assert got.filtered_ids == ["g000000001"] and got.filtered["dynamic_sampling"] == 1
-    assert admission.replaced == 1 and admission.issued == 3
+    assert broker.replaced_groups() == 1 and admission.issued == 3

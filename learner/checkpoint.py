@@ -1,0 +1,202 @@
+"""Learner checkpoints: everything needed to resume without losing or double-training data.
+
+Layout: `{run_dir}/checkpoints/step{step:08d}/` holds
+- `model.safetensors` (the policy), `critic.safetensors` (when `algo.critic`);
+- `optim.pt` (optimiser, scheduler and critic-optimiser state dicts: tensors and numbers only,
+  loaded with `torch.load(weights_only=True)`, which refuses arbitrary pickled objects);
+- `state.json`: step, last published version, the version -> step lineage, admission counters,
+  RNG states, running reward statistics, the trajectory ids seen so far, and per rank the stream
+  entries trained since the previous checkpoint (`rank{r}` -> entry ids and trajectory ids).
+A checkpoint appears by one atomic rename of a fsynced temp directory, then `LATEST` is replaced
+atomically; a directory without `state.json` (written last) is never used.
+
+Delivery rule (ARCHITECTURE.md, issue 6): a trajectory entry is acknowledged only after the
+checkpoint that contains its effect is durable. A crash therefore leaves every entry trained after
+the last checkpoint pending in the learner group; the restarted learner re-reads them and trains
+them again on the checkpointed model, exactly once in the surviving lineage. Entries the checkpoint
+lists as trained are acknowledged at resume (the crash may have come before their XACK) and never
+trained again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+
+from broker.weights import _fsync_dir, _fsync_file, unique_tensors
+
+log = logging.getLogger(__name__)
+
+STATE = "state.json"
+KEEP = 2  # checkpoints kept on disk: the newest one and its predecessor
+
+
+@dataclass
+class Lineage:
+    """Which training step each published weight version holds.
+
+    Without a crash version == step. After a resume from the checkpoint of step s while versions up
+    to V were already published, the next version is V + 1 but holds step s + 1: versions stay
+    monotonic for generators, while staleness and admission are measured in steps of the surviving
+    lineage. Versions s + 1 .. V (published by the dead process) keep the steps they were published
+    with, so samples drawn with them count as fresh, not as V - s steps old.
+    """
+
+    offsets: list[list[int]] = field(default_factory=lambda: [[0, 0]])  # [first_version, offset]
+
+    def step_of(self, version: int) -> int:
+        offset = 0
+        for first, off in self.offsets:
+            if version >= first:
+                offset = off
+        return version - offset
+
+    def rebase(self, next_version: int, next_step: int) -> None:
+        """From `next_version` on, version v holds step v - (next_version - next_step)."""
+        self.offsets.append([next_version, next_version - next_step])
+
+
+@dataclass
+class RankProgress:
+    """One rank's stream entries trained since the previous checkpoint (not yet acknowledged)."""
+
+    entry_ids: list[str] = field(default_factory=list)
+    traj_ids: list[str] = field(default_factory=list)
+
+    def clear(self) -> None:
+        self.entry_ids.clear()
+        self.traj_ids.clear()
+
+
+@dataclass
+class LearnerState:
+    step: int = 0  # optimiser updates in the model's lineage
+    version: int = 0  # last published weight version
+    lineage: Lineage = field(default_factory=Lineage)
+    issued: int = 0  # admission: prompts ever issued
+    replaced: int = 0  # admission: groups dropped and replaced
+    heldout_acc_before: float = 0.0
+    reward_norm: dict[str, float] = field(default_factory=dict)
+    seen: list[str] = field(default_factory=list)  # trajectory ids consumed (duplicate filter)
+    ranks: dict[str, dict[str, list[str]]] = field(default_factory=dict)  # rank -> RankProgress
+    rng: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"step": self.step, "version": self.version, "lineage": self.lineage.offsets,
+                "issued": self.issued, "replaced": self.replaced,
+                "heldout_acc_before": self.heldout_acc_before, "reward_norm": self.reward_norm,
+                "seen": self.seen, "ranks": self.ranks, "rng": self.rng}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> "LearnerState":
+        return cls(step=d["step"], version=d["version"], lineage=Lineage(d["lineage"]),
+                   issued=d["issued"], replaced=d["replaced"],
+                   heldout_acc_before=d["heldout_acc_before"], reward_norm=d["reward_norm"],
+                   seen=d["seen"], ranks=d["ranks"], rng=d["rng"])
+
+
+def rng_state() -> dict[str, Any]:
+    py = random.getstate()
+    np_state = np.random.get_state()
+    return {"python": [py[0], list(py[1]), py[2]],
+            "numpy": [np_state[0], np_state[1].tolist(), *np_state[2:]],
+            "torch": torch.get_rng_state().tolist()}
+
+
+def restore_rng(state: dict[str, Any]) -> None:
+    if not state:
+        return
+    py = state["python"]
+    random.setstate((py[0], tuple(py[1]), py[2]))
+    kind, keys, *rest = state["numpy"]
+    np.random.set_state((kind, np.array(keys, dtype=np.uint32), *rest))
+    torch.set_rng_state(torch.tensor(state["torch"], dtype=torch.uint8))
+
+
+class CheckpointStore:
+    def __init__(self, run_dir: str | Path):
+        self.root = Path(run_dir) / "checkpoints"
+
+    def step_dir(self, step: int) -> Path:
+        return self.root / f"step{step:08d}"
+
+    def latest(self) -> Path | None:
+        """The newest complete checkpoint, or None."""
+        try:
+            d = self.step_dir(int((self.root / "LATEST").read_text()))
+        except (FileNotFoundError, ValueError):
+            return None
+        return d if (d / STATE).is_file() else None
+
+    def save(self, state: LearnerState, model: torch.nn.Module, optim_states: dict[str, Any],
+             critic: torch.nn.Module | None = None) -> Path:
+        """Write the checkpoint of `state.step` durably; returns its directory."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        final = self.step_dir(state.step)
+        tmp = self.root / f".tmp-step{state.step:08d}-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        files = {"model.safetensors": unique_tensors(model.state_dict())}
+        if critic is not None:
+            files["critic.safetensors"] = unique_tensors(critic.state_dict())
+        for name, tensors in files.items():
+            save_file(tensors, str(tmp / name), metadata={"format": "pt"})
+        torch.save(optim_states, tmp / "optim.pt")
+        (tmp / STATE).write_text(json.dumps(state.to_json()))
+        for f in tmp.iterdir():
+            _fsync_file(f)
+        _fsync_dir(tmp)
+        shutil.rmtree(final, ignore_errors=True)  # a rolled-back lineage's checkpoint of this step
+        os.rename(tmp, final)
+        latest_tmp = self.root / f".LATEST.{os.getpid()}"
+        latest_tmp.write_text(f"{state.step}\n")
+        _fsync_file(latest_tmp)
+        os.replace(latest_tmp, self.root / "LATEST")
+        _fsync_dir(self.root)
+        self._retain(state.step)
+        return final
+
+    def _retain(self, newest: int) -> None:
+        steps = sorted(int(d.name[4:]) for d in self.root.glob("step*") if d.name[4:].isdigit())
+        for s in steps[:-KEEP]:
+            if s != newest:
+                shutil.rmtree(self.step_dir(s), ignore_errors=True)
+
+    def clean_temp(self) -> int:
+        stale = list(self.root.glob(".tmp-*"))
+        for d in stale:
+            shutil.rmtree(d, ignore_errors=True)
+        return len(stale)
+
+    @staticmethod
+    def load(path: Path, model: torch.nn.Module, critic: torch.nn.Module | None = None
+             ) -> tuple[LearnerState, dict[str, Any]]:
+        """Load weights into `model` (and `critic`); returns the state and the optimiser states."""
+        state = LearnerState.from_json(json.loads((path / STATE).read_text()))
+        load_weights(model, path / "model.safetensors")
+        if critic is not None:
+            load_weights(critic, path / "critic.safetensors")
+        optim_states = torch.load(path / "optim.pt", weights_only=True)
+        return state, optim_states
+
+
+def load_weights(module: torch.nn.Module, path: Path) -> None:
+    """Load a safetensors file saved by `unique_tensors`: names it dropped as aliases of a tied
+    tensor (lm_head.weight = embed_tokens.weight) may be missing, nothing else."""
+    missing, unexpected = module.load_state_dict(load_file(str(path)), strict=False)
+    params = module.state_dict()
+    stored = {params[k].untyped_storage().data_ptr() for k in params if k not in missing}
+    untied = [k for k in missing if params[k].untyped_storage().data_ptr() not in stored]
+    if unexpected or untied:
+        raise RuntimeError(f"checkpoint {path} does not match the model: missing {untied}, "
+                           f"unexpected {unexpected}")

@@ -1,0 +1,120 @@
+"""Learner crashes with real processes and a real redis-server: the learner is kill -9'd inside a
+chosen window and started again while the generators keep running.
+
+The learner stops itself with SIGSTOP at the window (ROLLFLASH_PAUSE_AT, learner/loop.py), and the
+test sends the SIGKILL, so every run hits exactly the window it names:
+- after_read: step 5's groups were read but neither trained nor acknowledged;
+- after_update: step 5 was trained and published, but its checkpoint (every 3 steps) not written;
+- after_checkpoint: step 6's checkpoint is durable, its entries not yet acknowledged.
+Afterwards the surviving lineage (the ledger with the rows of rolled-back steps removed) must have
+trained every delivered trajectory exactly once, nothing may be left unacknowledged, the model
+must hold exactly `total_steps` updates, and versions must only increase.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import redis
+import yaml
+from safetensors.torch import load_file
+
+STEPS, B, EVERY = 10, 4, 3
+
+
+def _start(role, config, *extra, env=None):
+    return subprocess.Popen([sys.executable, "-m", "rollctl.cli", role, "--config", str(config),
+                             *extra], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, **(env or {})})
+
+
+def _stopped(pid: int) -> bool:
+    """True once the process is in the stopped state (it sent itself SIGSTOP)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
+    except FileNotFoundError:
+        return False
+
+
+def _wait_until(predicate, timeout_s, what):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def surviving_rows(ledger: list[dict]) -> list[dict]:
+    """Ledger rows of the final lineage: a resume from step s discards the rows of steps > s."""
+    rows: list[dict] = []
+    for row in ledger:
+        if row.get("event") == "resume":
+            rows = [r for r in rows if r["step"] <= row["step"]]
+        else:
+            rows.append(row)
+    return rows
+
+
+@pytest.mark.parametrize("window,step", [("after_read", 5), ("after_update", 5),
+                                         ("after_checkpoint", 6)])
+def test_learner_killed_mid_step_resumes_without_loss_or_double_training(
+        tmp_path, redis_url, run_id, window, step):
+    run_dir = tmp_path / "run"
+    config = tmp_path / "run.yaml"
+    config.write_text(yaml.safe_dump({
+        "run": {"run_id": run_id, "run_dir": str(run_dir), "torch_threads": 1},
+        "redis": {"url": redis_url},
+        "task": {"eval_size": 1},
+        "rollout": {"engine": "sim", "num_return_sequences": 2, "max_new_tokens": 64,
+                    "prompts_per_pull": 1},
+        "sim": {"per_token_s": 0.001, "length_median": 16, "length_sigma": 0.5,
+                "learner_step_s": 0.1},
+        "trainer": {"rollout_batch_size": B, "total_steps": STEPS, "async_ratio": 1,
+                    "wait_timeout_s": 60, "checkpoint_every": EVERY},
+    }))
+    gens = [_start("start-generator", config, "--id", f"gen-{i}") for i in range(2)]
+    try:
+        first = _start("start-learner", config, env={"ROLLFLASH_PAUSE_AT": f"{window}:{step}"})
+        _wait_until(lambda: _stopped(first.pid) or first.poll() is not None, 90,
+                    f"the learner to reach {window} of step {step}")
+        assert first.poll() is None, first.stderr.read()[-3000:]
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+        second = _start("start-learner", config)
+        assert second.wait(timeout=120) == 0, second.stderr.read()[-3000:]
+    finally:
+        for p in gens:
+            p.terminate()
+            p.wait(timeout=30)
+
+    r = redis.Redis.from_url(redis_url)
+    ledger = [json.loads(x) for x in (run_dir / "ledger.jsonl").read_text().splitlines()]
+    resume = [row for row in ledger if row.get("event") == "resume"]
+    assert len(resume) == 1 and resume[0]["step"] == (6 if window == "after_checkpoint" else 3)
+    rows = surviving_rows(ledger)
+    assert [row["step"] for row in rows] == list(range(1, STEPS + 1))
+    trained = [t for row in rows for t in row["trained"]]
+    assert len(trained) == len(set(trained)) == STEPS * B  # nothing trained twice
+    dropped = {t for row in ledger for k in ("stale", "late", "filtered") for t in row.get(k, [])}
+    assert not dropped & set(trained)
+    # every trajectory the learner group was handed is trained or accounted for as dropped
+    stream = f"rl:{run_id}:trajectories"
+    last = next(g for g in r.xinfo_groups(stream) if g["name"] == b"learner")["last-delivered-id"]
+    delivered = {f[b"traj_id"].decode() for _, f in r.xrange(stream, max=last)}
+    duplicates = {t for row in ledger for t in row.get("duplicate", [])}
+    assert delivered <= set(trained) | dropped | duplicates
+    assert r.xpending(stream, "learner")["pending"] == 0  # all acknowledged after the checkpoint
+    # versions only increase; the model holds exactly STEPS updates (one per trained step)
+    versions = [row["version"] for row in ledger]
+    assert versions == sorted(versions) and len(set(versions)) == len(versions)
+    final = json.loads((run_dir / "summary.json").read_text())
+    assert final["steps"] == STEPS and final["final_version"] == versions[-1]
+    latest = (run_dir / "checkpoints" / "LATEST").read_text().strip()
+    weight = load_file(str(run_dir / "checkpoints" / f"step{int(latest):08d}" / "model.safetensors"))
+    assert int(latest) == STEPS and weight["weight"].tolist() == [float(STEPS)] * 4
