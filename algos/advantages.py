@@ -153,11 +153,15 @@ def reinforce_pp_baseline_estimator(x: AdvantageInputs, cfg: AdvantageConfig) ->
 def gigpo_estimator(x: AdvantageInputs, cfg: AdvantageConfig) -> AdvantageOutput:
     """GiGPO (Feng et al. 2025; algos/multiturn.py): episode-level GRPO plus omega times the
     step-level advantage of each turn within its group of identical states; `gamma` discounts per
-    turn here (the paper: 0.95), not per token."""
-    if x.turns is None:
-        raise ValueError("adv_estimator 'gigpo' needs multi-turn episodes (AdvantageInputs.turns); "
-                         "use it with a multi-turn environment task")
+    turn here (the paper: 0.95), not per token.
+
+    Without `turns` (single-turn samples) every response is one turn taken in the prompt's state,
+    which all samples of a group share: the step group is the whole group and A^S = A^E, so the
+    result is (1 + omega) * GRPO, as GiGPO itself gives for one-step episodes."""
     episode = grpo_estimator(x, cfg).advantages  # [B, T]
+    if x.turns is None:
+        scaled = (1 + cfg.step_weight) * episode
+        return AdvantageOutput(advantages=scaled, returns=scaled)
     t = x.turns
     step = step_group_advantages(turn_returns(t.rewards, t.mask, cfg.gamma), t.state_ids, t.mask,
                                  x.group_size, cfg.eps)  # [B, K]

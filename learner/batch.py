@@ -5,6 +5,10 @@ position t of a [b, L-1] tensor describes the token at t+1, predicted from token
 is True exactly on the response tokens that count, so prompt and padding positions (and samples
 masked by `algo.overlong_filter`) contribute nothing.
 
+Multi-turn episodes (envs/episode.py) carry a `loss_mask` over their response: observation tokens
+the environment wrote are not the policy's, so their targets are masked out too, and
+`turn_inputs` lays out the per-turn rewards and state keys the step-level estimators need.
+
 The whole step's batch is first padded in group-major order (row g * n + j is sample j of group g),
 because the advantage estimators need the groups; micro-batches are length-sorted slices of it,
 trimmed to their own longest sequence to limit padding.
@@ -17,6 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
+from algos import TurnInputs
 from broker.schema import Trajectory
 
 
@@ -65,8 +70,40 @@ def pad_groups(groups: list[Trajectory], keep: torch.Tensor | None = None) -> Mi
         attention[i, :n] = 1
         resp = slice(len(prompt) - 1, n - 1)  # targets of the response tokens
         mask[i, resp] = True if keep is None else bool(keep[i])
+        if s.loss_mask is not None:  # multi-turn: observation tokens are not the policy's
+            mask[i, resp] &= torch.from_numpy(s.loss_mask.astype(bool))
         behav[i, resp] = torch.from_numpy(s.logprobs.astype("float32"))
     return MicroBatch(input_ids, attention, mask, behav, torch.zeros_like(behav))
+
+
+def turn_inputs(groups: list[Trajectory], mask: torch.Tensor) -> TurnInputs | None:
+    """Per-turn tensors of a group-major batch (rows as in `pad_groups`), or None if no sample is a
+    multi-turn episode. mask: [B, L-1] bool, the batch's mask (token_turn is -1 where it is False).
+
+    token_turn[i, t] = k for the targets of turn k's action tokens: response position p maps to
+    column len(prompt) - 1 + p, and p belongs to the last turn whose start is <= p.
+    """
+    samples = [(len(g.prompt_ids), s) for g in groups for s in g.samples]
+    if all(s.turn_starts is None for _, s in samples):
+        return None
+    if any(s.turn_starts is None for _, s in samples):
+        raise ValueError("a batch mixes multi-turn episodes with single-turn samples")
+    B, K = len(samples), max(len(s.turn_starts) for _, s in samples)
+    rewards = torch.zeros(B, K, dtype=torch.float32)
+    turn_mask = torch.zeros(B, K, dtype=torch.bool)
+    states = torch.zeros(B, K, dtype=torch.int64)
+    token_turn = torch.full(mask.shape, -1, dtype=torch.int64)
+    for i, (plen, s) in enumerate(samples):
+        k = len(s.turn_starts)
+        rewards[i, :k] = torch.from_numpy(s.turn_rewards.astype("float32"))
+        turn_mask[i, :k] = True
+        states[i, :k] = torch.from_numpy(s.turn_states.astype("int64"))
+        starts = torch.from_numpy(s.turn_starts.astype("int64"))
+        positions = torch.arange(len(s.response_ids))
+        turn_of = torch.searchsorted(starts, positions, right=True) - 1  # [T_i]
+        token_turn[i, plen - 1:plen - 1 + len(positions)] = turn_of
+    token_turn[~mask] = -1
+    return TurnInputs(token_turn=token_turn, rewards=rewards, mask=turn_mask, state_ids=states)
 
 
 def take(batch: MicroBatch, rows: torch.Tensor) -> MicroBatch:

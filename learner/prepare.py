@@ -32,7 +32,7 @@ from algos import (
 )
 from broker.config import Config
 from broker.schema import Trajectory
-from learner.batch import MicroBatch, length_sorted_chunks, pad_groups, put, take
+from learner.batch import MicroBatch, length_sorted_chunks, pad_groups, put, take, turn_inputs
 from learner.critic import Critic, build_critic
 from learner.filters import group_scores, truncated
 from learner.reference import ReferencePolicy
@@ -80,8 +80,8 @@ def _model_inputs(full: MicroBatch, chunks: list[torch.Tensor], cfg: Config, mod
             put(full.old_values, rows, models.critic(mb.input_ids, mb.attention_mask))
 
 
-def _advantages(full: MicroBatch, scores: torch.Tensor, cfg: Config, models: AlgoModels
-                ) -> dict[str, float]:
+def _advantages(full: MicroBatch, scores: torch.Tensor, cfg: Config, models: AlgoModels,
+                groups: list[Trajectory]) -> dict[str, float]:
     """Set full.advantages (and full.returns with a critic) from group-major scores [G, n]."""
     a = cfg.algo
     normed = normalize_rewards(scores, a.reward_norm, running=models.reward_norm)  # [G, n]
@@ -93,7 +93,8 @@ def _advantages(full: MicroBatch, scores: torch.Tensor, cfg: Config, models: Alg
             token_rewards = kl_reward_penalty(full.behav_logp, full.ref_logp, full.mask, a.kl_coef,
                                               a.kl_estimator)
     inputs = AdvantageInputs(scores=normed.reshape(-1), mask=full.mask, group_size=scores.shape[1],
-                             values=full.old_values, token_rewards=token_rewards)
+                             values=full.old_values, token_rewards=token_rewards,
+                             turns=turn_inputs(groups, full.mask))
     out = ADVANTAGE_ESTIMATORS[a.adv_estimator](inputs, AdvantageConfig(gamma=a.gamma, lam=a.lam))
     adv = masked_whiten(out.advantages, full.mask) if a.whiten_advantages else out.advantages
     full.advantages = adv
@@ -111,7 +112,7 @@ def prepare_batch(groups: list[Trajectory], cfg: Config, models: AlgoModels) -> 
     full = pad_groups(groups, keep=~cut if cfg.algo.overlong_filter else None)
     chunks = length_sorted_chunks(full, cfg.trainer.micro_batch_size)
     _model_inputs(full, chunks, cfg, models)
-    metrics = _advantages(full, scores, cfg, models)
+    metrics = _advantages(full, scores, cfg, models, groups)
     raw = torch.tensor([s.reward for g in groups for s in g.samples])
     metrics.update({"reward/score_mean": float(scores.mean()),
                     "reward/shaping_mean": float(scores.reshape(-1).mean() - raw.mean()),

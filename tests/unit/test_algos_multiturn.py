@@ -89,15 +89,13 @@ def test_gigpo_step_weight_zero_is_trajectory_grpo():
     assert grpo.advantages[0, 2] == 0 and grpo.advantages[0, 0] == grpo.advantages[0, 3]
 
 
-def test_gigpo_without_turns_names_the_problem():
+def test_gigpo_on_single_turn_samples_is_scaled_grpo():
     x = _two_episodes()
     x.turns = None
-    try:
-        ADVANTAGE_ESTIMATORS["gigpo"](x, AdvantageConfig())
-    except ValueError as e:
-        assert "multi-turn" in str(e)
-    else:
-        raise AssertionError("gigpo without turns must fail")
+    # one turn from the shared prompt state: the step group is the whole group, A^S = A^E
+    gigpo = ADVANTAGE_ESTIMATORS["gigpo"](x, AdvantageConfig(gamma=0.5))
+    grpo = ADVANTAGE_ESTIMATORS["grpo"](x, AdvantageConfig())
+    torch.testing.assert_close(gigpo.advantages, 2 * grpo.advantages)
 
 
 def test_turns_to_tokens_leaves_masked_positions_zero():
