@@ -1,0 +1,171 @@
+"""Reward-hacking guards, and the learner-side state of the adaptive KL coefficient.
+
+A policy optimised against a learned reward finds the reward model's blind spots (Gao et al. 2023,
+"Scaling Laws for Reward Model Overoptimization"; Skalse et al. 2022). The signs this module watches,
+once per learner step, from the step's samples and metrics:
+
+| guard             | value (metric)                                         | fires when                |
+|-------------------|--------------------------------------------------------|---------------------------|
+| `kl_rise`         | KL(behaviour ‖ ref) now minus its minimum over the last `kl_window` steps (`guard/kl_rise`) | > `kl_max_rise` |
+| `score_collapse`  | std of the batch's rewards (`guard/score_std`); only with `reward.type` model / mixed | < `score_std_min` |
+| `length_collapse` | mean response length in tokens, EOS included (`guard/length_mean`) | < `min_length` |
+| `length_at_limit` | share of responses cut at `max_new_tokens` (`guard/truncated_frac`) | > `max_truncated_frac` |
+| `repeated_ngrams` | mean share of a response's n-grams that repeat an earlier one (`guard/ngram_repeat`) | > `max_ngram_repeat` |
+
+Every value is logged every step with `guard/fired_<name>` (0 or 1) and `guard/fired` (how many
+fired); a firing guard logs a warning and is written to the run hash (`guard_warnings`), which
+`rollctl status` shows. With `guards.stop_on_guard` the run ends once one guard has fired for
+`guards.patience` consecutive steps (`stopped_by_guard` in summary.json).
+
+The check functions are pure; `GuardMonitor` holds the history they need and the KL coefficient
+that `algos.next_kl_coef` adapts (fixed unless `algo.kl_target` is set).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from algos.kl_control import next_kl_coef
+from broker.config import Config, GuardsConfig
+from broker.schema import Trajectory
+
+log = logging.getLogger(__name__)
+
+KL_METRIC = "kl/behav_ref_kl"  # per-token KL of the sampled responses to the reference (prepare.py)
+
+
+@dataclass(frozen=True)
+class GuardResult:
+    name: str  # e.g. "length_at_limit"
+    metric: str  # e.g. "guard/truncated_frac"
+    value: float
+    fired: bool
+    message: str  # one line for logs and `rollctl status`, e.g. "82% of responses hit max_new_tokens"
+
+
+def kl_rise(kl_history: Sequence[float]) -> float:
+    """KL now (the last entry) minus the smallest KL before it in `kl_history` (0 with < 2 entries);
+    the caller keeps the last `kl_window` + 1 steps."""
+    return kl_history[-1] - min(kl_history[:-1]) if len(kl_history) >= 2 else 0.0
+
+
+def score_std(scores: Sequence[float]) -> float:
+    """Population std of one batch's rewards (0 for fewer than 2)."""
+    if len(scores) < 2:
+        return 0.0
+    mean = sum(scores) / len(scores)
+    return math.sqrt(sum((s - mean) ** 2 for s in scores) / len(scores))
+
+
+def ngram_repeat_frac(ids: Sequence[int], n: int) -> float:
+    """Share of the n-grams of `ids` that already occurred earlier in `ids` (0 with none):
+    [1, 1, 1, 1] with n = 2 has n-grams (1,1) x 3, two of them repeats -> 2/3."""
+    grams = [tuple(ids[i:i + n]) for i in range(len(ids) - n + 1)]
+    return (len(grams) - len(set(grams))) / len(grams) if grams else 0.0
+
+
+def guard_values(groups: Sequence[Trajectory], ngram_n: int) -> dict[str, float]:
+    """The sample statistics the guards read, from one step's groups (on one learner rank; ranks'
+    values are averaged by merge_rank_metrics): `guard/score_std`, `guard/length_mean`,
+    `guard/truncated_frac`, `guard/ngram_repeat`."""
+    samples = [s for g in groups for s in g.samples]
+    if not samples:
+        return {}
+    return {
+        "guard/score_std": score_std([s.reward for s in samples]),
+        "guard/length_mean": sum(len(s.response_ids) for s in samples) / len(samples),
+        "guard/truncated_frac": sum(not s.finished for s in samples) / len(samples),
+        "guard/ngram_repeat": sum(ngram_repeat_frac(s.response_ids.tolist(), ngram_n)
+                                  for s in samples) / len(samples),
+    }
+
+
+def evaluate_guards(values: dict[str, float], kl_history: Sequence[float], g: GuardsConfig,
+                    model_reward: bool) -> list[GuardResult]:
+    """Compare one step's `guard_values` (and the KL history, when a reference model gives one)
+    with the thresholds of `guards:`. `model_reward`: the rewards come from a reward model (the
+    score-collapse guard applies only then: a verifier's rewards are all equal on a solved batch)."""
+    out = []
+    if kl_history:
+        rise = kl_rise(kl_history)
+        out.append(GuardResult("kl_rise", "guard/kl_rise", rise, rise > g.kl_max_rise,
+                               f"KL to the reference rose by {rise:.3g} within {g.kl_window} "
+                               f"steps (> {g.kl_max_rise:g})"))
+    checks = [
+        ("score_collapse", "guard/score_std", lambda v: model_reward and v < g.score_std_min,
+         lambda v: f"reward std {v:.3g} < {g.score_std_min:g}: scores collapsed to one value"),
+        ("length_collapse", "guard/length_mean", lambda v: v < g.min_length,
+         lambda v: f"mean response length {v:.3g} < {g.min_length:g} tokens"),
+        ("length_at_limit", "guard/truncated_frac", lambda v: v > g.max_truncated_frac,
+         lambda v: f"{v:.0%} of responses hit max_new_tokens (> {g.max_truncated_frac:.0%})"),
+        ("repeated_ngrams", "guard/ngram_repeat", lambda v: v > g.max_ngram_repeat,
+         lambda v: f"{v:.0%} of {g.ngram_n}-grams repeat within a response "
+                   f"(> {g.max_ngram_repeat:.0%})"),
+    ]
+    for name, metric, fires, message in checks:
+        if metric in values:
+            v = float(values[metric])
+            out.append(GuardResult(name, metric, v, bool(fires(v)), message(v)))
+    return out
+
+
+@dataclass
+class GuardMonitor:
+    """The learner's guard and KL-coefficient state between steps (one per learner rank; every
+    rank decides the same from the same merged metrics)."""
+
+    cfg: Config
+    kl_coef: float = 0.0  # the coefficient the next step uses (algo.kl_coef at start)
+    kl_history: list[float] = field(default_factory=list)  # the last kl_window + 1 steps
+    streaks: dict[str, int] = field(default_factory=dict)  # consecutive steps each guard fired
+    stop_reason: str | None = None  # set once stop_on_guard decides to stop
+
+    def __post_init__(self) -> None:
+        self.kl_coef = self.cfg.algo.kl_coef
+
+    @property
+    def stop_requested(self) -> bool:
+        return self.stop_reason is not None
+
+    def step_config(self, cfg: Config) -> Config:
+        """`cfg` with the current (adaptive) kl_coef; `cfg` itself when the coefficient is fixed."""
+        if cfg.algo.kl_target is None:
+            return cfg
+        return dataclasses.replace(cfg, algo=dataclasses.replace(cfg.algo, kl_coef=self.kl_coef))
+
+    def after_step(self, metrics: dict[str, float], n_samples: int, broker: Any = None
+                   ) -> dict[str, float]:
+        """From a finished step's merged metrics (with `guard_values`) and the number of samples it
+        trained on: adapt the KL coefficient, evaluate the guards; returns `kl/coef`,
+        `guard/fired_<name>` and `guard/fired`, and writes warnings to the run hash through
+        `broker` (if given: rank 0)."""
+        out: dict[str, float] = {}
+        a, g = self.cfg.algo, self.cfg.guards
+        kl = metrics.get(KL_METRIC)
+        if kl is not None and math.isfinite(kl):
+            self.kl_history = (self.kl_history + [kl])[-(g.kl_window + 1):]
+            out["kl/coef"] = self.kl_coef  # the coefficient this step trained with
+            self.kl_coef = next_kl_coef(self.kl_coef, kl, a.kl_target, a.kl_horizon, n_samples)
+        if not g.enabled:
+            return out
+        results = evaluate_guards(metrics, self.kl_history, g, self.cfg.reward.type != "rule")
+        fired = [r for r in results if r.fired]
+        for r in results:
+            out[r.metric] = r.value
+            out[f"guard/fired_{r.name}"] = float(r.fired)
+            self.streaks[r.name] = self.streaks.get(r.name, 0) + 1 if r.fired else 0
+        out["guard/fired"] = float(len(fired))
+        for r in fired:
+            log.warning("guard %s: %s", r.name, r.message)
+        persistent = [r for r in fired if self.streaks[r.name] >= g.patience]
+        if g.stop_on_guard and persistent and self.stop_reason is None:
+            self.stop_reason = f"{persistent[0].name}: {persistent[0].message}"
+            log.error("stopping (guards.stop_on_guard): %s", self.stop_reason)
+        if broker is not None:
+            broker.set_run_fields(guard_warnings="; ".join(f"{r.name}: {r.message}" for r in fired)
+                                  or "none", guard_stop=self.stop_reason or "")
+        return out
