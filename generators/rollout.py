@@ -34,6 +34,7 @@ from broker.weights import WeightStore
 from envs import Item, Task, make_task
 from generators.engine import Engine, GeneratedSample, SamplingParams, make_engine
 from generators.reload import WeightFollower
+from generators.reward_model import Rewarder, make_rewarder
 
 log = logging.getLogger(__name__)
 
@@ -74,15 +75,17 @@ def first_finished(samples: list[GeneratedSample], n: int) -> list[GeneratedSamp
 
 
 def to_trajectory(work: PromptWork, samples: list[GeneratedSample], task: Task,
-                  generator_id: str, version: int) -> Trajectory:
+                  generator_id: str, version: int, rewards: list[float] | None = None) -> Trajectory:
+    """`rewards`: one per sample, from the configured rewarder (None: the task's own score)."""
     item = Item(**work.item)
     out = []
-    for s in samples:
+    for k, s in enumerate(samples):
         versions = s.token_versions if s.token_versions is not None else [version] * len(s.response_ids)
         out.append(Sample(response_ids=np.asarray(s.response_ids, dtype=np.int32),
                           logprobs=np.asarray(s.logprobs, dtype=np.float32),
                           token_versions=np.asarray(versions, dtype=np.int32),
-                          reward=task.score(item, s.text), finished=s.finished, text=s.text))
+                          reward=task.score(item, s.text) if rewards is None else rewards[k],
+                          finished=s.finished, text=s.text))
     oldest = min((int(s.token_versions.min()) for s in out if s.token_versions.size), default=version)
     traj_id = work.group_id if work.sample_index < 0 else f"{work.group_id}/{work.sample_index}"
     return Trajectory(traj_id=traj_id, prompt_id=work.prompt_id, group_id=work.group_id,
@@ -93,7 +96,7 @@ def to_trajectory(work: PromptWork, samples: list[GeneratedSample], task: Task,
 
 def rollout_batch(claimed: list[tuple[str, PromptWork]], engine: Engine, task: Task,
                   cfg: Config, broker: RunBroker, generator_id: str,
-                  follower: WeightFollower) -> tuple[int, int]:
+                  follower: WeightFollower, rewarder: Rewarder | None = None) -> tuple[int, int]:
     """Sample, score and stream one batch; returns (samples, tokens) produced."""
     n = claimed[0][1].n
     # with prompt replication the learner issued the redundant samples as extra entries
@@ -105,9 +108,12 @@ def rollout_batch(claimed: list[tuple[str, PromptWork]], engine: Engine, task: T
     on_step = follower.maybe_reload if cfg.rollout.interrupt else None
     groups = engine.generate([w.item["prompt"] for _, w in claimed], params, on_step=on_step)
     n_samples = n_tokens = 0
-    for (entry_id, work), samples in zip(claimed, groups):
-        kept = first_finished(samples, work.n)
-        traj = to_trajectory(work, kept, task, generator_id, version)
+    kept_groups = [first_finished(samples, w.n) for (_, w), samples in zip(claimed, groups)]
+    rewards = rewarder.score_groups([Item(**w.item) for _, w in claimed],  # one batched call
+                                    [[s.text for s in kept] for kept in kept_groups]) \
+        if rewarder is not None else [None] * len(claimed)
+    for (entry_id, work), kept, group_rewards in zip(claimed, kept_groups, rewards):
+        traj = to_trajectory(work, kept, task, generator_id, version, group_rewards)
         broker.add_trajectory(traj, prompt_entry_id=entry_id, sample_index=work.sample_index)
         n_samples += len(kept)
         n_tokens += sum(len(s.response_ids) for s in kept)
@@ -127,6 +133,7 @@ class Generator:
         self.task = make_task(cfg.task.name, cfg.task.params)
         self.engine = make_engine(cfg, seed=cfg.run.seed + sum(map(ord, generator_id)))
         self.follower = WeightFollower(self.broker, WeightStore(cfg.run.run_dir), self.engine)
+        self.rewarder = make_rewarder(cfg, self.task)  # reward: rule | model | mixed
         self.counters = Counters()
 
     def heartbeat(self, state: str) -> None:
@@ -166,7 +173,7 @@ class Generator:
             return
         started = time.monotonic()
         samples, tokens = rollout_batch(claimed, self.engine, self.task, self.cfg, self.broker,
-                                        self.id, self.follower)
+                                        self.id, self.follower, self.rewarder)
         c.busy_s += time.monotonic() - started
         c.groups += len(claimed)
         c.samples += samples

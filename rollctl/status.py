@@ -1,7 +1,8 @@
 """`rollctl status`: what a run is doing, read from Redis only.
 
 Shows stream lengths, each consumer group's pending and lag, the published weight version, the
-learner's progress and every live generator with its loaded version and counters.
+learner's progress, the reward-hacking guards' last warnings and every live generator with its
+loaded version and counters.
 """
 
 from __future__ import annotations
@@ -40,6 +41,17 @@ def collect_status(cfg: Config) -> dict:
             "streams": streams, "generators": gens}
 
 
+def guard_line(learner: dict) -> str:
+    """The reward-hacking guards' last verdict (learner/guards.py), from the run hash."""
+    warnings = learner.get("guard_warnings")
+    if warnings is None:
+        return "guards: no step yet"
+    line = "guards: ok" if warnings == "none" else f"guards: WARNING {warnings}"
+    if learner.get("guard_stop"):
+        line += f" | stopped by guard: {learner['guard_stop']}"
+    return line
+
+
 def show_status(cfg: Config, as_json: bool) -> None:
     s = collect_status(cfg)
     if as_json:
@@ -52,6 +64,7 @@ def show_status(cfg: Config, as_json: bool) -> None:
     print(f"learner: reward={lr.get('reward_mean', '-')} wait_frac={lr.get('wait_frac', '-')} "
           f"staleness_max={lr.get('staleness_max', '-')} samples/s={lr.get('samples_per_s', '-')} "
           f"tokens/s={lr.get('tokens_per_s', '-')}")
+    print(guard_line(lr))
     w = s["weights"]
     print(f"weights: v{w.get('version', '-')} {w.get('path', '')}")
     for name, st in s["streams"].items():

@@ -1,0 +1,128 @@
+"""Reward scoring in the generator: the task's rule, a reward model, or a weighted mix (`reward:`).
+
+    reward.type: rule    reward = task.score(item, response)                      (the default)
+    reward.type: model   reward = weight_model * r_phi(prompt + response)
+    reward.type: mixed   reward = weight_rule * task.score(...) + weight_model * r_phi(...)
+
+r_phi is a scalar-head Hugging Face model (`*ForSequenceClassification`, one label), such as the one
+`rollctl train-rm` saves. It reads `broker.rm_input.reward_model_input_ids` (prompt + response +
+EOS, the ids it was trained on) with its own tokenizer, so it need not share the policy's
+vocabulary. The generator scores every response of a pull (all its groups) in micro-batches of
+`reward.micro_batch_size` right after sampling, on the engine's device when it has one.
+
+Reward-model scores are not normalised here: `algo.reward_norm` / `reward_clip` in the learner do
+that (a group baseline such as GRPO's is invariant to the scale anyway). The reward model stays
+frozen for the whole run; dedicated reward-worker processes are not implemented (the model runs in
+every generator).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+from broker.config import Config
+from broker.rm_input import reward_model_input_ids
+from envs import Item, Task
+
+log = logging.getLogger(__name__)
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+class RewardModelScorer:
+    """A frozen scalar-head model that scores (prompt, response) texts in batches."""
+
+    def __init__(self, path: str | Path, dtype: str = "float32", micro_batch_size: int = 64,
+                 max_len: int = 512, device: str | torch.device = "cpu"):
+        from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+        path = Path(path)
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(f"reward.model_path: no Hugging Face model directory at {path} "
+                                    "(train one with `rollctl train-rm`)")
+        self.tokenizer = AutoTokenizer.from_pretrained(path)
+        self.model = AutoModelForSequenceClassification.from_pretrained(path, dtype=_DTYPES[dtype])
+        if self.model.config.num_labels != 1:
+            raise ValueError(f"reward.model_path: {path} has {self.model.config.num_labels} labels; "
+                             "a reward model needs a scalar head (num_labels 1)")
+        self.pad_id = self.model.config.pad_token_id
+        if self.pad_id is None:
+            self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None \
+                else self.tokenizer.eos_token_id
+            self.model.config.pad_token_id = self.pad_id
+        self.model.to(device).eval().requires_grad_(False)
+        self.device, self.micro_batch_size, self.max_len = device, micro_batch_size, max_len
+
+    @torch.no_grad()
+    def score(self, prompts: list[str], responses: list[str]) -> list[float]:
+        """One float per (prompt, response) pair, in order."""
+        out: list[float] = []
+        for start in range(0, len(prompts), self.micro_batch_size):
+            rows = [reward_model_input_ids(self.tokenizer, p, r, self.max_len)
+                    for p, r in zip(prompts[start:start + self.micro_batch_size],
+                                    responses[start:start + self.micro_batch_size])]
+            width = max(len(r) for r in rows)
+            ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
+            mask = torch.zeros((len(rows), width), dtype=torch.long)
+            for i, row in enumerate(rows):
+                ids[i, :len(row)] = torch.tensor(row)
+                mask[i, :len(row)] = 1
+            logits = self.model(input_ids=ids.to(self.device),
+                                attention_mask=mask.to(self.device)).logits
+            out.extend(logits[:, 0].float().cpu().tolist())
+        return out
+
+
+class Rewarder(Protocol):
+    def score_groups(self, items: list[Item], responses: list[list[str]]) -> list[list[float]]:
+        """Rewards of each item's responses, shaped like `responses`."""
+        ...
+
+
+class RuleRewarder:
+    """`reward.type: rule`: the task's own verifier."""
+
+    def __init__(self, task: Task):
+        self.task = task
+
+    def score_groups(self, items: list[Item], responses: list[list[str]]) -> list[list[float]]:
+        return [[self.task.score(item, r) for r in group] for item, group in zip(items, responses)]
+
+
+class ModelRewarder:
+    """`reward.type: model` / `mixed`: weight_model * reward model (+ weight_rule * rule)."""
+
+    def __init__(self, task: Task, scorer: Any, weight_model: float, weight_rule: float = 0.0):
+        self.rule, self.scorer = RuleRewarder(task), scorer
+        self.weight_model, self.weight_rule = weight_model, weight_rule
+
+    def score_groups(self, items: list[Item], responses: list[list[str]]) -> list[list[float]]:
+        prompts = [item.prompt for item, group in zip(items, responses) for _ in group]
+        flat = self.scorer.score(prompts, [r for group in responses for r in group])
+        rule = self.rule.score_groups(items, responses) if self.weight_rule else None
+        out, k = [], 0
+        for g, group in enumerate(responses):
+            row = []
+            for j in range(len(group)):
+                value = self.weight_model * flat[k]
+                if rule is not None:
+                    value += self.weight_rule * rule[g][j]
+                row.append(value)
+                k += 1
+            out.append(row)
+        return out
+
+
+def make_rewarder(cfg: Config, task: Task, device: str | torch.device = "cpu") -> Rewarder:
+    """The rewarder the `reward:` section asks for; loads the reward model once."""
+    r = cfg.reward
+    if r.type == "rule":
+        return RuleRewarder(task)
+    scorer = RewardModelScorer(r.model_path, cfg.model.dtype, r.micro_batch_size, r.max_len, device)
+    log.info("reward: %s, reward model %s (weight_model %g, weight_rule %g)", r.type, r.model_path,
+             r.weight_model, r.weight_rule if r.type == "mixed" else 0.0)
+    return ModelRewarder(task, scorer, r.weight_model, r.weight_rule if r.type == "mixed" else 0.0)
