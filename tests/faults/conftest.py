@@ -1,0 +1,46 @@
+"""The fault suite's report: each scenario records what was injected and what happened, measured
+from its own run (Redis contents, the learner's ledger, generator heartbeats); the table is printed
+at the end of the session, and appended as JSON lines to $ROLLFLASH_FAULT_REPORT when it is set
+(scripts/fault_report.py runs the suite that way). Columns (docs/faults.md):
+injected, recovered, lost (acknowledged trajectories / prompts Redis no longer holds and nobody
+re-created), reported (what the system itself counted and reported), duplicated (trajectories
+trained more than once), dropped_duplicates (duplicates the learner dropped by traj_id).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+_RECORDS: list[dict] = []
+COLUMNS = ("injected", "lost", "recovered", "reported", "duplicated", "dropped_duplicates")
+
+
+@pytest.fixture
+def fault_report():
+    def record(scenario: str, **counts) -> None:
+        row = {"scenario": scenario, **counts}
+        _RECORDS.append(row)
+        path = os.environ.get("ROLLFLASH_FAULT_REPORT")
+        if path:
+            with open(path, "a") as f:
+                f.write(json.dumps(row) + "\n")
+
+    return record
+
+
+def format_table(rows: list[dict]) -> str:
+    width = max([len("scenario")] + [len(r["scenario"]) for r in rows])
+    lines = [f"{'scenario':<{width}}  " + "  ".join(f"{c:>{max(9, len(c))}}" for c in COLUMNS)]
+    for r in rows:
+        lines.append(f"{r['scenario']:<{width}}  "
+                     + "  ".join(f"{str(r.get(c, '-')):>{max(9, len(c))}}" for c in COLUMNS))
+    return "\n".join(lines)
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _RECORDS:
+        terminalreporter.section("fault report")
+        terminalreporter.write_line(format_table(_RECORDS))

@@ -1,0 +1,125 @@
+"""Helpers for the fault suite: a run config for the simulated engine, real learner and generator
+processes started through `rollctl`, and what a finished run left behind (ledger, heartbeats,
+streams), from which the tests compute what was lost and duplicated."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import redis
+import yaml
+
+
+def write_config(tmp_path: Path, redis_url: str, run_id: str, steps: int, batch: int,
+                 **sections) -> Path:
+    cfg = {
+        "run": {"run_id": run_id, "run_dir": str(tmp_path / "run"), "torch_threads": 1},
+        "redis": {"url": redis_url, "connect_timeout_s": 20},
+        "task": {"eval_size": 1},
+        "rollout": {"engine": "sim", "num_return_sequences": 2, "max_new_tokens": 64,
+                    "prompts_per_pull": 1},
+        "sim": {"per_token_s": 0.002, "length_median": 20, "length_sigma": 0.3,
+                "learner_step_s": 0.1},
+        "trainer": {"rollout_batch_size": batch, "total_steps": steps, "async_ratio": 1,
+                    "wait_timeout_s": 60},
+    }
+    for section, values in sections.items():
+        cfg.setdefault(section, {}).update(values)
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def start(role: str, config: Path, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "rollctl.cli", role, "--config", str(config),
+                             *extra], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True)
+
+
+def wait_until(predicate, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def steps_done(run_dir: Path) -> int:
+    path = run_dir / "metrics.jsonl"
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+def stop_all(procs: list[subprocess.Popen]) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    for p in procs:
+        try:
+            p.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def trained_ids(run_dir: Path) -> list[str]:
+    rows = [json.loads(x) for x in (run_dir / "ledger.jsonl").read_text().splitlines()]
+    return [g for row in rows for g in row["trained"]]
+
+
+def dropped_duplicates(run_dir: Path) -> int:
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return int(sum(m.get("async/duplicates", 0) for m in rows))
+
+
+def generator_fields(r: redis.Redis, run_id: str) -> dict[str, dict[str, str]]:
+    out = {}
+    for key in r.scan_iter(match=f"rl:{run_id}:gen:*"):
+        fields = {k.decode(): v.decode() for k, v in r.hgetall(key).items()}
+        out[key.decode().rsplit(":", 1)[1]] = fields
+    return out
+
+
+def acknowledged_not_stored(r: redis.Redis, run_id: str) -> int:
+    """Trajectory writes generators were told succeeded (their `groups` counters: one trajectory
+    per prompt) minus the writes the stream holds (`entries-added` survives restarts)."""
+    acked = sum(int(g["groups"]) for g in generator_fields(r, run_id).values())
+    return acked - r.xinfo_stream(f"rl:{run_id}:trajectories")["entries-added"]
+
+
+def traj_ids(r: redis.Redis, run_id: str) -> set[str]:
+    return {f[b"traj_id"].decode() for _, f in r.xrange(f"rl:{run_id}:trajectories")}
+
+
+def resp_commands(data: bytes) -> list[list[bytes]]:
+    """Parse an AOF fragment (RESP arrays of bulk strings) into commands."""
+    out, i = [], 0
+    while i < len(data):
+        assert data[i:i + 1] == b"*", f"not RESP at byte {i}"
+        end = data.index(b"\r\n", i)
+        n, i = int(data[i + 1:end]), end + 2
+        cmd = []
+        for _ in range(n):
+            end = data.index(b"\r\n", i)
+            size, i = int(data[i + 1:end]), end + 2
+            cmd.append(data[i:i + size])
+            i += size + 2
+        out.append(cmd)
+    return out
+
+
+def xadds(commands: list[list[bytes]], key: str) -> list[dict[str, str]]:
+    """The field maps of the XADDs to `key` among `commands`."""
+    out = []
+    for c in commands:
+        if c[0].upper() == b"XADD" and c[1] == key.encode():
+            args = c[2:]
+            start = next(i for i, a in enumerate(args) if b"-" in a and a[:1].isdigit()) + 1
+            pairs = args[start:]
+            out.append({pairs[i].decode(): pairs[i + 1].decode(errors="replace")
+                        for i in range(0, len(pairs) - 1, 2) if pairs[i] != b"data"})
+    return out
