@@ -86,10 +86,15 @@ class WeightStore:
         return self.root / f"v{version:08d}"
 
     def clean_temp(self) -> int:
-        """Remove temp dirs left by a publisher that died mid-write; returns how many."""
-        stale = list(self.root.glob(".tmp-*"))
+        """Remove what a publisher killed mid-write left (temp version dirs, a temp LATEST);
+        returns how many. Call it at start, before publishing: it does not spare a live
+        publisher's temp files."""
+        stale = list(self.root.glob(".tmp-*")) + list(self.root.glob(".LATEST.*"))
         for d in stale:
-            shutil.rmtree(d, ignore_errors=True)
+            if d.is_dir():
+                shutil.rmtree(d, ignore_errors=True)
+            else:
+                d.unlink(missing_ok=True)
         return len(stale)
 
     def publish(self, state: dict[str, torch.Tensor], version: int, step: int) -> VersionInfo:

@@ -1,0 +1,90 @@
+"""Weight store faults with real processes.
+
+- A process running `WeightStore.publish` in a loop (as the learner does) is killed with SIGKILL
+  at several points of a publish: no partial version is ever listed or loadable, every listed
+  version verifies against its manifest, and `clean_temp` at the next start removes what the
+  killed publisher left; publishing then continues.
+- Retention never deletes a version that a live generator reports as loaded: a real learner with
+  `keep_versions: 1` runs while a generator heartbeat reports v0.
+"""
+
+import subprocess
+import sys
+import textwrap
+import time
+
+import redis
+
+from broker.weights import WeightStore
+from harness import start, stop_all, trained_ids, write_config
+
+PUBLISHER = textwrap.dedent("""
+    import sys, torch
+    from broker.weights import WeightStore
+    store = WeightStore(sys.argv[1])
+    store.clean_temp()
+    v = max(store.versions(), default=0)
+    print("ready", flush=True)
+    while True:
+        v += 1
+        # ~32 MB: a publish (write, fsync, sha256, rename) takes long enough to be hit mid-way
+        store.publish({"w": torch.full((2048, 4096), float(v))}, version=v, step=v)
+        print(v, flush=True)
+""")
+
+
+def _check_store(store: WeightStore) -> None:
+    for v in store.versions():
+        store.verified_path(v)  # raises CorruptWeights for anything partial
+    if store.latest() is not None:
+        store.verified_path(store.latest())
+
+
+def test_publisher_killed_mid_publish_leaves_nothing_loadable_and_is_cleaned(tmp_path,
+                                                                             fault_report):
+    store = WeightStore(tmp_path)
+    leftovers = 0
+    delays = [0.05, 0.3, 0.6, 0.9, 1.2]  # after start-up, into successive publishes
+    for delay in delays:
+        proc = subprocess.Popen([sys.executable, "-c", PUBLISHER, str(tmp_path)],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        assert proc.stdout.readline() == b"ready\n", proc.stderr.read().decode()[-2000:]
+        time.sleep(delay)
+        proc.kill()
+        proc.wait()
+        assert proc.returncode == -9, proc.stderr.read().decode()[-2000:]
+        _check_store(store)
+        partial = list(store.root.glob(".tmp-*")) + list(store.root.glob(".LATEST.*"))
+        leftovers += bool(partial)
+        assert all(p.name.startswith((".tmp-", ".LATEST.")) for p in store.root.iterdir()
+                   if not p.name.startswith("v") and p.name != "LATEST")
+        # the next start (a fresh publisher process) cleans up before it publishes
+        assert store.clean_temp() == len(partial)
+        assert list(store.root.glob(".*")) == []
+    assert store.versions(), "no publish ever completed: the kill points were all too early"
+    assert leftovers >= 1, "no kill landed inside a publish: the test did not test anything"
+    fault_report("publisher kill -9 mid-publish (5 points)", injected=len(delays),
+                 recovered=len(delays), lost=0, reported=f"{leftovers} cleaned",
+                 duplicated=0, dropped_duplicates=0)
+
+
+def test_retention_spares_a_version_a_live_generator_has_loaded(tmp_path, redis_url, run_id):
+    steps = 6
+    config = write_config(tmp_path, redis_url, run_id, steps, 2,
+                          trainer={"keep_versions": 1})
+    r = redis.Redis.from_url(redis_url)
+    # a generator still running on v0 (its heartbeat, as generators/rollout.py writes it)
+    r.hset(f"rl:{run_id}:gen:slow-gen", mapping={"loaded_version": 0, "state": "up"})
+    r.expire(f"rl:{run_id}:gen:slow-gen", 120)
+    gen = start("start-generator", config, "--id", "gen-0")
+    learner = start("start-learner", config)
+    try:
+        assert learner.wait(timeout=120) == 0, learner.stderr.read()[-3000:]
+        assert gen.wait(timeout=30) == 0
+    finally:
+        stop_all([learner, gen])
+    versions = WeightStore(tmp_path / "run").versions()
+    assert 0 in versions  # spared: a live generator reports it loaded
+    assert steps in versions
+    assert len(versions) < steps + 1  # retention did delete the others
+    assert len(trained_ids(tmp_path / "run")) == steps * 2
