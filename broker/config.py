@@ -75,6 +75,8 @@ class RolloutConfig:
     #                                and never finished (it probably died)
     replicate_prompts: bool = False  # issue each sample of a group as its own prompt entry, so
     #                                  one group is spread over generators
+    max_episode_tokens: int = 1024  # multi-turn environments: an episode's response budget
+    #                                 (actions + observations); max_new_tokens limits each turn
 
 
 @dataclass
@@ -244,7 +246,7 @@ _POSITIVE = {
     "trainer.rollout_batch_size", "trainer.micro_batch_size", "trainer.total_steps",
     "trainer.actor_lr", "trainer.keep_versions", "trainer.num_trainer_workers",
     "trainer.wait_timeout_s", "redis.connect_timeout_s", "redis.max_payload_bytes",
-    "rollout.temperature", "rollout.heartbeat_ttl_s", "rollout.reclaim_idle_s", "sim.per_token_s",
+    "rollout.temperature", "rollout.heartbeat_ttl_s", "rollout.max_episode_tokens", "rollout.reclaim_idle_s", "sim.per_token_s",
     "sim.length_median", "sim.length_sigma", "sim.vocab_size",
 }
 _NON_NEGATIVE = {"run.torch_threads", "trainer.checkpoint_every", "trainer.lr_warmup_steps", "trainer.async_ratio", "trainer.eval_every",

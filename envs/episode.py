@@ -92,6 +92,7 @@ class Episode:
     turn_starts: list[int] = field(default_factory=list)
     turn_rewards: list[float] = field(default_factory=list)
     turn_states: list[int] = field(default_factory=list)
+    actions: list[str] = field(default_factory=list)  # decoded action texts, for inspection
     done: bool = False  # no more turns: the env ended the episode or a limit cut it
     success: bool = False  # info["success"] of the last step
     truncated: bool = False  # ended by the env's turn limit or the token budget
@@ -118,6 +119,7 @@ class Episode:
         if not ids or not len(ids) == len(logprobs) == len(versions):
             raise ValueError("an action needs >= 1 token, with one logprob and version per token")
         self.turn_starts.append(len(self.response_ids))
+        self.actions.append(text)
         self.turn_states.append(state_key(self.observation))
         self.response_ids += ids
         self.loss_mask += [1] * len(ids)

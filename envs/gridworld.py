@@ -4,8 +4,9 @@ The agent starts in the top-left corner and must reach the goal in the bottom-ri
 `size` x `size` grid without stepping into a hole. Each seed draws `holes` holes uniformly among the
 other cells, redrawing until a path exists (so every episode is solvable).
 
-Observation: the grid, rows joined by "/", then a space: "a..h/.h../..../h..g " where `a` is the
-agent, `h` a hole, `g` the goal and `.` frozen ground (all characters of the tiny models' tokenizer).
+Observation: the grid, rows joined by "/", then "?": "a..h/.h../..../h..g?" where `a` is the
+agent, `h` a hole, `g` the goal and `.` frozen ground (all characters of the tiny models' tokenizer,
+and no spaces: the tiny tokenizer as reloaded by AutoTokenizer drops them).
 Action: one of "u", "d", "l", "r" (leading/trailing whitespace ignored). Dynamics:
 - a move off the grid leaves the agent in place;
 - with `slip` > 0 the move is replaced by a uniformly random one with that probability (FrozenLake's
@@ -102,7 +103,7 @@ class GridWorld(TurnLimit):
                 row += ("a" if (r, c) == self.pos else "h" if (r, c) in self.holes
                         else "g" if (r, c) == (self.size - 1, self.size - 1) else ".")
             rows.append(row)
-        return "/".join(rows) + " "
+        return "/".join(rows) + "?"
 
     def step(self, action: str) -> StepResult:
         action = action.strip()

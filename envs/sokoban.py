@@ -6,7 +6,7 @@ play, the way gym-sokoban does: the box starts on the target with the player bes
 them; replaying those moves forwards solves the level, so every level is solvable. A level whose
 box ends on the target is redrawn.
 
-Observation: the room, rows joined by "/", then a space, in the usual Sokoban symbols: `#` wall,
+Observation: the room, rows joined by "/", then "?", in the usual Sokoban symbols: `#` wall,
 `_` floor, `.` target, `$` box, `*` box on target, `@` player, `+` player on target.
 Action: "u", "d", "l" or "r". The player moves into free floor, or pushes the box one cell if the
 cell behind it is free; a blocked move does nothing. Anything else is invalid (no effect,
@@ -80,7 +80,7 @@ class Sokoban(TurnLimit):
                     row += "." if on_target else "_"
             rows.append(row + "#")
         rows.append("#" * (self.width + 2))
-        return "/".join(rows) + " "
+        return "/".join(rows) + "?"
 
     def step(self, action: str) -> StepResult:
         action = action.strip()

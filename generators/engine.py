@@ -49,6 +49,19 @@ class Engine(Protocol):
         ...
 
 
+class EpisodeEngine(Engine, Protocol):
+    """What multi-turn environments need besides `generate` (engines `hf` and `sim`)."""
+
+    def generate_ids(self, prompts: list[list[int]], params: SamplingParams,
+                     on_step: Callable[[], None] | None = None) -> list[list[GeneratedSample]]:
+        """As `generate`, from token ids: each episode continues from its exact token context."""
+        ...
+
+    def observation_encoder(self) -> Callable[[str, bool], list[int]]:
+        """(observation text, is_first) -> token ids (see envs/episode.py)."""
+        ...
+
+
 def make_engine(cfg: Config, seed: int) -> Engine:
     name = cfg.rollout.engine
     if name == "hf":

@@ -16,7 +16,8 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from envs import response_text
+from envs import chat_encoder, plain_encoder, response_text
+from envs.episode import Encode
 from generators.engine import GeneratedSample, SamplingParams
 
 log = logging.getLogger(__name__)
@@ -52,8 +53,32 @@ class HFEngine:
                  on_step=None) -> list[list[GeneratedSample]]:
         """Sample a batch; `on_step` is ignored: the batch always finishes on the loaded weights."""
         enc = self.tokenizer(prompts, return_tensors="pt", padding=True)
-        input_ids = enc["input_ids"].repeat_interleave(params.n, dim=0)
-        attention = enc["attention_mask"].repeat_interleave(params.n, dim=0)
+        return self._sample_batch(enc["input_ids"], enc["attention_mask"], params)
+
+    @torch.no_grad()
+    def generate_ids(self, prompts: list[list[int]], params: SamplingParams,
+                     on_step=None) -> list[list[GeneratedSample]]:
+        """As `generate`, from token ids (multi-turn episodes continue from their exact tokens)."""
+        width = max(len(p) for p in prompts)
+        input_ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
+        attention = torch.zeros((len(prompts), width), dtype=torch.long)
+        for i, ids in enumerate(prompts):  # left padding, as the tokenizer does for `generate`
+            input_ids[i, width - len(ids):] = torch.tensor(ids)
+            attention[i, width - len(ids):] = 1
+        return self._sample_batch(input_ids, attention, params)
+
+    def observation_encoder(self) -> Encode:
+        """How environment observations become tokens (envs/episode.py)."""
+        if getattr(self.tokenizer, "chat_template", None):
+            return chat_encoder(self.tokenizer)
+        return plain_encoder(self.tokenizer)
+
+    def _sample_batch(self, input_ids: torch.Tensor, attention: torch.Tensor,
+                      params: SamplingParams) -> list[list[GeneratedSample]]:
+        """input_ids, attention: [P, W] int64, left-padded prompts -> P lists of params.n samples."""
+        n_prompts = input_ids.shape[0]
+        input_ids = input_ids.repeat_interleave(params.n, dim=0)
+        attention = attention.repeat_interleave(params.n, dim=0)
         out = self.model.generate(
             input_ids=input_ids, attention_mask=attention, do_sample=True,
             temperature=params.temperature, top_p=params.top_p, top_k=0,
@@ -64,7 +89,7 @@ class HFEngine:
         logits = torch.stack(out.logits, dim=1).float()  # [N, S, V]
         logp = torch.log_softmax(logits / params.temperature, dim=-1)
         token_logp = logp.gather(-1, new_tokens.unsqueeze(-1)).squeeze(-1)  # [N, S]
-        results: list[list[GeneratedSample]] = [[] for _ in prompts]
+        results: list[list[GeneratedSample]] = [[] for _ in range(n_prompts)]
         for row in range(new_tokens.shape[0]):
             prompt_ids = input_ids[row][attention[row].bool()].tolist()
             results[row // params.n].append(self._sample(prompt_ids, new_tokens[row],

@@ -31,8 +31,9 @@ from broker.process import setup_process
 from broker.schema import PromptWork, Sample, Trajectory
 from broker.streams import RunBroker, is_oom
 from broker.weights import WeightStore
-from envs import Item, Task, make_task
+from envs import Item, Task, is_multi_turn, make_task
 from generators.engine import Engine, GeneratedSample, SamplingParams, make_engine
+from generators.episodes import rollout_episodes
 from generators.reload import WeightFollower
 from generators.reward_model import Rewarder, make_rewarder
 
@@ -98,6 +99,8 @@ def rollout_batch(claimed: list[tuple[str, PromptWork]], engine: Engine, task: T
                   cfg: Config, broker: RunBroker, generator_id: str,
                   follower: WeightFollower, rewarder: Rewarder | None = None) -> tuple[int, int]:
     """Sample, score and stream one batch; returns (samples, tokens) produced."""
+    if is_multi_turn(task):  # environment episodes (generators/episodes.py)
+        return rollout_episodes(claimed, engine, task, cfg, broker, generator_id, follower)
     n = claimed[0][1].n
     # with prompt replication the learner issued the redundant samples as extra entries
     extra = 0 if cfg.rollout.replicate_prompts else cfg.rollout.redundant_samples

@@ -32,6 +32,21 @@ class SimEngine:
     def load_weights(self, model_file: Path, version: int) -> None:
         self.version = version
 
+    def generate_ids(self, prompts: list[list[int]], params: SamplingParams,
+                     on_step: Callable[[], None] | None = None) -> list[list[GeneratedSample]]:
+        """Multi-turn episodes: the same timing model; the context's length is not simulated
+        (decode steps dominate, prefill is ignored, as in `generate`)."""
+        groups = self.generate([""] * len(prompts), params, on_step)
+        for ids, group in zip(prompts, groups):
+            for sample in group:
+                sample.prompt_ids = list(ids)
+        return groups
+
+    def observation_encoder(self) -> Callable[[str, bool], list[int]]:
+        """One token per character, mapped into the simulated vocabulary."""
+        span = self.vocab_size - 3
+        return lambda text, first: ([1] if first else []) + [3 + ord(c) % span for c in text]
+
     def _length(self, cap: int) -> int:
         return max(1, min(cap, round(self.rng.lognormvariate(0.0, self.sim.length_sigma)
                                      * self.sim.length_median)))

@@ -51,7 +51,7 @@ CHARS = string.digits + string.ascii_lowercase + " +-*/=().,?"
 MAX_POSITIONS = 64
 
 
-def build_tokenizer(chars: str = CHARS) -> PreTrainedTokenizerFast:
+def build_tokenizer(chars: str = CHARS, max_positions: int = MAX_POSITIONS) -> PreTrainedTokenizerFast:
     """Character-level tokenizer: one token per character, `<bos>` prepended, decode joins characters."""
     vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS + list(dict.fromkeys(chars)))}
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
@@ -67,12 +67,13 @@ def build_tokenizer(chars: str = CHARS) -> PreTrainedTokenizerFast:
         eos_token="<eos>",
         unk_token="<unk>",
         padding_side="left",
-        model_max_length=MAX_POSITIONS,
+        model_max_length=max_positions,
     )
 
 
 def build_model(
-    tokenizer: PreTrainedTokenizerFast, layers: int, hidden: int, heads: int, seed: int
+    tokenizer: PreTrainedTokenizerFast, layers: int, hidden: int, heads: int, seed: int,
+    max_positions: int = MAX_POSITIONS,
 ) -> Qwen2ForCausalLM:
     """A small Qwen2 (tied embeddings, MLP 4x hidden) with weights drawn from torch.manual_seed(seed)."""
     config = Qwen2Config(
@@ -82,7 +83,7 @@ def build_model(
         num_hidden_layers=layers,
         num_attention_heads=heads,
         num_key_value_heads=heads,
-        max_position_embeddings=MAX_POSITIONS,
+        max_position_embeddings=max_positions,
         tie_word_embeddings=True,
         pad_token_id=tokenizer.pad_token_id,
         bos_token_id=tokenizer.bos_token_id,

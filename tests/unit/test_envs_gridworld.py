@@ -15,7 +15,7 @@ def _env(holes, size=3, max_turns=8, **kw) -> GridWorld:
 
 def test_render_marks_agent_holes_goal():
     env = _env({(0, 1), (2, 0)})
-    assert env.render() == "ah./.../h.g "
+    assert env.render() == "ah./.../h.g?"
 
 
 def test_move_off_grid_stays_and_goal_pays_one():
@@ -39,7 +39,7 @@ def test_invalid_action_costs_a_turn_and_says_so():
     env = _env(set(), max_turns=2, invalid_reward=-0.5)
     r = env.step("jump")
     assert not r.done and r.reward == -0.5 and r.info["invalid"]
-    assert r.observation == "invalid a../.../..g " and env.pos == (0, 0)
+    assert r.observation == "invalid a../.../..g?" and env.pos == (0, 0)
     r = env.step("r")  # second turn = max_turns: truncated
     assert r.done and r.info["truncated"] and not r.info["success"]
 

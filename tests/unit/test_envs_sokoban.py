@@ -16,7 +16,7 @@ def _env(player, box, target, width=4, height=3) -> Sokoban:
 
 def test_render_symbols():
     env = _env((0, 0), (1, 1), (1, 2))
-    assert env.render() == "######/#@___#/#_$._#/#____#/###### "
+    assert env.render() == "######/#@___#/#_$._#/#____#/######?"
 
 
 def test_push_onto_target_solves():

@@ -1,0 +1,245 @@
+"""Multi-turn rollouts: run environment episodes with environment-level asynchrony.
+
+For a pull of claimed prompts (each an episode seed, envs/multiturn.py), every group starts
+n + r episodes (r = `rollout.redundant_samples`, 0 with prompt replication, where the learner
+issued the extra entries). Each episode runs in its own thread:
+
+    episode = Episode(env, seed)                 # reset; the first observation is the prompt
+    loop: action = server.generate(context)      # queued, answered in a shared engine batch
+          episode.act(action)                    # env.step in this thread, observation appended
+    until the environment ends it or the token budget (`rollout.max_episode_tokens`) is spent
+
+The engine is driven by this module's main loop (`EpisodeRunner.run`) alone: it gathers the
+requests that are waiting, runs one batched `generate_ids` over them, and hands each episode its
+action. There is no barrier between episodes: an episode whose environment is slow (a sandboxed
+tool call, a simulated step latency) misses a batch or two while the others go on, and a group is
+streamed to the learner (XADD + XACK) the moment its first n episodes have finished; its remaining
+redundant episodes are cancelled at their next turn. Which n are kept is decided by wall-clock
+finishing order, so redundancy cuts the tail of slow environments as well as of long generations.
+
+Weight versions: without `rollout.interrupt` the weights never change during a pull. With it,
+the main loop calls the weight follower between engine batches, so later turns of an episode may
+come from a newer version; every token records the version that produced it (observation tokens
+take the version of the action before them).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from broker.config import Config
+from broker.schema import PromptWork, Sample, Trajectory
+from broker.streams import RunBroker
+from envs import Episode, EnvTask
+from generators.engine import EpisodeEngine, GeneratedSample, SamplingParams
+
+log = logging.getLogger(__name__)
+
+GATHER_S = 0.005  # wait this long for more requests while some episodes are in env.step
+
+
+@dataclass
+class _Run:
+    """One episode in flight; `group` indexes the groups of the pull."""
+
+    group: int
+    seed: int
+    episode: Episode | None = None
+    cancelled: bool = False
+    reply: "queue.Queue[GeneratedSample | None]" = field(default_factory=lambda: queue.Queue(1))
+
+
+@dataclass
+class GroupSpec:
+    make_env: Callable
+    seed: int
+    keep: int  # n: episodes that make the group
+    start: int  # n + r: episodes started
+
+
+class EpisodeRunner:
+    """Runs the episodes of one pull; see the module docstring."""
+
+    def __init__(self, engine: EpisodeEngine, params: SamplingParams, max_episode_tokens: int,
+                 version: Callable[[], int], on_step: Callable[[], None] | None = None) -> None:
+        self.engine, self.params = engine, params
+        self.max_tokens = max_episode_tokens
+        self.version, self.on_step = version, on_step
+        self.encode = engine.observation_encoder()
+        self.events: queue.Queue = queue.Queue()
+
+    def _play(self, run: _Run, spec: GroupSpec) -> None:
+        """Episode thread: alternate between asking for an action and stepping the environment."""
+        try:
+            ep = Episode(env=spec.make_env(), seed=spec.seed, encode=self.encode,
+                         max_tokens=self.max_tokens, action_tokens=self.params.max_new_tokens)
+            run.episode = ep
+            try:
+                while not ep.done and not run.cancelled:
+                    self.events.put(("generate", run))
+                    sample = run.reply.get()
+                    if sample is None:
+                        return
+                    versions = sample.token_versions or [self.version()] * len(sample.response_ids)
+                    ep.act(sample.response_ids, sample.logprobs, versions, sample.text)
+            finally:
+                ep.close()
+            if ep.done:
+                self.events.put(("done", run))
+        except Exception as e:  # an environment bug: reported by the main loop, not swallowed
+            self.events.put(("error", run, e))
+        finally:
+            self.events.put(("exit", run))
+
+    def run(self, specs: list[GroupSpec],
+            on_group: Callable[[int, list[Episode]], None]) -> None:
+        """Play every group; `on_group(index, episodes)` is called (in this thread) as soon as a
+        group's first `keep` episodes have finished."""
+        runs = [_Run(group=g, seed=s.seed) for g, s in enumerate(specs) for _ in range(s.start)]
+        finished: list[list[Episode]] = [[] for _ in specs]
+        open_groups, live = len(specs), len(runs)
+        for run in runs:
+            threading.Thread(target=self._play, args=(run, specs[run.group]), daemon=True,
+                             name=f"episode-{run.group}").start()
+        self.waiting: list[_Run] = []
+        try:
+            self._loop(runs, specs, finished, open_groups, live, on_group)
+        finally:  # normally only cancelled leftovers; after an error, every episode stops too
+            for run in runs:
+                run.cancelled = True
+            for run in self.waiting:
+                _release(run)
+            while True:
+                try:
+                    event = self.events.get_nowait()
+                except queue.Empty:
+                    break
+                if event[0] == "generate":
+                    _release(event[1])
+
+    def _loop(self, runs: list[_Run], specs: list[GroupSpec], finished: list[list[Episode]],
+              open_groups: int, live: int, on_group: Callable[[int, list[Episode]], None]) -> None:
+        waiting = self.waiting
+        while open_groups:
+            events = [self.events.get()]
+            deadline = time.monotonic() + GATHER_S
+            while True:
+                try:
+                    events.append(self.events.get_nowait())
+                    continue
+                except queue.Empty:
+                    pass
+                busy = live - len(waiting) - sum(e[0] == "generate" for e in events)
+                left = deadline - time.monotonic()
+                if busy <= 0 or left <= 0:
+                    break
+                try:
+                    events.append(self.events.get(timeout=left))
+                except queue.Empty:
+                    break
+            for event in events:
+                kind, run = event[0], event[1]
+                if kind == "error":
+                    raise RuntimeError(f"environment failed in episode seed {run.seed}: "
+                                       f"{event[2]!r}") from event[2]
+                if kind == "exit":
+                    live -= 1
+                elif kind == "generate":
+                    if run.cancelled:
+                        _release(run)
+                    else:
+                        waiting.append(run)
+                elif kind == "done" and len(finished[run.group]) < specs[run.group].keep:
+                    group = finished[run.group]
+                    group.append(run.episode)
+                    if len(group) == specs[run.group].keep:
+                        open_groups -= 1
+                        self._cancel_rest(runs, run.group, waiting)
+                        on_group(run.group, group)
+            waiting[:] = [r for r in waiting if not r.cancelled]
+            if waiting and open_groups:
+                self._serve(waiting)
+                waiting.clear()
+
+    def _cancel_rest(self, runs: list[_Run], group: int, waiting: list[_Run]) -> None:
+        for run in runs:
+            if run.group == group and not run.cancelled and not (run.episode and run.episode.done):
+                run.cancelled = True
+                if run in waiting:
+                    _release(run)
+
+    def _serve(self, waiting: list[_Run]) -> None:
+        """One engine batch over the waiting episodes, then (interrupt mode) a weight check."""
+        contexts = [r.episode.context for r in waiting]
+        groups = self.engine.generate_ids(contexts, self.params)
+        for run, group in zip(waiting, groups):
+            sample = group[0]
+            if sample.token_versions is None:
+                sample.token_versions = [self.version()] * len(sample.response_ids)
+            run.reply.put(sample)
+        if self.on_step is not None:
+            self.on_step()
+
+
+def _release(run: _Run) -> None:
+    """Tell a waiting episode thread to stop (at most one reply is ever pending)."""
+    try:
+        run.reply.put_nowait(None)
+    except queue.Full:
+        pass
+
+
+def episodes_to_trajectory(work: PromptWork, episodes: list[Episode],
+                           generator_id: str) -> Trajectory:
+    samples = []
+    for ep in episodes:
+        samples.append(Sample(
+            response_ids=np.asarray(ep.response_ids, dtype=np.int32),
+            logprobs=np.asarray(ep.logprobs, dtype=np.float32),
+            token_versions=np.asarray(ep.versions, dtype=np.int32),
+            reward=ep.reward, finished=not ep.truncated, text=" | ".join(ep.actions),
+            loss_mask=np.asarray(ep.loss_mask, dtype=np.uint8),
+            turn_starts=np.asarray(ep.turn_starts, dtype=np.int32),
+            turn_rewards=np.asarray(ep.turn_rewards, dtype=np.float32),
+            turn_states=np.asarray(ep.turn_states, dtype=np.int64)))
+    oldest = min(int(s.token_versions.min()) for s in samples)
+    traj_id = work.group_id if work.sample_index < 0 else f"{work.group_id}/{work.sample_index}"
+    return Trajectory(traj_id=traj_id, prompt_id=work.prompt_id, group_id=work.group_id,
+                      generator=generator_id, behavior_version=oldest,
+                      issued_version=work.issued_version,
+                      prompt_ids=np.asarray(episodes[0].prompt_ids, dtype=np.int32), samples=samples)
+
+
+def rollout_episodes(claimed: list[tuple[str, PromptWork]], engine: EpisodeEngine, task: EnvTask,
+                     cfg: Config, broker: RunBroker, generator_id: str,
+                     follower) -> tuple[int, int]:
+    """Play and stream one pull of multi-turn prompts; returns (episodes, tokens) streamed."""
+    if not hasattr(engine, "generate_ids"):
+        raise NotImplementedError(f"rollout.engine {cfg.rollout.engine!r} cannot run multi-turn "
+                                  f"environments (task {task.name!r}); use 'hf' or 'sim'")
+    extra = 0 if cfg.rollout.replicate_prompts else cfg.rollout.redundant_samples
+    params = SamplingParams(n=1, temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
+                            max_new_tokens=cfg.rollout.max_new_tokens)
+    runner = EpisodeRunner(engine, params, cfg.rollout.max_episode_tokens,
+                           version=lambda: follower.loaded_version,
+                           on_step=follower.maybe_reload if cfg.rollout.interrupt else None)
+    specs = [GroupSpec(make_env=task.make_env, seed=int(w.item["answer"]), keep=w.n,
+                       start=w.n + extra) for _, w in claimed]
+    totals = [0, 0]
+
+    def stream(index: int, episodes: list[Episode]) -> None:
+        entry_id, work = claimed[index]
+        broker.add_trajectory(episodes_to_trajectory(work, episodes, generator_id),
+                              prompt_entry_id=entry_id)
+        totals[0] += len(episodes)
+        totals[1] += sum(len(ep.response_ids) for ep in episodes)
+
+    runner.run(specs, stream)
+    return totals[0], totals[1]
