@@ -357,12 +357,16 @@ class RunBroker:
         transaction, so the admission count survives a learner crash exactly."""
         if not entry_ids and not replaced:
             return
-        pipe = self.r.pipeline(transaction=True)
-        if entry_ids:
-            pipe.xack(self.trajectories, LEARNER_GROUP, *entry_ids)
-        if replaced:
-            pipe.hincrby(self.run_key, "replaced", replaced)
-        pipe.execute()
+
+        def write() -> None:
+            pipe = self.r.pipeline(transaction=True)
+            if entry_ids:
+                pipe.xack(self.trajectories, LEARNER_GROUP, *entry_ids)
+            if replaced:
+                pipe.hincrby(self.run_key, "replaced", replaced)
+            pipe.execute()
+
+        self._busy(write)  # HINCRBY is refused at maxmemory
 
     def replaced_groups(self) -> int:
         """Groups the learner ranks dropped and asked to replace, over the run's life."""
