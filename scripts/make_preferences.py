@@ -3,10 +3,13 @@ training, labelled offline by a ground-truth property of a task's responses.
 
 Properties (`--property`):
 - `correct` (the worked example, README "RLHF"): on arithmetic prompts the exact answer is chosen
-  over a wrong one: answer + 1 (50%, the error the demo's warm-started policy makes most),
-  answer - 1 (20%), another number of the same size (15%) or a malformed answer (15%: the answer
-  with an extra digit or a trailing space). A reward model that learns this ranks the task's
-  verifier's way, without seeing the verifier.
+  over a wrong one: answer + 1 (25%, the error the demo's warm-started policy makes most),
+  answer - 1 (10%), answer +- 10 or +- 100 (15%), any other number of 1 to 4 digits (20%) or a
+  malformed answer (30%: an extra digit, one digit short, a leading zero, a trailing space, a
+  repeated digit). A reward model that learns this ranks the task's verifier's way, without
+  seeing the verifier. The broad mix matters: RL finds what the reward model never saw. With only
+  near misses and same-length numbers, the policy learned to write "0" and "00"; without the
+  +-10 / +-100 near misses, it learned to get the tens digit wrong.
 - `longer` (a deliberately exploitable preference, for the reward-hacking guard test): the longer
   of two well-formed digit strings is chosen, whatever the answer. RL against a reward model trained
   on it learns to run on to `max_new_tokens`.
@@ -32,20 +35,31 @@ from envs import Item, make_task  # noqa: E402
 
 
 def wrong_answer(item: Item, rng: random.Random) -> str:
-    """A response that is not the exact answer (see the module docstring for the mix)."""
-    answer = int(item.answer)
+    """A response that is not the exact answer, from the mix in the module docstring."""
+    answer, text = int(item.answer), item.answer
     u = rng.random()
-    if u < 0.5:
+    if u < 0.25:
         return str(answer + 1)
-    if u < 0.7 and answer > 0:
+    if u < 0.35 and answer > 0:
         return str(answer - 1)
-    if u < 0.85:
-        lo, hi = 10 ** (len(item.answer) - 1) if len(item.answer) > 1 else 0, 10 ** len(item.answer) - 1
+    if u < 0.5:  # one other digit off: +-10, +-100
+        wrong = answer + rng.choice((-1, 1)) * rng.choice((10, 100))
+        if wrong >= 0:
+            return str(wrong)
+    if u < 0.7:  # any other number of 1 to 4 digits
         while True:
-            other = rng.randint(lo, hi)
-            if other != answer:
-                return str(other)
-    return item.answer + (str(rng.randint(0, 9)) if rng.random() < 0.5 else " ")
+            other = str(rng.randint(0, 10 ** rng.randint(1, 4) - 1))
+            if other != text:
+                return other
+    cases = [text + rng.choice("0123456789"),  # an extra digit
+             text[:-1] or "0" + text,  # stopped a digit early
+             "0" + text,  # a leading zero
+             text + " ",  # trailing space
+             rng.choice("0123456789") * rng.randint(2, 4)]  # a repeated digit
+    while True:
+        wrong = rng.choice(cases)
+        if wrong != text and wrong.strip():
+            return wrong
 
 
 def correct_pair(item: Item, rng: random.Random) -> dict[str, str]:

@@ -75,3 +75,23 @@ def test_cli_rejects_a_bad_file_with_its_line_number(tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1] == \
         f"rollctl: error: {path}:2: field 'rejected' is empty"
+
+
+@pytest.mark.parametrize("data, message", [
+    ({"reward": {"type": "model"}}, "reward.model_path: reward.type 'model' needs"),
+    ({"reward": {"model_path": "models/rm"}}, "reward.model_path: set, but reward.type is 'rule'"),
+    ({"reward": {"type": "rm"}}, "reward.type: must be one of ['rule', 'model', 'mixed']"),
+    ({"reward": {"weight_model": -1}}, "reward.weight_model: must be >= 0"),
+    ({"rm": {"eval_split": 1.0}}, "rm.eval_split: must be in (0, 1)"),
+    ({"rm": {"train_batch_size": 48, "micro_train_batch_size": 32}}, "rm.train_batch_size: must be a multiple"),
+    ({"rm": {"learnin_rate": 1}}, "rm.learnin_rate: unknown key"),
+    ({"algo": {"kl_target": 0.1}}, "algo.kl_target: the adaptive controller needs a starting algo.kl_coef > 0"),
+    ({"algo": {"kl_coef": 0.1, "kl_target": -1}}, "algo.kl_target: must be > 0 or null"),
+    ({"guards": {"patience": 0}}, "guards.patience: must be > 0"),
+])
+def test_rlhf_config_errors_name_the_key(data, message):
+    from broker.config import ConfigError, config_from_dict
+
+    with pytest.raises(ConfigError) as e:
+        config_from_dict(data)
+    assert str(e.value).startswith(message), str(e.value)
