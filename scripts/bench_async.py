@@ -9,6 +9,11 @@ Prints one JSON line: per ratio the wall time of steps 2..K (step 1 includes sta
 speedup over a = 0, the mean generator idle fraction and the largest staleness seen.
 
     .venv/bin/python scripts/bench_async.py [--steps 12] [--ratios 0,0.5,1,2] [--set key=value ...]
+
+`--multi-turn` swaps the single-turn task for the simulated multi-turn environment
+(envs/simulated.py, `MULTI_TURN`): episodes of 2-6 turns whose environment steps take log-normal
+time (median 0.1 s), each turn a simulated generation, run by the episode runner
+(generators/episodes.py) with no barrier between the episodes of a pull.
 """
 
 from __future__ import annotations
@@ -37,6 +42,14 @@ WORKLOAD = [
 ]
 
 
+MULTI_TURN = [
+    "task.name=sim_env",
+    "task.params={min_turns: 2, max_turns: 6, step_latency_s: 0.1, latency_sigma: 1.0}",
+    "rollout.max_new_tokens=256", "rollout.max_episode_tokens=4096", "sim.length_median=24",
+    "rollout.prompts_per_pull=4",  # 16 concurrent episodes per generator
+]
+
+
 def run_one(ratio: float, steps: int, overrides: list[str], workdir: Path) -> dict:
     run_dir = workdir / f"a{ratio}"
     with EmbeddedRedis() as server:
@@ -61,7 +74,10 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--ratios", default="0,0.5,1,2")
     p.add_argument("--set", dest="overrides", action="append", default=[])
+    p.add_argument("--multi-turn", action="store_true", help="the multi-turn workload (MULTI_TURN)")
     args = p.parse_args()
+    if args.multi_turn:
+        args.overrides = MULTI_TURN + args.overrides
     ratios = [float(r) for r in args.ratios.split(",")]
     with tempfile.TemporaryDirectory(prefix="bench-async-") as tmp:
         results = {r: run_one(r, args.steps, args.overrides, Path(tmp)) for r in ratios}
