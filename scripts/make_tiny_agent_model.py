@@ -16,6 +16,9 @@ Prints one JSON line: {"sft_steps", "sft_loss", "sft_wall_s", "wall_s", "greedy_
 "sampled_success", "params", "out"}; the success rates are measured on the task's held-out seeds.
 
     python scripts/make_tiny_agent_model.py --out models/tiny-agent
+    # success rates of a trained version on the held-out seeds (greedy, and sampled at T = 1):
+    python scripts/make_tiny_agent_model.py --evaluate models/tiny-agent \
+        --weights runs/agentic/weights/v00000030/model.safetensors --task-params '{...}'
 """
 
 from __future__ import annotations
@@ -94,9 +97,31 @@ def success_rate(model, tokenizer, task, seeds: list[int], greedy: bool, max_pos
     return sum(ep.success for ep in episodes) / len(episodes)
 
 
+def evaluate(model_dir: str, weights: str | None, task, episodes: int, seed: int) -> dict:
+    """Greedy and sampled held-out success of a model directory, optionally with other weights."""
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    if weights:
+        model.load_state_dict(load_file(weights), strict=False)
+        model.tie_weights()
+    model.eval()
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    positions = model.config.max_position_embeddings
+    torch.manual_seed(seed)
+    held = [int(i.answer) for i in task.heldout_items()][:episodes]
+    return {"model": model_dir, "weights": weights,
+            "greedy_success": success_rate(model, tokenizer, task, held, True, positions),
+            "sampled_success": success_rate(model, tokenizer, task, held * 4, False, positions),
+            "episodes": len(held)}
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", required=True)
+    p.add_argument("--out", help="output directory (created)")
+    p.add_argument("--evaluate", metavar="MODEL_DIR", help="only measure success rates of a model")
+    p.add_argument("--weights", help="with --evaluate: a model.safetensors from the weight store")
     p.add_argument("--task-params", default="{}", help="JSON params of the gridworld task")
     p.add_argument("--teacher-noise", type=float, default=0.5,
                    help="probability that the teacher moves at random instead of optimally")
@@ -116,6 +141,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
     task = make_task("gridworld", json.loads(args.task_params))
+    if args.evaluate:
+        print(json.dumps(evaluate(args.evaluate, args.weights, task, args.eval_episodes, args.seed)))
+        return
+    if not args.out:
+        p.error("--out is required (unless --evaluate)")
     model = build_model(build_tokenizer(max_positions=args.max_positions), args.layers, args.hidden,
                         args.heads, args.seed, max_positions=args.max_positions)
     out = Path(args.out)
