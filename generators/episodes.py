@@ -224,6 +224,10 @@ def rollout_episodes(claimed: list[tuple[str, PromptWork]], engine: EpisodeEngin
     if not hasattr(engine, "generate_ids"):
         raise NotImplementedError(f"rollout.engine {cfg.rollout.engine!r} cannot run multi-turn "
                                   f"environments (task {task.name!r}); use 'hf' or 'sim'")
+    reward = getattr(cfg, "reward", None)
+    if reward is not None and reward.type != "rule":
+        raise NotImplementedError(f"reward.type {reward.type!r} is not applied to multi-turn "
+                                  f"environments (task {task.name!r}); use reward.type: rule")
     extra = 0 if cfg.rollout.replicate_prompts else cfg.rollout.redundant_samples
     params = SamplingParams(n=1, temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
                             max_new_tokens=cfg.rollout.max_new_tokens)
