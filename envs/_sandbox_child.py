@@ -8,11 +8,13 @@ file must not import anything outside the standard library, and nothing that sta
 import json
 import os
 import resource
+import signal
 import sys
 
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWNET = 0x40000000
 NOBODY = 65534
+PR_SET_PDEATHSIG = 1
 # imported before the privilege drop, so that code can use them even where the interpreter's own
 # files are not readable by the unprivileged user (e.g. a Python installed under /root)
 PRELOAD = ("math", "cmath", "json", "re", "collections", "itertools", "functools", "random",
@@ -49,17 +51,18 @@ def _set_limits(cfg: dict) -> None:
         resource.setrlimit(getattr(resource, name), (value, value))
 
 
-def _isolate_network() -> str:
-    """A fresh, empty network namespace (only a down loopback) via unshare(2); the mode reached."""
-    import ctypes  # imported before the audit hook is installed
-
-    libc = ctypes.CDLL(None, use_errno=True)
+def _isolate_network(libc) -> bool:
+    """A fresh, empty network namespace (only a down loopback) via unshare(2)."""
     flags = CLONE_NEWNET if os.geteuid() == 0 else CLONE_NEWUSER | CLONE_NEWNET
-    ok = libc.unshare(flags) == 0
-    del libc
-    for name in [m for m in sys.modules if m.split(".")[0] in ("ctypes", "_ctypes")]:
-        del sys.modules[name]  # so that the code's `import ctypes` reaches the audit hook
-    return "namespace" if ok else "audit-hook"
+    return libc.unshare(flags) == 0
+
+
+def _die_with_parent(libc, parent: int) -> None:
+    """SIGKILL this process when the parent dies (a generator killed with -9 leaves no sandbox
+    behind). After the privilege drop, which clears the setting."""
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        os._exit(1)
 
 
 def _drop_privileges(scratch: str) -> None:
@@ -107,11 +110,19 @@ def _opens_for_write(args: tuple) -> bool:
 def main() -> None:
     cfg = json.loads(sys.argv[1])
     _set_limits(cfg)
+    parent = os.getppid()
+    import ctypes  # for unshare and prctl only; removed again before the user's code runs
+
+    libc = ctypes.CDLL(None, use_errno=True)
     if cfg["isolate_network"]:
-        _isolate_network()  # on failure the audit hook still refuses sockets (see sandbox.py)
+        _isolate_network(libc)  # on failure the audit hook still refuses sockets (see sandbox.py)
     for name in PRELOAD:
         __import__(name)
     _drop_privileges(cfg["scratch"])
+    _die_with_parent(libc, parent)
+    del libc, ctypes
+    for name in [m for m in sys.modules if m.split(".")[0] in ("ctypes", "_ctypes")]:
+        del sys.modules[name]  # so that the code's `import ctypes` reaches the audit hook
     os.chdir(cfg["scratch"])
     # modules the user's code may import are read from the interpreter's own directories only
     readable = sorted({os.path.realpath(p) for p in sys.path if p and os.path.isdir(p)})

@@ -8,7 +8,8 @@ interpreter (`python -I -S envs/_sandbox_child.py`) in its own session (process 
   MemoryError), file size (RLIMIT_FSIZE, which also caps stdout/stderr: they go to files), processes
   (RLIMIT_NPROC, against fork bombs), 64 open files, no core dumps;
 - a wall-clock limit enforced by the parent, which then SIGKILLs the whole process group (after a
-  normal exit too, so nothing the code started survives it);
+  normal exit too, so nothing the code started survives it); if the parent itself dies (a
+  generator killed with -9), the child gets SIGKILL too (prctl PR_SET_PDEATHSIG);
 - no network: when the host allows unshare(2) (root, or unprivileged user namespaces), the child
   enters a new, empty network namespace, so a socket has no route anywhere. Otherwise (recorded as
   `network="audit-hook"` in the result) only the audit hook below blocks sockets;

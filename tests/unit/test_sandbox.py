@@ -4,11 +4,15 @@ the calling process is unharmed. Each kernel-level layer is also tested with the
 
 import os
 import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from envs.sandbox import Sandbox, SandboxLimits, network_namespace_available
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -127,6 +131,26 @@ def test_ctypes_and_raw_spawn_modules_are_refused(sandbox):
 def test_output_flood_is_capped(sandbox):
     r = sandbox.run("while True:\n    print('x' * 10000)")
     assert not r.ok and len(r.output) == sandbox.limits.max_output
+
+
+def test_sandbox_dies_with_a_killed_parent():
+    """kill -9 of the process running the sandbox (a generator) leaves no sandbox process."""
+    parent = subprocess.Popen([sys.executable, "-c", "from envs.sandbox import Sandbox, SandboxLimits\n"
+                               "Sandbox(SandboxLimits(wall_s=60)).run('import time\\ntime.sleep(60)')"],
+                              cwd=ROOT)
+    try:
+        deadline = time.monotonic() + 20
+        while _sandbox_processes() == 0:
+            assert time.monotonic() < deadline, "the sandbox child never started"
+            time.sleep(0.1)
+        time.sleep(0.5)  # past the child's prctl
+    finally:
+        parent.kill()
+        parent.wait()
+    deadline = time.monotonic() + 5
+    while _sandbox_processes():
+        assert time.monotonic() < deadline, "the sandbox outlived its killed parent"
+        time.sleep(0.1)
 
 
 def test_closed_sandbox_removes_scratch():
