@@ -54,6 +54,7 @@ class Dist:
 
     def close(self) -> None:
         if self.world_size > 1 and torch_dist.is_initialized():
+            torch_dist.barrier()  # a rank that tears down early can leave the others hanging
             torch_dist.destroy_process_group()
 
 

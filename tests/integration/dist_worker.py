@@ -1,0 +1,65 @@
+"""One learner rank for tests/integration/test_distributed_learner.py, run under torchrun (or
+alone as the one-rank reference): two `train_step`s on this rank's share of fixed groups, then
+rank 0 saves the weights.
+
+    python -m torch.distributed.run --standalone --nproc-per-node 2 dist_worker.py MODEL OUT GROUPS
+"""
+
+import sys
+
+import numpy as np
+import torch
+from safetensors.torch import save_file
+from torch.nn.parallel import DistributedDataParallel
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from broker.config import config_from_dict
+from broker.schema import Sample, Trajectory
+from broker.weights import unique_tensors
+from learner.dist import init_dist
+from learner.prepare import build_algo_models
+from learner.train import train_step
+
+
+def make_groups(tok, count: int, n: int = 4) -> list[Trajectory]:
+    """`count` groups of mixed response lengths and rewards, the same on every rank."""
+    rng = np.random.default_rng(0)
+    groups = []
+    for g in range(count):
+        prompt = tok(f"{g + 11}+{g + 3}=")["input_ids"]
+        samples = []
+        for j in range(n):
+            text = str(int(rng.integers(1, 10 ** int(rng.integers(1, 5)))))
+            resp = tok(text)["input_ids"][1:] + [tok.eos_token_id]
+            samples.append(Sample(np.array(resp, "<i4"),
+                                  rng.uniform(-3, -0.5, len(resp)).astype("<f4"),
+                                  np.zeros(len(resp), "<i4"), reward=float(rng.random()),
+                                  finished=True))
+        groups.append(Trajectory(f"t{g}", f"p{g}", f"g{g}", "gen", 0, 0, np.array(prompt, "<i4"),
+                                 samples))
+    return groups
+
+
+def main(model_dir: str, out: str, count: int) -> None:
+    torch.manual_seed(0)
+    torch.use_deterministic_algorithms(True)
+    dist = init_dist()
+    cfg = config_from_dict({"model": {"path": model_dir},
+                            "rollout": {"num_return_sequences": 4, "max_new_tokens": 6},
+                            "trainer": {"micro_batch_size": 3}})
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    policy = AutoModelForCausalLM.from_pretrained(model_dir)
+    model = DistributedDataParallel(policy) if dist.world_size > 1 else policy
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-3)
+    groups = make_groups(tok, count)
+    mine = groups[dist.rank::dist.world_size]
+    for _ in range(2):
+        stats = train_step(model, optimizer, mine, cfg, build_algo_models(cfg), dist)
+        assert stats["optim/skipped"] == 0.0
+    if dist.is_main:
+        save_file(unique_tensors(policy.state_dict()), out)
+    dist.close()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2], int(sys.argv[3]))
