@@ -100,10 +100,13 @@ class Collector:
         out = Collected()
         started = last_arrival = time.monotonic()
         self._drop_aged(out, step)
+        have = sum(self.dist.gather(len(self.ready)))
         while True:
             if self.dist.is_main:
                 self.admission.top_up(self.broker, step, version)
-            entries, rejected = self._read(want - len(self.ready))  # rejected: replaced already
+            # the ranks share what is missing, so that few groups are left over for the next step
+            share = -(-(want - have) // self.dist.world_size)
+            entries, rejected = self._read(share)  # rejected groups: replaced already
             if entries or rejected:
                 last_arrival = time.monotonic()
             out.rejected += rejected
@@ -115,7 +118,8 @@ class Collector:
             self.broker.ack_trajectories(ack_now, replaced=dropped)
             timed_out = time.monotonic() - last_arrival > self.timeout_s
             counts = self.dist.gather([len(self.ready), timed_out])
-            if sum(c[0] for c in counts) >= want:
+            have = sum(c[0] for c in counts)
+            if have >= want:
                 break
             if counts[0][1]:
                 raise NoData(f"no trajectory arrived for {self.timeout_s:.0f}s at step {step}: "
