@@ -72,8 +72,14 @@ class EpisodeRunner:
         self.engine, self.params = engine, params
         self.max_tokens = max_episode_tokens
         self.version, self.on_step = version, on_step
-        self.encode = engine.observation_encoder()
         self.events: queue.Queue = queue.Queue()
+        encode, lock = engine.observation_encoder(), threading.Lock()
+
+        def locked_encode(text: str, first: bool) -> list[int]:
+            with lock:  # a fast tokenizer's settings are shared state; episode threads take turns
+                return encode(text, first)
+
+        self.encode = locked_encode
 
     def _play(self, run: _Run, spec: GroupSpec) -> None:
         """Episode thread: alternate between asking for an action and stepping the environment."""
