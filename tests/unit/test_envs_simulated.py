@@ -1,0 +1,44 @@
+"""The simulated benchmark environment (envs/simulated.py): lengths, rewards, latency, determinism."""
+
+import time
+
+import pytest
+
+from envs import make_task
+from envs.simulated import SimulatedEnv
+
+
+def _play(env, seed):
+    env.reset(seed)
+    results = []
+    while not results or not results[-1].done:
+        results.append(env.step("anything"))
+    return results
+
+
+def test_episode_lengths_and_rewards():
+    env = SimulatedEnv(min_turns=2, max_turns=4, step_latency_s=0.0, success_prob=0.5)
+    lengths, finals = set(), []
+    for seed in range(60):
+        results = _play(env, seed)
+        assert 2 <= len(results) <= 4 and all(r.reward == 0.0 for r in results[:-1])
+        assert results[-1].reward == (1.0 if results[-1].info["success"] else 0.0)
+        assert [r.observation for r in results[:-1]] == ["o" * 16] * (len(results) - 1)
+        lengths.add(len(results))
+        finals.append(results[-1].reward)
+    assert lengths == {2, 3, 4} and 0 < sum(finals) < 60
+    assert [r.reward for r in _play(env, 7)] == [r.reward for r in _play(env, 7)]
+
+
+def test_steps_take_the_configured_time():
+    env = SimulatedEnv(min_turns=3, max_turns=3, step_latency_s=0.05, latency_sigma=0.0)
+    t0 = time.monotonic()
+    _play(env, 1)
+    assert 0.15 <= time.monotonic() - t0 < 1.0  # three steps of exactly 0.05 s
+
+
+def test_bad_parameters():
+    with pytest.raises(ValueError, match="min_turns"):
+        make_task("sim_env", {"min_turns": 5, "max_turns": 2})
+    with pytest.raises(ValueError, match="success_prob"):
+        make_task("sim_env", {"success_prob": 2})
