@@ -97,7 +97,9 @@ class TrainerConfig:
     weight_decay: float = 0.0  # AdamW weight decay
     max_grad_norm: float = 1.0  # gradient clipping (0 = off)
     rollout_batch_size: int = 8  # prompts (groups) per learner step: B
-    micro_batch_size: int = 16  # sequences per forward/backward pass
+    micro_batch_size: int = 16  # sequences per forward/backward pass (without token_budget)
+    token_budget: int = 0  # > 0: pack sequences, without padding, up to this many tokens per
+    #                        forward/backward pass instead of micro_batch_size padded rows
     total_steps: int = 20  # learner steps (= weight versions published)
     async_ratio: float = 1.0  # how many versions ahead prompts may be issued (0 = on-policy)
     eval_every: int = 0  # greedy held-out evaluation every N steps (0 = only before and after)
@@ -201,6 +203,7 @@ class GuardsConfig:
     kl_window: int = 5  # steps over which the rise of the KL to the reference is measured
     kl_max_rise: float = 0.5  # warn if KL(behaviour || reference) rose more than this in kl_window
     score_std_min: float = 1e-3  # warn if the batch's reward std falls below this (model rewards)
+    score_std_drop: float = 0.05  # ... or below this share of the first step's reward std
     min_length: float = 1.5  # warn if the mean response length (tokens, EOS included) falls below
     max_truncated_frac: float = 0.5  # warn if more than this share of responses hit max_new_tokens
     ngram_n: int = 3  # n of the repeated n-gram check
@@ -249,7 +252,7 @@ _POSITIVE = {
     "rollout.temperature", "rollout.heartbeat_ttl_s", "rollout.max_episode_tokens", "rollout.reclaim_idle_s", "sim.per_token_s",
     "sim.length_median", "sim.length_sigma", "sim.vocab_size",
 }
-_NON_NEGATIVE = {"run.torch_threads", "trainer.checkpoint_every", "trainer.lr_warmup_steps", "trainer.async_ratio", "trainer.eval_every",
+_NON_NEGATIVE = {"run.torch_threads", "trainer.token_budget", "trainer.checkpoint_every", "trainer.lr_warmup_steps", "trainer.async_ratio", "trainer.eval_every",
                  "trainer.max_grad_norm", "trainer.weight_decay", "rollout.num_rollout_workers", "task.eval_size",
                  "rollout.redundant_samples", "sim.batch_slowdown", "sim.learner_step_s"}
 
@@ -288,6 +291,7 @@ def _check_rlhf(cfg: Config) -> None:
             raise ConfigError(f"{key}: must be > 0, got {flat[key]!r}")
     for key in ("reward.weight_rule", "reward.weight_model", "rm.max_steps", "rm.eval_every",
                 "rm.weight_decay", "rm.max_grad_norm", "guards.kl_max_rise", "guards.score_std_min",
+                "guards.score_std_drop",
                 "guards.min_length", "guards.max_truncated_frac", "guards.max_ngram_repeat"):
         if not flat[key] >= 0:
             raise ConfigError(f"{key}: must be >= 0, got {flat[key]!r}")

@@ -18,6 +18,7 @@ import torch
 from transformers import AutoModel
 
 from broker.config import Config
+from learner.packing import forward_packed, pack, unpack
 
 
 class Critic(torch.nn.Module):
@@ -33,9 +34,15 @@ class Critic(torch.nn.Module):
         backbone = AutoModel.from_pretrained(path, dtype=getattr(torch, dtype))
         return cls(backbone, backbone.config.hidden_size)
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                packed: bool = False) -> torch.Tensor:
         """input_ids, attention_mask: [b, L] int64 -> values [b, L-1] float32 (position t: V of
-        the prefix 0..t)."""
+        the prefix 0..t). `packed`: forward without padding (learner/packing.py), same result."""
+        if packed:
+            p = pack(input_ids, attention_mask)
+            hidden = forward_packed(self.backbone, p).last_hidden_state
+            values = self.value_head(hidden[:, :-1].float()).squeeze(-1)  # [1, T-1]
+            return unpack(values, p, (input_ids.shape[0], input_ids.shape[1] - 1))
         hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
         return self.value_head(hidden[:, :-1].float()).squeeze(-1)
 

@@ -15,6 +15,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from algos import entropy_from_logits
+from learner.packing import forward_packed, pack, unpack
 
 ENTROPY_CHUNK_ELEMENTS = 1 << 26  # float32 elements of softmax held at once (256 MiB)
 
@@ -35,10 +36,17 @@ def chunked_entropy(z: torch.Tensor, max_elements: int = ENTROPY_CHUNK_ELEMENTS)
 
 
 def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                   temperature: float, with_entropy: bool = False
+                   temperature: float, with_entropy: bool = False, packed: bool = False
                    ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """input_ids, attention_mask: [b, L] int64 -> (logp [b, L-1] float32, entropy [b, L-1] float32
-    or None): position t scores token t+1 given tokens 0..t."""
+    or None): position t scores token t+1 given tokens 0..t. `packed` runs the forward pass on the
+    sequences laid end to end without padding (learner/packing.py); the result is the same."""
+    if packed:
+        p = pack(input_ids, attention_mask)
+        logp, entropy = token_logprobs(lambda **kw: forward_packed(model, p), p.input_ids,
+                                       torch.ones_like(p.input_ids), temperature, with_entropy)
+        shape = (input_ids.shape[0], input_ids.shape[1] - 1)
+        return unpack(logp, p, shape), (unpack(entropy, p, shape) if with_entropy else None)
     logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1]
     z = logits.float() / temperature  # [b, L-1, V]
     picked = z.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)

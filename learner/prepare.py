@@ -34,6 +34,7 @@ from broker.config import Config
 from broker.schema import Trajectory
 from learner.batch import MicroBatch, length_sorted_chunks, pad_groups, put, take, turn_inputs
 from learner.critic import Critic, build_critic
+from learner.packing import budget_chunks
 from learner.filters import group_scores, truncated
 from learner.reference import ReferencePolicy
 
@@ -74,10 +75,11 @@ def _model_inputs(full: MicroBatch, chunks: list[torch.Tensor], cfg: Config, mod
         models.critic.eval()
     for rows in chunks:
         mb = take(full, rows)
+        packed = cfg.trainer.token_budget > 0
         if full.ref_logp is not None:
-            put(full.ref_logp, rows, models.reference.logprobs(mb, cfg.rollout.temperature))
+            put(full.ref_logp, rows, models.reference.logprobs(mb, cfg.rollout.temperature, packed))
         if full.old_values is not None:
-            put(full.old_values, rows, models.critic(mb.input_ids, mb.attention_mask))
+            put(full.old_values, rows, models.critic(mb.input_ids, mb.attention_mask, packed))
 
 
 def _advantages(full: MicroBatch, scores: torch.Tensor, cfg: Config, models: AlgoModels,
@@ -106,11 +108,13 @@ def _advantages(full: MicroBatch, scores: torch.Tensor, cfg: Config, models: Alg
 
 
 def prepare_batch(groups: list[Trajectory], cfg: Config, models: AlgoModels) -> PreparedBatch:
-    """Micro-batches of at most `trainer.micro_batch_size` sequences for the groups (all of size n)."""
+    """Micro-batches for the groups (all of size n): at most `trainer.micro_batch_size` sequences,
+    or with `trainer.token_budget` at most that many tokens, packed (learner/packing.py)."""
     scores = torch.stack([group_scores(g, cfg) for g in groups])  # [G, n]
     cut = torch.cat([truncated(g) for g in groups])  # [B] bool
     full = pad_groups(groups, keep=~cut if cfg.algo.overlong_filter else None)
-    chunks = length_sorted_chunks(full, cfg.trainer.micro_batch_size)
+    chunks = budget_chunks(full.lengths, cfg.trainer.token_budget) if cfg.trainer.token_budget \
+        else length_sorted_chunks(full, cfg.trainer.micro_batch_size)
     _model_inputs(full, chunks, cfg, models)
     metrics = _advantages(full, scores, cfg, models, groups)
     raw = torch.tensor([s.reward for g in groups for s in g.samples])

@@ -28,7 +28,8 @@ class ReferencePolicy:
         return cls(AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)))
 
     @torch.no_grad()
-    def logprobs(self, mb: MicroBatch, temperature: float) -> torch.Tensor:
+    def logprobs(self, mb: MicroBatch, temperature: float, packed: bool = False) -> torch.Tensor:
         """[b, L-1] float32 log pi_ref of each next token, aligned like `mb.mask`."""
-        logp, _ = token_logprobs(self.model, mb.input_ids, mb.attention_mask, temperature)
+        logp, _ = token_logprobs(self.model, mb.input_ids, mb.attention_mask, temperature,
+                                 packed=packed)
         return logp

@@ -124,7 +124,8 @@ def policy_loss(model: torch.nn.Module, mb: MicroBatch, cfg: Config
     """The micro-batch's total policy loss (differentiable) and its metrics, `loss/*` included."""
     a = cfg.algo
     logp, entropy = token_logprobs(model, mb.input_ids, mb.attention_mask, cfg.rollout.temperature,
-                                   with_entropy=a.entropy_coef > 0)
+                                   with_entropy=a.entropy_coef > 0,
+                                   packed=cfg.trainer.token_budget > 0)
     out = POLICY_LOSSES[a.policy_loss](
         PolicyLossInputs(logp=logp, prox_logp=logp.detach(), behav_logp=mb.behav_logp,
                          advantages=mb.advantages, mask=mb.mask), loss_config(cfg))
@@ -172,7 +173,8 @@ def critic_update(models: AlgoModels, batch: list[MicroBatch], cfg: Config,
     optimizer.zero_grad(set_to_none=True)
 
     def loss_fn(mb: MicroBatch) -> tuple[torch.Tensor, dict]:
-        out = value_loss(critic(mb.input_ids, mb.attention_mask), mb.old_values, mb.returns,
+        out = value_loss(critic(mb.input_ids, mb.attention_mask, cfg.trainer.token_budget > 0),
+                         mb.old_values, mb.returns,
                          mb.mask, a.clip_range_value, agg_mode=a.loss_agg_mode,
                          norm_len=norm_len(cfg))
         return out.loss, {**out.metrics, "loss/value": out.loss.detach()}
