@@ -7,7 +7,7 @@ once per learner step, from the step's samples and metrics:
 | guard             | value (metric)                                         | fires when                |
 |-------------------|--------------------------------------------------------|---------------------------|
 | `kl_rise`         | KL(behaviour ‖ ref) now minus its minimum over the last `kl_window` steps (`guard/kl_rise`) | > `kl_max_rise` |
-| `score_collapse`  | std of the batch's rewards (`guard/score_std`); only with `reward.type` model / mixed | < `score_std_min` |
+| `score_collapse`  | std of the batch's rewards (`guard/score_std`); only with `reward.type` model / mixed | < `score_std_min`, or < `score_std_drop` x the first step's std |
 | `length_collapse` | mean response length in tokens, EOS included (`guard/length_mean`) | < `min_length` |
 | `length_at_limit` | share of responses cut at `max_new_tokens` (`guard/truncated_frac`) | > `max_truncated_frac` |
 | `repeated_ngrams` | mean share of a response's n-grams that repeat an earlier one (`guard/ngram_repeat`) | > `max_ngram_repeat` |
@@ -85,10 +85,12 @@ def guard_values(groups: Sequence[Trajectory], ngram_n: int) -> dict[str, float]
 
 
 def evaluate_guards(values: dict[str, float], kl_history: Sequence[float], g: GuardsConfig,
-                    model_reward: bool) -> list[GuardResult]:
+                    model_reward: bool, first_score_std: float = 0.0) -> list[GuardResult]:
     """Compare one step's `guard_values` (and the KL history, when a reference model gives one)
     with the thresholds of `guards:`. `model_reward`: the rewards come from a reward model (the
-    score-collapse guard applies only then: a verifier's rewards are all equal on a solved batch)."""
+    score-collapse guard applies only then: a verifier's rewards are all equal on a solved batch);
+    `first_score_std`: the first step's reward std, the scale a relative collapse is measured on."""
+    std_floor = max(g.score_std_min, g.score_std_drop * first_score_std)
     out = []
     if kl_history:
         rise = kl_rise(kl_history)
@@ -96,8 +98,8 @@ def evaluate_guards(values: dict[str, float], kl_history: Sequence[float], g: Gu
                                f"KL to the reference rose by {rise:.3g} within {g.kl_window} "
                                f"steps (> {g.kl_max_rise:g})"))
     checks = [
-        ("score_collapse", "guard/score_std", lambda v: model_reward and v < g.score_std_min,
-         lambda v: f"reward std {v:.3g} < {g.score_std_min:g}: scores collapsed to one value"),
+        ("score_collapse", "guard/score_std", lambda v: model_reward and v < std_floor,
+         lambda v: f"reward std {v:.3g} < {std_floor:.3g}: scores collapsed to one value"),
         ("length_collapse", "guard/length_mean", lambda v: v < g.min_length,
          lambda v: f"mean response length {v:.3g} < {g.min_length:g} tokens"),
         ("length_at_limit", "guard/truncated_frac", lambda v: v > g.max_truncated_frac,
@@ -122,6 +124,7 @@ class GuardMonitor:
     kl_coef: float = 0.0  # the coefficient the next step uses (algo.kl_coef at start)
     kl_history: list[float] = field(default_factory=list)  # the last kl_window + 1 steps
     streaks: dict[str, int] = field(default_factory=dict)  # consecutive steps each guard fired
+    first_score_std: float | None = None  # the first step's reward std (score_std_drop's scale)
     stop_reason: str | None = None  # set once stop_on_guard decides to stop
 
     def __post_init__(self) -> None:
@@ -152,7 +155,10 @@ class GuardMonitor:
             self.kl_coef = next_kl_coef(self.kl_coef, kl, a.kl_target, a.kl_horizon, n_samples)
         if not g.enabled:
             return out
-        results = evaluate_guards(metrics, self.kl_history, g, self.cfg.reward.type != "rule")
+        if self.first_score_std is None and "guard/score_std" in metrics:
+            self.first_score_std = metrics["guard/score_std"]
+        results = evaluate_guards(metrics, self.kl_history, g, self.cfg.reward.type != "rule",
+                                  self.first_score_std or 0.0)
         fired = [r for r in results if r.fired]
         for r in results:
             out[r.metric] = r.value

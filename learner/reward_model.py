@@ -124,6 +124,13 @@ def load_reward_model(path: str | Path, dtype: str = "float32"):
     return model, tokenizer
 
 
+def indistinguishable(tokenizer: Any, pairs: list[PreferencePair], max_len: int) -> int:
+    """Pairs whose two inputs are the same token ids (a tokenizer that drops whitespace, or a
+    cut at max_len): no reward model can rank them, they count as wrong in the accuracy."""
+    return sum(reward_model_input_ids(tokenizer, p.prompt, p.chosen, max_len)
+               == reward_model_input_ids(tokenizer, p.prompt, p.rejected, max_len) for p in pairs)
+
+
 def encode_texts(tokenizer: Any, prompts: list[str], responses: list[str], max_len: int
                  ) -> tuple[torch.Tensor, torch.Tensor]:
     """Right-padded input_ids [N, L] int64 and attention_mask [N, L] int64 of prompt + response + EOS."""
@@ -259,6 +266,11 @@ def train_reward_model(cfg: Config, ranks: Ranks | None = None) -> dict[str, Any
     train, held = (pairs, load_preferences(rm.eval_dataset)) if rm.eval_dataset \
         else split_pairs(pairs, rm.eval_split)
     model, tokenizer = load_reward_model(rm.pretrain or cfg.model.path, cfg.model.dtype)
+    same = indistinguishable(tokenizer, train + held, rm.max_len)
+    if same:
+        log.warning("%d of %d preference pairs are the same token ids for both responses (the "
+                    "tokenizer drops a difference, or rm.max_len cuts it off)", same,
+                    len(train) + len(held))
     model = _setup_distributed(ranks, model)
     inner = model.module if hasattr(model, "module") else model
     optimizer = torch.optim.AdamW(model.parameters(), lr=rm.learning_rate,
@@ -283,7 +295,7 @@ def train_reward_model(cfg: Config, ranks: Ranks | None = None) -> dict[str, Any
     summary = {"train_pairs": len(train), "eval_pairs": len(held), "steps": total,
                "eval_pairwise_acc_before": round(before["acc"], 4),
                "eval_pairwise_acc": round(after["acc"], 4), "eval_margin": round(after["margin"], 4),
-               "world_size": ranks.world, "wall_s": round(time.monotonic() - started, 1),
+               "indistinguishable_pairs": same, "world_size": ranks.world, "wall_s": round(time.monotonic() - started, 1),
                "save_path": rm.save_path}
     if ranks.rank == 0:
         _save(inner, tokenizer, cfg, summary)

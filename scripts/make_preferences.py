@@ -5,8 +5,8 @@ Properties (`--property`):
 - `correct` (the worked example, README "RLHF"): on arithmetic prompts the exact answer is chosen
   over a wrong one: answer + 1 (25%, the error the demo's warm-started policy makes most),
   answer - 1 (10%), answer +- 10 or +- 100 (15%), any other number of 1 to 4 digits (20%) or a
-  malformed answer (30%: an extra digit, one digit short, a leading zero, a trailing space, a
-  repeated digit). A reward model that learns this ranks the task's verifier's way, without
+  malformed answer (30%: an extra digit, one digit short, a leading zero, a repeated digit; no
+  trailing space: the character tokenizer drops it, so a reward model could not see it). A reward model that learns this ranks the task's verifier's way, without
   seeing the verifier. The broad mix matters: RL finds what the reward model never saw. With only
   near misses and same-length numbers, the policy learned to write "0" and "00"; without the
   +-10 / +-100 near misses, it learned to get the tens digit wrong.
@@ -54,7 +54,6 @@ def wrong_answer(item: Item, rng: random.Random) -> str:
     cases = [text + rng.choice("0123456789"),  # an extra digit
              text[:-1] or "0" + text,  # stopped a digit early
              "0" + text,  # a leading zero
-             text + " ",  # trailing space
              rng.choice("0123456789") * rng.randint(2, 4)]  # a repeated digit
     while True:
         wrong = rng.choice(cases)

@@ -61,6 +61,11 @@ def test_thresholds_fire_and_stay_quiet():
     fired = {r.name for r in evaluate_guards(hacked, [0.01, 0.02, 1.5], g, True) if r.fired}
     assert fired == {"kl_rise", "score_collapse", "length_collapse", "length_at_limit",
                      "repeated_ngrams"}
+    # relative collapse: std 0.1 is above the absolute floor 1e-3 but below 5% of a first std of 4
+    rel = {r.name: r for r in evaluate_guards(dict(healthy, **{"guard/score_std": 0.1}), [], g,
+                                              True, first_score_std=4.0)}
+    assert rel["score_collapse"].fired and "< 0.2" in rel["score_collapse"].message
+    assert not evaluate_guards(dict(healthy, **{"guard/score_std": 0.3}), [], g, True, 4.0)[0].fired
     # a verifier's equal rewards (every sample right) are not a collapse
     assert not [r for r in evaluate_guards(hacked, [], g, False) if r.name == "score_collapse"
                 and r.fired]
