@@ -131,12 +131,15 @@ class CheckpointStore:
         return self.root / f"step{step:08d}"
 
     def latest(self) -> Path | None:
-        """The newest complete checkpoint, or None."""
+        """The checkpoint LATEST names, or else the newest complete one; None if there is none."""
         try:
             d = self.step_dir(int((self.root / "LATEST").read_text()))
+            if (d / STATE).is_file():
+                return d
         except (FileNotFoundError, ValueError):
-            return None
-        return d if (d / STATE).is_file() else None
+            pass
+        complete = sorted(d for d in self.root.glob("step*") if (d / STATE).is_file())
+        return complete[-1] if complete else None
 
     def save(self, state: LearnerState, model: torch.nn.Module, optim_states: dict[str, Any],
              critic: torch.nn.Module | None = None) -> Path:

@@ -1,0 +1,96 @@
+"""Learner checkpoints (learner/checkpoint.py): a resumed model, optimiser and scheduler continue
+bit for bit where the uninterrupted run goes; the version -> step lineage after a resume; only
+complete checkpoints are used; retention."""
+
+import copy
+import json
+import random
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from broker.config import config_from_dict
+from learner.checkpoint import (CheckpointStore, LearnerState, Lineage, restore_rng,
+                                rng_state)
+from learner.prepare import build_algo_models
+from learner.train import train_step
+from tests.integration.dist_worker import make_groups
+
+
+def test_lineage_maps_versions_to_steps_across_resumes():
+    lin = Lineage()
+    assert [lin.step_of(v) for v in (0, 5, 9)] == [0, 5, 9]  # no resume: version == step
+    # crash after publishing v9, resume from the checkpoint of step 6: v10 holds step 6
+    lin.rebase(next_version=10, next_step=6)
+    assert lin.step_of(9) == 9 and lin.step_of(10) == 6 and lin.step_of(12) == 8
+    # a second crash: published up to v14 (step 10), resumed from step 9 as v15
+    lin.rebase(next_version=15, next_step=9)
+    assert [lin.step_of(v) for v in (13, 14, 15, 16)] == [9, 10, 9, 10]
+    state = LearnerState(lineage=lin)
+    assert LearnerState.from_json(json.loads(json.dumps(state.to_json()))).lineage == lin
+
+
+def test_rng_state_round_trips():
+    state = rng_state()
+    a = (random.random(), torch.rand(2).tolist())
+    restore_rng(json.loads(json.dumps(state)))
+    assert (random.random(), torch.rand(2).tolist()) == a
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_model_dir):
+    return tiny_model_dir, AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+def _setup(model_dir):
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 3))
+    return model, opt, sched
+
+
+def test_resumed_training_continues_exactly(tiny, tmp_path):
+    model_dir, tok = tiny
+    cfg = config_from_dict({"model": {"path": str(model_dir)},
+                            "rollout": {"num_return_sequences": 4, "max_new_tokens": 6}})
+    groups = make_groups(tok, 4)
+
+    def step(model, opt, sched, part):
+        train_step(model, opt, part, cfg, build_algo_models(cfg))
+        sched.step()
+
+    model, opt, sched = _setup(model_dir)
+    step(model, opt, sched, groups[:2])
+    store = CheckpointStore(tmp_path)
+    store.save(LearnerState(step=1, version=1, issued=8, seen=["t0", "t1"]), model,
+               {"optimizer": opt.state_dict(), "scheduler": sched.state_dict()})
+    step(model, opt, sched, groups[2:])
+    uninterrupted = copy.deepcopy(model.state_dict())
+
+    model2, opt2, sched2 = _setup(model_dir)  # a fresh process
+    state, optim = CheckpointStore.load(store.latest(), model2)
+    opt2.load_state_dict(optim["optimizer"])
+    sched2.load_state_dict(optim["scheduler"])
+    assert (state.step, state.issued, state.seen) == (1, 8, ["t0", "t1"])
+    step(model2, opt2, sched2, groups[2:])
+    for name, w in uninterrupted.items():
+        assert torch.equal(model2.state_dict()[name], w), name
+    assert sched2.get_last_lr() == sched.get_last_lr()
+
+
+def test_only_complete_checkpoints_are_used_and_two_are_kept(tmp_path):
+    store = CheckpointStore(tmp_path)
+    model = torch.nn.Linear(2, 2)
+    assert store.latest() is None
+    for s in (1, 2, 3):
+        store.save(LearnerState(step=s), model, {})
+    assert store.latest().name == "step00000003"
+    assert sorted(d.name for d in store.root.glob("step*")) == ["step00000002", "step00000003"]
+    # a crash mid-save leaves a temp dir: never used, removed at the next start
+    (store.root / ".tmp-step00000004-99").mkdir()
+    assert store.latest().name == "step00000003" and store.clean_temp() == 1
+    # a directory without state.json (written last) is not a checkpoint, even if LATEST names it
+    (store.root / "step00000004").mkdir()
+    (store.root / "LATEST").write_text("4\n")
+    assert store.latest().name == "step00000003"
