@@ -106,3 +106,14 @@ def test_adaptive_kl_coef_moves_and_reaches_the_step_config():
     assert cfg.algo.kl_coef == 0.1  # the loaded config is not mutated
     fixed = config_from_dict({"algo": {"kl_coef": 0.1}})
     assert GuardMonitor(fixed).step_config(fixed) is fixed
+
+
+def test_status_line_shows_the_last_warnings():
+    from rollctl.status import guard_line
+
+    assert guard_line({}) == "guards: no step yet"
+    assert guard_line({"guard_warnings": "none", "guard_stop": ""}) == "guards: ok"
+    line = guard_line({"guard_warnings": "length_at_limit: 90% of responses hit max_new_tokens",
+                       "guard_stop": "length_at_limit: 90% of responses hit max_new_tokens"})
+    assert line.startswith("guards: WARNING length_at_limit: 90%") and "| stopped by guard:" in line
+
