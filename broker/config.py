@@ -105,6 +105,8 @@ class TrainerConfig:
     eval_every: int = 0  # greedy held-out evaluation every N steps (0 = only before and after)
     keep_versions: int = 3  # weight versions kept on disk (plus any a live generator has loaded)
     num_trainer_workers: int = 1  # learner ranks (`rollctl start-learner --nproc` overrides)
+    strategy: Literal["ddp", "fsdp"] = "ddp"  # with several ranks: full replicas (DDP) or
+    #                                           parameters, gradients and optimiser state sharded (FSDP2)
     wait_timeout_s: float = 600.0  # fail if no trajectory arrives for this long
     checkpoint_every: int = 10  # checkpoint every N steps and at the end; trajectories are
     #                             acknowledged only once their checkpoint is durable (0 = never:
@@ -273,6 +275,9 @@ def _check_ranges(cfg: Config) -> None:
         raise ConfigError(f"algo.clip_high: must be > 0, got {cfg.algo.clip_high!r}")
     if cfg.algo.tis_cap is not None and cfg.algo.tis_cap < 1:
         raise ConfigError(f"algo.tis_cap: must be >= 1 or null, got {cfg.algo.tis_cap!r}")
+    if cfg.trainer.strategy == "fsdp" and cfg.algo.critic:
+        raise ConfigError("trainer.strategy: fsdp does not shard the critic yet; use ddp with "
+                          "algo.critic: true")
     if cfg.trainer.num_trainer_workers > 1 and cfg.rollout.replicate_prompts:
         raise ConfigError("rollout.replicate_prompts: not supported with "
                           "trainer.num_trainer_workers > 1 (a group's samples would be read by "

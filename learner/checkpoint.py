@@ -141,15 +141,18 @@ class CheckpointStore:
         complete = sorted(d for d in self.root.glob("step*") if (d / STATE).is_file())
         return complete[-1] if complete else None
 
-    def save(self, state: LearnerState, model: torch.nn.Module, optim_states: dict[str, Any],
-             critic: torch.nn.Module | None = None) -> Path:
-        """Write the checkpoint of `state.step` durably; returns its directory."""
+    def save(self, state: LearnerState, weights: dict[str, torch.Tensor] | torch.nn.Module,
+             optim_states: dict[str, Any], critic: torch.nn.Module | None = None) -> Path:
+        """Write the checkpoint of `state.step` durably; returns its directory. `weights`: the
+        policy's full state dict (or the module itself)."""
         self.root.mkdir(parents=True, exist_ok=True)
         final = self.step_dir(state.step)
         tmp = self.root / f".tmp-step{state.step:08d}-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
-        files = {"model.safetensors": unique_tensors(model.state_dict())}
+        if isinstance(weights, torch.nn.Module):
+            weights = weights.state_dict()
+        files = {"model.safetensors": unique_tensors(weights)}
         if critic is not None:
             files["critic.safetensors"] = unique_tensors(critic.state_dict())
         for name, tensors in files.items():

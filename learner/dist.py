@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 import torch.distributed as torch_dist
+from torch.nn.parallel import DistributedDataParallel
 
 
 @dataclass(frozen=True)
@@ -86,3 +87,62 @@ def split_quotas(counts: list[int], total: int) -> list[int]:
                 left -= 1
                 break
     return quotas
+
+
+def wrap_model(policy: torch.nn.Module, dist: Dist, strategy: str) -> torch.nn.Module:
+    """The module the ranks train: the policy itself on one rank; DistributedDataParallel
+    (`ddp`: a full replica per rank, gradients all-reduced); or FSDP2 (`fsdp`: `fully_shard` on
+    every transformer block, then on the whole model, so parameters, gradients and optimiser
+    state are sharded over the ranks). FSDP2 shards in place and returns the same object."""
+    if dist.world_size == 1:
+        return policy
+    if strategy == "ddp":
+        return DistributedDataParallel(policy)
+    from torch.distributed.fsdp import fully_shard
+
+    blocks = set(getattr(policy, "_no_split_modules", None) or [])
+    for module in policy.modules():
+        if type(module).__name__ in blocks:
+            fully_shard(module)
+    fully_shard(policy)
+    return policy
+
+
+def is_sharded(model: torch.nn.Module) -> bool:
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule)
+
+
+def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The whole model's weights on CPU: gathered from the shards with FSDP (every rank must call
+    this; rank 0 gets the tensors, the others an empty dict), else the module's own."""
+    if is_sharded(model):
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True,
+                                                                    cpu_offload=True))
+    return getattr(model, "module", model).state_dict()
+
+
+def optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """The optimiser's state for a checkpoint (gathered to rank 0 with FSDP; collective)."""
+    if is_sharded(model):
+        from torch.distributed.checkpoint.state_dict import (StateDictOptions,
+                                                             get_optimizer_state_dict)
+
+        return get_optimizer_state_dict(model, optimizer, options=StateDictOptions(
+            full_state_dict=True, cpu_offload=True))
+    return optimizer.state_dict()
+
+
+def load_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                         state: dict[str, Any]) -> None:
+    if is_sharded(model):
+        from torch.distributed.checkpoint.state_dict import (StateDictOptions,
+                                                             set_optimizer_state_dict)
+
+        set_optimizer_state_dict(model, optimizer, optim_state_dict=state,
+                                 options=StateDictOptions(full_state_dict=True))
+    else:
+        optimizer.load_state_dict(state)

@@ -43,7 +43,8 @@ from envs import Item, Task, make_task
 from learner.admission import Admission
 from learner.checkpoint import CheckpointStore, LearnerState, RankProgress, restore_rng, rng_state
 from learner.collect import Collected, Collector
-from learner.dist import Dist, init_dist
+from learner.dist import (Dist, full_state_dict, init_dist, is_sharded, load_optimizer_state,
+                          optimizer_state, wrap_model)
 from learner.evaluate import heldout_accuracy
 from learner.filters import drop_reason
 from learner.guards import GuardMonitor, guard_values
@@ -82,9 +83,9 @@ class Publisher:
         self.keep = cfg.trainer.keep_versions
         self.zmq = VersionPublisher()
 
-    def publish(self, model: torch.nn.Module, version: int, step: int) -> float:
+    def publish(self, weights: dict[str, torch.Tensor], version: int, step: int) -> float:
         started = time.monotonic()
-        info = self.store.publish(model.state_dict(), version, step)
+        info = self.store.publish(weights, version, step)
         self.broker.announce_weights(version, info.path, info.sha256, self.zmq.endpoint)
         self.zmq.announce(version, info.path, info.sha256)
         self.store.retain(self.keep, in_use=self.broker.loaded_versions())
@@ -141,7 +142,10 @@ class Learner:
     guard: GuardMonitor | None = None  # reward-hacking guards, adaptive kl_coef (learner/guards.py)
 
     def evaluate(self) -> float:
-        if isinstance(self.policy, SimulatedPolicy) or not self.dist.is_main:
+        """Greedy held-out accuracy, on rank 0 (with FSDP every rank generates: the shards are
+        gathered in every forward pass)."""
+        if isinstance(self.policy, SimulatedPolicy) or not (self.dist.is_main
+                                                             or is_sharded(self.model)):
             return 0.0
         return heldout_accuracy(self.policy, self.tokenizer, self.task, self.heldout,
                                 self.cfg.rollout.max_new_tokens)
@@ -153,6 +157,12 @@ class Learner:
         if self.publisher is not None:
             self.publisher.close()
         self.dist.close()
+
+
+def publish(ln: Learner, version: int, step: int) -> float:
+    """Publish the policy as `version` (rank 0; every rank helps gather FSDP shards)."""
+    weights = full_state_dict(ln.model)
+    return ln.publisher.publish(weights, version, step) if ln.dist.is_main else 0.0
 
 
 def pause_point(name: str, step: int) -> None:
@@ -190,6 +200,7 @@ def start(cfg: Config, resume: bool | None = None) -> Learner:
                        cfg.redis.max_payload_bytes)
     broker.ensure_groups()  # before registering: generators wait for the registration
     broker.register_run(cfg.fingerprint())
+    broker.check_intact()  # a Redis that came back empty is reported, never silently re-created
     checkpoints = CheckpointStore(run_dir)
     ckpt = None if resume is False else checkpoints.latest()
     if resume and ckpt is None:
@@ -198,19 +209,22 @@ def start(cfg: Config, resume: bool | None = None) -> Learner:
     sim = cfg.sim.learner_step_s > 0
     policy, tokenizer = (SimulatedPolicy(cfg.sim), None) if sim else load_policy(cfg)
     algo = AlgoModels() if sim else build_algo_models(cfg)
+    state, optim_states = LearnerState(), None
+    if ckpt is not None:  # weights go in before sharding; optimiser state after
+        state, optim_states = CheckpointStore.load(ckpt, policy, algo.critic)
+    model = policy if sim else wrap_model(policy, dist, cfg.trainer.strategy)
+    if algo.critic is not None and dist.world_size > 1:
+        algo.critic = DistributedDataParallel(algo.critic)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.trainer.actor_lr,
                                   weight_decay=cfg.trainer.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_schedule(cfg))
-    state = LearnerState()
-    if ckpt is not None:
-        state, optim_states = CheckpointStore.load(ckpt, policy, algo.critic)
-        optimizer.load_state_dict(optim_states["optimizer"])
+    if optim_states is not None:
+        load_optimizer_state(model, optimizer, optim_states["optimizer"])
         scheduler.load_state_dict(optim_states["scheduler"])
         if algo.critic_optimizer is not None:
             algo.critic_optimizer.load_state_dict(optim_states["critic_optimizer"])
         algo.reward_norm = RunningRewardNorm(**state.reward_norm)
         restore_rng(state.rng)
-    model = DistributedDataParallel(policy) if dist.world_size > 1 and not sim else policy
     run = broker.run_fields()
     state.issued = max(state.issued, int(run.get("issued", 0)))  # Redis is exact; see admission
     admission = Admission(
@@ -235,8 +249,7 @@ def start(cfg: Config, resume: bool | None = None) -> Learner:
                  ledger=open(run_dir / ledger_name, "a", buffering=1), algo=algo)
     ln.guard = GuardMonitor(cfg)
     if ckpt is None:
-        if dist.is_main:
-            ln.publisher.publish(policy, version=0, step=0)
+        publish(ln, version=0, step=0)
     else:
         _resume(ln, ckpt)
     dist.barrier()
@@ -251,8 +264,8 @@ def _resume(ln: Learner, ckpt: Path) -> None:
     last = dist.gather(last)[0]
     state.version = last + 1
     state.lineage.rebase(state.version, state.step)
+    publish(ln, version=state.version, step=state.step)
     if dist.is_main:
-        ln.publisher.publish(ln.policy, version=state.version, step=state.step)
         ln.broker.set_run_fields(version=state.version, step=state.step, state="training")
     done = RankProgress(**state.ranks.get(dist.consumer, {}))
     ln.broker.ack_trajectories(done.entry_ids)
@@ -277,6 +290,9 @@ def checkpoint(ln: Learner) -> float:
     started, dist, state = time.monotonic(), ln.dist, ln.state
     parts = dist.gather([dist.consumer, ln.progress.entry_ids, ln.progress.traj_ids,
                          sorted(ln.collector.seen | ln.collector.trained)])
+    weights = full_state_dict(ln.model)  # collective with FSDP
+    optim = {"optimizer": optimizer_state(ln.model, ln.optimizer),
+             "scheduler": ln.scheduler.state_dict()}
     if dist.is_main:
         state.ranks = {name: {"entry_ids": ids, "traj_ids": trajs} for name, ids, trajs, _ in parts}
         state.seen = sorted({t for *_, seen in parts for t in seen})
@@ -284,10 +300,9 @@ def checkpoint(ln: Learner) -> float:
         state.replaced = ln.broker.replaced_groups()
         state.reward_norm = vars(ln.algo.reward_norm).copy()
         state.rng = rng_state()
-        optim = {"optimizer": ln.optimizer.state_dict(), "scheduler": ln.scheduler.state_dict()}
         if ln.algo.critic_optimizer is not None:
             optim["critic_optimizer"] = ln.algo.critic_optimizer.state_dict()
-        ln.checkpoints.save(state, ln.policy, optim, ln.algo.critic)
+        ln.checkpoints.save(state, weights, optim, getattr(ln.algo.critic, "module", ln.algo.critic))
     dist.barrier()
     pause_point("after_checkpoint", state.step)
     ln.broker.ack_trajectories(ln.progress.entry_ids)
@@ -309,7 +324,7 @@ def learner_step(ln: Learner) -> dict[str, float]:
     ln.scheduler.step()
     state.step += 1
     state.version += 1
-    publish_s = ln.publisher.publish(ln.policy, state.version, state.step) if ln.publisher else 0.0
+    publish_s = publish(ln, state.version, state.step)
     ln.progress.entry_ids += batch.entry_ids
     ln.progress.traj_ids += [g.traj_id for g in batch.groups]
     ln.ledger.write(json.dumps({"step": state.step, "version": state.version,
@@ -323,12 +338,15 @@ def learner_step(ln: Learner) -> dict[str, float]:
         ln.broker.ack_trajectories(ln.progress.entry_ids)
         ln.progress.clear()
     local = step_metrics(batch, {**stats, "optim/lr": ln.scheduler.get_last_lr()[0],
+                                 "redis/lost_prompts": ln.broker.lost["prompts"],
                                  **guard_values(batch.groups, cfg.guards.ngram_n)},
                          {"step_s": time.monotonic() - t0, "publish_s": publish_s,
                           "checkpoint_s": checkpoint_s})
     metrics = merge_rank_metrics(ln.dist.gather([local, len(batch.groups)]))
     metrics.update(ln.guard.after_step(metrics, ln.dist.sum(sum(len(g.samples) for g in batch.groups)),
                                        ln.broker if ln.dist.is_main else None))
+    if cfg.trainer.eval_every and state.step % cfg.trainer.eval_every == 0:
+        metrics["eval/heldout_acc"] = ln.evaluate()
     if ln.dist.is_main:
         _report(ln, metrics)
     return metrics
@@ -336,8 +354,6 @@ def learner_step(ln: Learner) -> dict[str, float]:
 
 def _report(ln: Learner, metrics: dict[str, float]) -> None:
     cfg, step = ln.cfg, ln.state.step
-    if cfg.trainer.eval_every and step % cfg.trainer.eval_every == 0:
-        metrics["eval/heldout_acc"] = ln.evaluate()
     ln.sink.log(step, metrics)
     ln.broker.set_run_fields(version=ln.state.version, step=step,
                              reward_mean=round(metrics["reward/mean"], 4),

@@ -17,10 +17,10 @@ entropy and value alike, all aggregated by `loss_agg_mode`) is weighted by its s
 selected tokens (token-mean) or of its non-empty sequences (the seq-mean modes).
 
 With several ranks (learner/dist.py) the shares are of the step's total over all ranks, and each
-rank's loss is multiplied by the world size because DDP averages gradients: the summed gradient is
-then exactly the one-rank gradient of the whole batch. Gradients are synchronised once per step,
-on a rank's last micro-batch; a rank with no data this step runs one zero-weighted pass so that it
-still takes part. Batch-level statistics (`reward_norm: batch`, `whiten_advantages`) are computed
+rank's loss is multiplied by the world size because DDP and FSDP average gradients: the summed
+gradient is then exactly the one-rank gradient of the whole batch. Gradients are synchronised once
+per step, on a rank's last micro-batch; a rank with less data runs zero-weighted passes so that it
+still takes part in the collectives. Batch-level statistics (`reward_norm: batch`, `whiten_advantages`) are computed
 over each rank's own groups; group-level estimators (GRPO, RLOO, ...) are unaffected.
 """
 
@@ -36,7 +36,7 @@ from algos import POLICY_LOSSES, PolicyLossConfig, PolicyLossInputs, entropy_bon
 from broker.config import Config
 from broker.schema import Trajectory
 from learner.batch import MicroBatch
-from learner.dist import Dist
+from learner.dist import Dist, is_sharded
 from learner.filters import filter_groups
 from learner.logprobs import token_logprobs
 from learner.prepare import AlgoModels, prepare_batch
@@ -88,18 +88,23 @@ def loss_shares(batch: list[MicroBatch], agg_mode: str, dist: Dist = Dist()) -> 
 def _backward(model: torch.nn.Module, batch: list[MicroBatch], shares: list[float], dist: Dist,
               loss_fn: Callable[[MicroBatch], tuple[torch.Tensor, dict]],
               dummy_loss: Callable[[], torch.Tensor]) -> _MetricMeans:
-    """Backward every micro-batch's share-weighted loss, synchronising gradients (DDP) on the
-    last one only; with no micro-batch, one zero-weighted pass takes part in the sync."""
+    """Backward every micro-batch's share-weighted loss, synchronising gradients on the last pass
+    only. DDP communicates only in that pass, so a rank without data runs one zero-weighted pass;
+    FSDP gathers parameters in every pass, so all ranks run as many passes as the busiest one."""
     means = _MetricMeans()
-    ddp = isinstance(model, DistributedDataParallel)
-    if not batch:
-        (dummy_loss() * 0.0).backward()
-        return means
-    for i, (mb, share) in enumerate(zip(batch, shares)):
-        with model.no_sync() if ddp and i < len(batch) - 1 else nullcontext():
-            loss, metrics = loss_fn(mb)
-            (loss * share * dist.world_size).backward()
-        means.add(metrics, share)
+    ddp, sharded = isinstance(model, DistributedDataParallel), is_sharded(model)
+    passes = max(dist.gather(len(batch))) if sharded else max(len(batch), 1)
+    for i in range(passes):
+        last = i == passes - 1
+        if sharded:
+            model.set_requires_gradient_sync(last)
+        with model.no_sync() if ddp and not last else nullcontext():
+            if i >= len(batch):
+                (dummy_loss() * 0.0).backward()
+                continue
+            loss, metrics = loss_fn(batch[i])
+            (loss * shares[i] * dist.world_size).backward()
+        means.add(metrics, shares[i])
     return means
 
 
@@ -151,6 +156,8 @@ def _clip_and_step(params, optimizer: torch.optim.Optimizer, max_grad_norm: floa
     params = list(params)
     grad_norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm if max_grad_norm > 0 else float("inf"))
     optimizer.step()
+    if hasattr(grad_norm, "full_tensor"):  # FSDP: a DTensor (the norm over all shards)
+        grad_norm = grad_norm.full_tensor()
     return float(grad_norm)
 
 

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+from safetensors.torch import load_file
 import redis
 import yaml
 
@@ -16,8 +18,9 @@ from broker.streams import LEARNER_GROUP
 STEPS, B, N = 4, 4, 2
 
 
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_two_learner_ranks_share_every_step_and_ack_everything(tmp_path, tiny_model_dir,
-                                                               redis_url, run_id):
+                                                               redis_url, run_id, strategy):
     run_dir = tmp_path / "run"
     path = tmp_path / "run.yaml"
     path.write_text(yaml.safe_dump({
@@ -26,7 +29,8 @@ def test_two_learner_ranks_share_every_step_and_ack_everything(tmp_path, tiny_mo
         "task": {"name": "arithmetic", "eval_size": 8},
         "rollout": {"num_return_sequences": N, "max_new_tokens": 6, "prompts_per_pull": 1},
         "trainer": {"rollout_batch_size": B, "total_steps": STEPS, "async_ratio": 1,
-                    "wait_timeout_s": 120, "num_trainer_workers": 2, "checkpoint_every": 2},
+                    "wait_timeout_s": 120, "num_trainer_workers": 2, "checkpoint_every": 2,
+                    "strategy": strategy},
     }))
     proc = subprocess.run([sys.executable, "-m", "rollctl.cli", "run", "--config", str(path),
                            "--generators", "1", "--redis-url", redis_url],
@@ -34,6 +38,11 @@ def test_two_learner_ranks_share_every_step_and_ack_everything(tmp_path, tiny_mo
     assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["learner_ranks"] == 2 and summary["final_version"] == STEPS
+    assert 0 <= summary["heldout_acc_after"] <= 1  # rank 0 evaluated (every rank, with FSDP)
+    kept = sorted((run_dir / "weights").glob("v*/model.safetensors"))
+    assert kept and kept[-1].parent.name == f"v{STEPS:08d}"
+    for path in kept:  # the versions kept on disk were published whole
+        assert "model.embed_tokens.weight" in load_file(str(path))
 
     ledgers = {name: [json.loads(x) for x in (run_dir / name).read_text().splitlines()]
                for name in ("ledger.jsonl", "ledger.rank1.jsonl")}

@@ -2,7 +2,8 @@
 alone as the one-rank reference): two `train_step`s on this rank's share of fixed groups, then
 rank 0 saves the weights.
 
-    python -m torch.distributed.run --standalone --nproc-per-node 2 dist_worker.py MODEL OUT GROUPS
+    python -m torch.distributed.run --standalone --nproc-per-node 2 dist_worker.py MODEL OUT GROUPS \
+        ddp|fsdp
 """
 
 import sys
@@ -10,13 +11,12 @@ import sys
 import numpy as np
 import torch
 from safetensors.torch import save_file
-from torch.nn.parallel import DistributedDataParallel
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from broker.config import config_from_dict
 from broker.schema import Sample, Trajectory
 from broker.weights import unique_tensors
-from learner.dist import init_dist
+from learner.dist import full_state_dict, init_dist, wrap_model
 from learner.prepare import build_algo_models
 from learner.train import train_step
 
@@ -40,7 +40,7 @@ def make_groups(tok, count: int, n: int = 4) -> list[Trajectory]:
     return groups
 
 
-def main(model_dir: str, out: str, count: int) -> None:
+def main(model_dir: str, out: str, count: int, strategy: str) -> None:
     torch.manual_seed(0)
     torch.use_deterministic_algorithms(True)
     dist = init_dist()
@@ -49,17 +49,18 @@ def main(model_dir: str, out: str, count: int) -> None:
                             "trainer": {"micro_batch_size": 3}})
     tok = AutoTokenizer.from_pretrained(model_dir)
     policy = AutoModelForCausalLM.from_pretrained(model_dir)
-    model = DistributedDataParallel(policy) if dist.world_size > 1 else policy
+    model = wrap_model(policy, dist, strategy)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-3)
     groups = make_groups(tok, count)
     mine = groups[dist.rank::dist.world_size]
     for _ in range(2):
         stats = train_step(model, optimizer, mine, cfg, build_algo_models(cfg), dist)
         assert stats["optim/skipped"] == 0.0
+    weights = full_state_dict(model)
     if dist.is_main:
-        save_file(unique_tensors(policy.state_dict()), out)
+        save_file(unique_tensors(weights), out)
     dist.close()
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], int(sys.argv[3]))
+    main(sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4])

@@ -1,6 +1,7 @@
 """Two gloo ranks under torchrun train to the same weights as one rank on the same batches
-(issue 6): the loss shares are of the whole step, DDP averages gradients, and a rank with no
-group this step still takes part. Runs tests/integration/dist_worker.py as real processes."""
+(issue 6), with DDP and with FSDP2: the loss shares are of the whole step, gradients are averaged
+over the ranks, and a rank with less (or no) data this step still takes part in every collective.
+Runs tests/integration/dist_worker.py as real processes."""
 
 import subprocess
 import sys
@@ -14,10 +15,10 @@ ROOT = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).with_name("dist_worker.py")
 
 
-def _train(model_dir, out, groups, nproc):
+def _train(model_dir, out, groups, nproc, strategy="ddp"):
     launch = [sys.executable, "-m", "torch.distributed.run", "--standalone",
               f"--nproc-per-node={nproc}"] if nproc > 1 else [sys.executable]
-    proc = subprocess.run([*launch, str(WORKER), str(model_dir), str(out), str(groups)],
+    proc = subprocess.run([*launch, str(WORKER), str(model_dir), str(out), str(groups), strategy],
                           cwd=ROOT, capture_output=True, text=True, timeout=120,
                           env={"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1",
                                "PATH": "/usr/bin:/bin"})
@@ -25,10 +26,12 @@ def _train(model_dir, out, groups, nproc):
     return load_file(str(out))
 
 
-@pytest.mark.parametrize("groups", [5, 1], ids=["uneven-3-2", "one-rank-idle"])
-def test_two_gloo_ranks_match_one_rank(tiny_model_dir, tmp_path, groups):
+@pytest.mark.parametrize("strategy,groups", [("ddp", 5), ("ddp", 1), ("fsdp", 5), ("fsdp", 1)],
+                         ids=["ddp-uneven-3-2", "ddp-one-rank-idle", "fsdp-uneven-3-2",
+                              "fsdp-one-rank-idle"])
+def test_two_gloo_ranks_match_one_rank(tiny_model_dir, tmp_path, strategy, groups):
     one = _train(tiny_model_dir, tmp_path / "one.safetensors", groups, 1)
-    two = _train(tiny_model_dir, tmp_path / "two.safetensors", groups, 2)
+    two = _train(tiny_model_dir, tmp_path / "two.safetensors", groups, 2, strategy)
     start = load_file(str(tiny_model_dir / "model.safetensors"))
     moved = 0
     for name, w in one.items():

@@ -27,7 +27,7 @@ def test_valid_choices_pass(overrides):
     [
         (dict(adv_estimator="gae"), "algo.adv_estimator: 'gae' needs a critic (set algo.critic: true)"),
         (dict(has_critic=True), "algo.critic: true but algo.adv_estimator 'grpo' does not use a critic"),
-        (dict(adv_estimator="gpro"), "algo.adv_estimator: unknown 'gpro'; known: dr_grpo, gae, grpo"),
+        (dict(adv_estimator="gpro"), "algo.adv_estimator: unknown 'gpro'; known: dr_grpo, gae, gigpo, grpo"),
         (dict(policy_loss="ppo2"), "algo.policy_loss: unknown 'ppo2'; known: cispo, gspo, ppo, reinforce, topr"),
         (dict(is_mode="clip"), "algo.is_mode: unknown 'clip'; known: mask, truncate"),
         (dict(is_level="seq"), "algo.is_level: unknown 'seq'; known: geometric, sequence, token"),
