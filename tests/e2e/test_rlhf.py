@@ -1,0 +1,163 @@
+"""Issue 9 acceptance, short CI versions of the documented runs (README, "RLHF with a learned
+reward model"), with real processes: scripts/make_preferences.py, `rollctl train-rm` (also on two
+gloo ranks under torchrun), and `rollctl run` (its own redis-server, a learner, two generators
+scoring with the reward model).
+
+- A reward model trained briefly on the "correct sum beats a wrong one" preferences ranks held-out
+  pairs well above chance (the documented 2000-step run reaches the >= 90% of the acceptance).
+- GRPO against that reward model raises held-out greedy accuracy, measured by the task's verifier
+  that the reward model never saw, and no guard fires on this healthy run.
+- Against a reward model trained on an exploitable preference ("longer is better"), a policy
+  pushed hard (lr 1e-3) hacks it, and a guard stops the run: without a KL penalty its scores
+  collapse to one value; with one, the KL to the reference shoots up first.
+
+The reward model starts from its own backbone, a short SFT on exact answers (`rm_base_dir`), as in
+configs/rm.yaml: starting from the policy's warm start (trained on an off-by-one teacher) gave a
+reward model that RL exploited (README).
+"""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _cli(args: list[str], timeout: int = 600) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=timeout,
+                          cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-3000:]
+    return proc
+
+
+def _sets(overrides: dict) -> list[str]:
+    return [a for k, v in overrides.items() for a in ("--set", f"{k}={v}")]
+
+
+def _train_rm(tmp: Path, model: Path, prop: str, pairs: int, steps: int,
+              pretrain: Path | None = None) -> tuple[Path, dict]:
+    prefs, out = tmp / f"{prop}.jsonl", tmp / f"rm-{prop}"
+    _cli(["scripts/make_preferences.py", "--out", str(prefs), "--pairs", str(pairs),
+          "--property", prop])
+    proc = _cli(["-m", "rollctl.cli", "train-rm", "--config", "configs/rm.yaml", *_sets({
+        "model.path": model, "rm.pretrain": pretrain or model, "rm.dataset": prefs,
+        "rm.save_path": out,
+        "run.run_dir": tmp / f"rm-run-{prop}", "rm.max_steps": steps, "rm.eval_every": 0})])
+    return out, json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _rl(tmp: Path, model: Path, rm: Path, steps: int, **overrides) -> tuple[dict, list[dict]]:
+    run_dir = tmp / "run"
+    _cli(["-m", "rollctl.cli", "run", "--config", "configs/rlhf.yaml", *_sets({
+        "model.path": model, "reward.model_path": rm, "run.run_dir": run_dir,
+        "run.run_id": tmp.name, "trainer.total_steps": steps, **overrides})])
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return json.loads((run_dir / "summary.json").read_text()), metrics
+
+
+@pytest.fixture(scope="module")
+def rm_base_dir(tmp_path_factory) -> Path:
+    """The reward model's backbone: SFT on exact answers (configs/rm.yaml's models/rm-base, here
+    500 instead of 1200 steps: 0.78 held-out accuracy as a policy, measured)."""
+    out = tmp_path_factory.mktemp("rm-base") / "model"
+    _cli(["scripts/make_tiny_model.py", "--out", str(out), "--task-params", '{"ops": ["+"]}',
+          "--sft-steps", "500", "--sft-lr", "1e-3", "--seed", "1", "--no-eval"])
+    return out
+
+
+@pytest.fixture(scope="module")
+def correct_rm(tmp_path_factory, warm_model_dir, rm_base_dir):
+    return _train_rm(tmp_path_factory.mktemp("rm"), warm_model_dir, "correct", 4000, STEPS_RM,
+                     pretrain=rm_base_dir)
+
+
+STEPS_RM = 400  # measured 0.84 held-out pairwise accuracy (documented 2000-step run: README)
+STEPS_RL = 30  # measured held-out accuracy 0.275 -> 0.525 (README)
+
+
+@pytest.mark.slow
+def test_reward_model_ranks_heldout_pairs_well_above_chance(correct_rm):
+    path, summary = correct_rm
+    assert summary["eval_pairs"] == 400 and summary["steps"] == STEPS_RM
+    assert summary["eval_pairwise_acc"] >= 0.7, summary
+    assert summary["eval_pairwise_acc"] >= summary["eval_pairwise_acc_before"] + 0.15, summary
+    # a standard Hugging Face directory with a one-label head
+    config = json.loads((path / "config.json").read_text())
+    assert config["architectures"] == ["Qwen2ForSequenceClassification"]
+    assert config.get("num_labels", len(config.get("id2label", {}))) == 1
+    assert (path / "model.safetensors").is_file() and (path / "tokenizer.json").is_file()
+
+
+@pytest.mark.slow
+def test_grpo_against_the_reward_model_improves_the_ground_truth(correct_rm, tmp_path,
+                                                                 warm_model_dir):
+    summary, metrics = _rl(tmp_path, warm_model_dir, correct_rm[0], STEPS_RL)
+    assert summary["steps"] == STEPS_RL and summary["stopped_by_guard"] is None
+    assert summary["heldout_acc_after"] >= summary["heldout_acc_before"] + 0.1, summary
+    # healthy run: every guard was computed every step and none fired
+    assert all(m["guard/fired"] == 0 for m in metrics), [m["step"] for m in metrics
+                                                          if m["guard/fired"]]
+    assert all("guard/score_std" in m and "kl/coef" in m for m in metrics)
+
+
+@pytest.fixture(scope="module")
+def longer_rm(tmp_path_factory, warm_model_dir):
+    path, summary = _train_rm(tmp_path_factory.mktemp("rm-longer"), warm_model_dir, "longer", 2000,
+                              100)
+    assert summary["eval_pairwise_acc"] >= 0.9, summary  # length is easy to learn
+    return path
+
+
+NO_KL = {"algo.kl_coef": 0, "algo.kl_target": "null", "algo.use_kl_in_reward": "false"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("overrides, guard", [(NO_KL, "score_collapse"), ({}, "kl_rise")],
+                         ids=["no-kl-penalty", "kl-penalty"])
+def test_guards_stop_a_run_that_hacks_an_exploitable_reward(overrides, guard, tmp_path,
+                                                            warm_model_dir, longer_rm):
+    summary, metrics = _rl(tmp_path, warm_model_dir, longer_rm, 40, **{
+        "trainer.actor_lr": 1.0e-3, "guards.stop_on_guard": "true", "guards.patience": 2,
+        "trainer.eval_every": 0, "trainer.rollout_batch_size": 16, "task.eval_size": 100,
+        **overrides})
+    assert summary["stopped_by_guard"] and summary["stopped_by_guard"].startswith(guard), summary
+    assert summary["steps"] < 40 and len(metrics) == summary["steps"]
+    fired = [m["step"] for m in metrics if m[f"guard/fired_{guard}"]]
+    assert fired[-2:] == [summary["steps"] - 1, summary["steps"]], fired  # patience 2
+    assert summary["heldout_acc_after"] < summary["heldout_acc_before"]  # the hack cost accuracy
+    if guard == "score_collapse":  # longer answers scored ever higher, then all the same
+        assert metrics[-1]["guard/length_mean"] > metrics[0]["guard/length_mean"]
+        assert metrics[-1]["guard/score_std"] < 0.05 * metrics[0]["guard/score_std"]
+
+
+def test_train_rm_on_two_gloo_ranks_matches_one_process(tmp_path, tiny_model_dir):
+    """torchrun with 2 CPU ranks (gloo, DDP): each rank takes half of every batch and gradients
+    are averaged, so the saved model equals the one-process model up to float rounding."""
+    from safetensors.torch import load_file
+    import torch
+
+    prefs = tmp_path / "prefs.jsonl"
+    _cli(["scripts/make_preferences.py", "--out", str(prefs), "--pairs", "200"])
+    summaries, weights = [], []
+    for world in (1, 2):
+        out = tmp_path / f"rm{world}"
+        proc = _cli(["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(world),
+                     "-m", "rollctl.cli", "train-rm", "--config", "configs/rm.yaml", *_sets({
+                         "model.path": tiny_model_dir, "rm.pretrain": tiny_model_dir,
+                         "rm.dataset": prefs, "rm.save_path": out,
+                         "run.run_dir": tmp_path / f"run{world}", "rm.max_steps": 3,
+                         "rm.train_batch_size": 32, "rm.micro_train_batch_size": 8,
+                         "rm.eval_every": 0})], timeout=300)
+        summaries.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+        weights.append(load_file(str(out / "model.safetensors")))
+    assert [s["world_size"] for s in summaries] == [1, 2]
+    assert summaries[0]["eval_pairwise_acc"] == summaries[1]["eval_pairwise_acc"]
+    base = load_file(str(tiny_model_dir / "model.safetensors"))
+    assert weights[0].keys() == weights[1].keys() and "score.weight" in weights[0]
+    for name, w1 in weights[0].items():
+        torch.testing.assert_close(weights[1][name], w1, atol=1e-5, rtol=1e-4)
+    # training moved the backbone (shared names with the causal LM), not only the new head
+    assert any(not torch.equal(w, base[name]) for name, w in weights[0].items() if name in base)
