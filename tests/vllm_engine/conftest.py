@@ -1,4 +1,5 @@
-"""Fixtures for the vLLM engine tests (real vLLM, CPU build; skipped where it is not installed).
+"""Fixtures for the vLLM engine tests (real vLLM, CPU build; skipped where it is not installed,
+except under ROLLFLASH_REQUIRE_VLLM=1, which `make test` sets: there a missing vLLM fails the run).
 
 - `model_dirs`: two tiny Qwen2 models built by scripts/make_tiny_model.py, one with tied
   input/output embeddings (what the script builds) and one untied copy whose lm_head differs from
@@ -19,6 +20,19 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def pytest_configure(config):
+    """CI must never skip these tests silently: with ROLLFLASH_REQUIRE_VLLM=1 a vLLM that does not
+    import stops the session with one line naming the cause."""
+    if os.environ.get("ROLLFLASH_REQUIRE_VLLM") != "1":
+        return
+    try:
+        import vllm  # noqa: F401
+    except Exception as e:  # ImportError, or a broken install (torchvision against the CPU torch)
+        raise pytest.UsageError(f"ROLLFLASH_REQUIRE_VLLM=1 but vllm does not import "
+                                f"({type(e).__name__}: {e}); build .venv-vllm with "
+                                "`make install-vllm`") from e
 
 
 @pytest.fixture(scope="session")

@@ -125,7 +125,7 @@ def test_interrupt_swaps_weights_between_tokens(harness):
     """on_step loads v_b after the 3rd decode step: each request's first 3 tokens come from v_a,
     the rest from v_b over a KV cache recomputed with v_b, so every token matches its version."""
     h = harness
-    # heavily perturbed versions rarely emit EOS early, so most samples span the swap
+    # heavily perturbed versions: many samples run past the swap at the 3rd token
     a, path_a, _ = h.publish(seed=4, scale=1.0)
     b, path_b, _ = h.publish(seed=5, scale=1.0)
     h.engine.load_weights(path_a, a)
@@ -136,10 +136,12 @@ def test_interrupt_swaps_weights_between_tokens(harness):
         if len(steps) == 3:
             h.engine.load_weights(path_b, b)
 
-    samples = _flat(h.engine.generate(PROMPTS, SamplingParams(n=3, temperature=T, top_p=1.0,
+    samples = _flat(h.engine.generate(PROMPTS, SamplingParams(n=8, temperature=T, top_p=1.0,
                                                               max_new_tokens=12),
                                       on_step=on_step))
-    assert sum(len(s.response_ids) > 3 for s in samples) >= len(samples) // 2
+    # enough samples must span the swap; EOS within 3 tokens took 8 of 12 samples in one run
+    # (tied model), so 32 samples with at least 4 spanning it
+    assert sum(len(s.response_ids) > 3 for s in samples) >= 4
     for s in samples:
         k = min(3, len(s.response_ids))
         assert s.token_versions == [a] * k + [b] * (len(s.response_ids) - k)
