@@ -26,7 +26,7 @@ import torch
 
 from broker.config import Config
 from broker.rm_input import reward_model_input_ids
-from envs import Item, Task
+from envs import Item, Task, is_multi_turn
 
 log = logging.getLogger(__name__)
 
@@ -122,6 +122,9 @@ def make_rewarder(cfg: Config, task: Task, device: str | torch.device = "cpu") -
     r = cfg.reward
     if r.type == "rule":
         return RuleRewarder(task)
+    if is_multi_turn(task):
+        raise ValueError(f"reward.type: {r.type!r} scores single responses; multi-turn task "
+                         f"{cfg.task.name!r} is scored by its environment (use 'rule')")
     scorer = RewardModelScorer(r.model_path, cfg.model.dtype, r.micro_batch_size, r.max_len, device)
     log.info("reward: %s, reward model %s (weight_model %g, weight_rule %g)", r.type, r.model_path,
              r.weight_model, r.weight_rule if r.type == "mixed" else 0.0)

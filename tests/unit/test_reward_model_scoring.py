@@ -61,3 +61,7 @@ def test_make_rewarder_follows_the_config(rm_dir):
     bad = config_from_dict({"reward": {"type": "model", "model_path": str(rm_dir / "nope")}})
     with pytest.raises(FileNotFoundError, match="reward.model_path: no Hugging Face model directory"):
         make_rewarder(bad, task)
+    grid = config_from_dict({"task": {"name": "gridworld"},
+                             "reward": {"type": "mixed", "model_path": str(rm_dir)}})
+    with pytest.raises(ValueError, match="reward.type: 'mixed' scores single responses"):
+        make_rewarder(grid, make_task("gridworld", {}))
