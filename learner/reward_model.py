@@ -232,8 +232,9 @@ def _train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, tokeni
 
 
 def _batches(train: list[PreferencePair], cfg: Config, ranks: Ranks):
-    """Yield (step, this rank's pairs) for every optimiser step: shuffled epochs (seeded), global
-    batches of rm.train_batch_size pairs (the last partial one dropped), rank r takes r::world."""
+    """Yield (step, total steps, this rank's pairs) per optimiser step: shuffled epochs (seeded),
+    global batches of rm.train_batch_size pairs (the last partial one dropped), rank r takes
+    r::world."""
     rm, rng = cfg.rm, random.Random(cfg.run.seed)
     per_epoch = len(train) // rm.train_batch_size
     if per_epoch == 0:
