@@ -254,9 +254,10 @@ class RunBroker:
         self.check_intact()
         self.verify_prompts()
 
-    def claim_prompts(self, consumer: str, count: int, block_ms: int,
+    def claim_prompts(self, consumer: str, count: int, block_ms: int | None,
                       own_pending: bool = False) -> list[tuple[str, PromptWork]]:
-        """Read up to `count` prompts for `consumer`; `own_pending` re-reads unacked ones first."""
+        """Read up to `count` prompts for `consumer`, waiting up to `block_ms` (None: not at all;
+        note that Redis reads BLOCK 0 as forever); `own_pending` re-reads unacked ones first."""
         start = "0" if own_pending else ">"
         try:
             reply = self.r.xreadgroup(GEN_GROUP, consumer, {self.prompts: start}, count=count,

@@ -17,6 +17,12 @@ streamed to the learner (XADD + XACK) the moment its first n episodes have finis
 redundant episodes are cancelled at their next turn. Which n are kept is decided by wall-clock
 finishing order, so redundancy cuts the tail of slow environments as well as of long generations.
 
+No barrier between pulls either: each time a group is streamed, `refill` may claim a new prompt
+and its episodes join the running ones (until newer weights are published or a third of the
+heartbeat TTL has passed; then the pull drains, and the generator reloads and heartbeats). A new prompt issued for a newer weight version than the
+one loaded cannot start under the current weights (that would break a = 0's on-policy rule), so it
+stays claimed, pending, and opens the next pull after the reload.
+
 Weight versions: without `rollout.interrupt` the weights never change during a pull. With it,
 the main loop calls the weight follower between engine batches, so later turns of an episode may
 come from a newer version; every token records the version that produced it (observation tokens
@@ -104,19 +110,18 @@ class EpisodeRunner:
         finally:
             self.events.put(("exit", run))
 
-    def run(self, specs: list[GroupSpec],
-            on_group: Callable[[int, list[Episode]], None]) -> None:
+    def run(self, specs: list[GroupSpec], on_group: Callable[[int, list[Episode]], None],
+            refill: Callable[[], list[GroupSpec]] | None = None) -> None:
         """Play every group; `on_group(index, episodes)` is called (in this thread) as soon as a
-        group's first `keep` episodes have finished."""
-        runs = [_Run(group=g, seed=s.seed) for g, s in enumerate(specs) for _ in range(s.start)]
-        finished: list[list[Episode]] = [[] for _ in specs]
-        open_groups, live = len(specs), len(runs)
-        for run in runs:
-            threading.Thread(target=self._play, args=(run, specs[run.group]), daemon=True,
-                             name=f"episode-{run.group}").start()
+        group's first `keep` episodes have finished. After that, `refill()` may return new groups
+        (indexed after the earlier ones), which start at once."""
+        self.specs, self.runs, self.finished = [], [], []
+        self.refill, self.live = refill, 0  # live: episode threads not yet exited
+        self._start(specs)
         self.waiting: list[_Run] = []
+        runs = self.runs
         try:
-            self._loop(runs, specs, finished, open_groups, live, on_group)
+            self._loop(on_group)
         finally:  # normally only cancelled leftovers; after an error, every episode stops too
             for run in runs:
                 run.cancelled = True
@@ -130,9 +135,23 @@ class EpisodeRunner:
                 if event[0] == "generate":
                     _release(event[1])
 
-    def _loop(self, runs: list[_Run], specs: list[GroupSpec], finished: list[list[Episode]],
-              open_groups: int, live: int, on_group: Callable[[int, list[Episode]], None]) -> None:
-        waiting = self.waiting
+    def _start(self, specs: list[GroupSpec]) -> int:
+        """Start the episodes of new groups; returns how many groups were added."""
+        first = len(self.specs)
+        self.specs += specs
+        self.finished += [[] for _ in specs]
+        new = [_Run(group=first + g, seed=s.seed) for g, s in enumerate(specs)
+               for _ in range(s.start)]
+        self.runs += new
+        self.live += len(new)
+        for run in new:
+            threading.Thread(target=self._play, args=(run, self.specs[run.group]), daemon=True,
+                             name=f"episode-{run.group}").start()
+        return len(specs)
+
+    def _loop(self, on_group: Callable[[int, list[Episode]], None]) -> None:
+        runs, specs, finished, waiting = self.runs, self.specs, self.finished, self.waiting
+        open_groups = len(specs)
         while open_groups:
             events = [self.events.get()]
             deadline = time.monotonic() + GATHER_S
@@ -142,7 +161,7 @@ class EpisodeRunner:
                     continue
                 except queue.Empty:
                     pass
-                busy = live - len(waiting) - sum(e[0] == "generate" for e in events)
+                busy = self.live - len(waiting) - sum(e[0] == "generate" for e in events)
                 left = deadline - time.monotonic()
                 if busy <= 0 or left <= 0:
                     break
@@ -156,7 +175,7 @@ class EpisodeRunner:
                     raise RuntimeError(f"environment failed in episode seed {run.seed}: "
                                        f"{event[2]!r}") from event[2]
                 if kind == "exit":
-                    live -= 1
+                    self.live -= 1
                 elif kind == "generate":
                     if run.cancelled:
                         _release(run)
@@ -169,6 +188,8 @@ class EpisodeRunner:
                         open_groups -= 1
                         self._cancel_rest(runs, run.group, waiting)
                         on_group(run.group, group)
+                        if self.refill is not None:
+                            open_groups += self._start(self.refill())
             waiting[:] = [r for r in waiting if not r.cancelled]
             if waiting and open_groups:
                 self._serve(waiting)
@@ -251,5 +272,20 @@ def rollout_episodes(claimed: list[tuple[str, PromptWork]], engine: EpisodeEngin
         totals[0] += len(episodes)
         totals[1] += sum(len(ep.response_ids) for ep in episodes)
 
-    runner.run(specs, stream)
+    pull_started = time.monotonic()
+
+    def refill() -> list[GroupSpec]:
+        """One new prompt per streamed group, if one is waiting and startable now. The pull ends
+        (no refill) once newer weights are published, so that they get loaded, and after a third
+        of the heartbeat TTL, so that the generator's heartbeat stays fresh."""
+        if (follower.newest()[0] > follower.loaded_version
+                or time.monotonic() - pull_started > cfg.rollout.heartbeat_ttl_s / 3):
+            return []
+        new = broker.claim_prompts(generator_id, 1, block_ms=None)
+        ready = [(e, w) for e, w in new if w.issued_version <= follower.loaded_version]
+        claimed.extend(ready)  # the rest stay pending: the next pull starts with them
+        return [GroupSpec(make_env=task.make_env, seed=int(w.item["answer"]), keep=w.n,
+                          start=w.n + extra) for _, w in ready]
+
+    runner.run(specs, stream, refill=refill)
     return totals[0], totals[1]

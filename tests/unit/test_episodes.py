@@ -106,3 +106,24 @@ def test_an_environment_error_is_raised_not_swallowed():
     spec = GroupSpec(lambda: Broken(2, lambda i: 0.0), seed=1, keep=1, start=2)
     with pytest.raises(RuntimeError, match="environment failed in episode seed 1"):
         _runner().run([spec], lambda g, eps: None)
+
+
+def test_refill_starts_new_groups_while_others_still_run():
+    """No barrier between pulls: a group streamed early makes room for a new one at once, while a
+    slow group of the first pull is still running."""
+    done_at, calls = {}, []
+    started = time.monotonic()
+    fast = lambda: ScriptedEnv(2, lambda i: 0.0)  # noqa: E731
+    specs = [GroupSpec(lambda: ScriptedEnv(3, lambda i: 0.6), seed=1, keep=1, start=1),
+             GroupSpec(fast, seed=2, keep=1, start=1)]
+
+    def refill():
+        calls.append(time.monotonic() - started)
+        return [GroupSpec(fast, seed=10 + len(calls), keep=1, start=1)] if len(calls) <= 2 else []
+
+    _runner().run(specs, lambda g, eps: done_at.setdefault(g, time.monotonic() - started),
+                  refill=refill)
+    # groups 2 and 3 came from refills and finished before the slow group 0 (>= 1.8 s)
+    assert set(done_at) == {0, 1, 2, 3}
+    assert done_at[2] < done_at[0] and done_at[3] < done_at[0] and done_at[0] >= 1.8
+    assert calls[0] < 1.0
