@@ -17,9 +17,11 @@ streamed to the learner (XADD + XACK) the moment its first n episodes have finis
 redundant episodes are cancelled at their next turn. Which n are kept is decided by wall-clock
 finishing order, so redundancy cuts the tail of slow environments as well as of long generations.
 
-No barrier between pulls either: each time a group is streamed, `refill` may claim a new prompt
-and its episodes join the running ones (until newer weights are published or a third of the
-heartbeat TTL has passed; then the pull drains, and the generator reloads and heartbeats). A new prompt issued for a newer weight version than the
+With `rollout.interrupt`, there is no barrier between pulls either: each time a group is
+streamed, `refill` claims a new prompt and its episodes join the running ones (for up to a third
+of the heartbeat TTL; then the pull drains and the generator heartbeats). Without `interrupt` a
+pull is the unit between weight loads: a refilled episode would have to finish before newer
+weights could be loaded, which lengthens every drain (measured: slower), so pulls stay whole. A new prompt issued for a newer weight version than the
 one loaded cannot start under the current weights (that would break a = 0's on-policy rule), so it
 stays claimed, pending, and opens the next pull after the reload.
 
@@ -275,11 +277,10 @@ def rollout_episodes(claimed: list[tuple[str, PromptWork]], engine: EpisodeEngin
     pull_started = time.monotonic()
 
     def refill() -> list[GroupSpec]:
-        """One new prompt per streamed group, if one is waiting and startable now. The pull ends
-        (no refill) once newer weights are published, so that they get loaded, and after a third
-        of the heartbeat TTL, so that the generator's heartbeat stays fresh."""
-        if (follower.newest()[0] > follower.loaded_version
-                or time.monotonic() - pull_started > cfg.rollout.heartbeat_ttl_s / 3):
+        """One new prompt per streamed group, if one is waiting and startable now; only while
+        weights can change mid-pull (interrupt) and for a third of the heartbeat TTL, so that the
+        generator's heartbeat stays fresh."""
+        if time.monotonic() - pull_started > cfg.rollout.heartbeat_ttl_s / 3:
             return []
         new = broker.claim_prompts(generator_id, 1, block_ms=None)
         ready = [(e, w) for e, w in new if w.issued_version <= follower.loaded_version]
@@ -287,5 +288,5 @@ def rollout_episodes(claimed: list[tuple[str, PromptWork]], engine: EpisodeEngin
         return [GroupSpec(make_env=task.make_env, seed=int(w.item["answer"]), keep=w.n,
                           start=w.n + extra) for _, w in ready]
 
-    runner.run(specs, stream, refill=refill)
+    runner.run(specs, stream, refill=refill if cfg.rollout.interrupt else None)
     return totals[0], totals[1]
