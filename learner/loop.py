@@ -266,7 +266,8 @@ def _resume(ln: Learner, ckpt: Path) -> None:
     state.lineage.rebase(state.version, state.step)
     publish(ln, version=state.version, step=state.step)
     if dist.is_main:
-        ln.broker.set_run_fields(version=state.version, step=state.step, state="training")
+        ln.broker.set_run_fields(version=state.version, step=state.step, state="training",
+                                 resumed_from_step=state.step)
     done = RankProgress(**state.ranks.get(dist.consumer, {}))
     ln.broker.ack_trajectories(done.entry_ids)
     done_ids = set(done.entry_ids)
@@ -303,6 +304,7 @@ def checkpoint(ln: Learner) -> float:
         if ln.algo.critic_optimizer is not None:
             optim["critic_optimizer"] = ln.algo.critic_optimizer.state_dict()
         ln.checkpoints.save(state, weights, optim, getattr(ln.algo.critic, "module", ln.algo.critic))
+        ln.broker.set_run_fields(checkpoint_step=state.step)
     dist.barrier()
     pause_point("after_checkpoint", state.step)
     ln.broker.ack_trajectories(ln.progress.entry_ids)
@@ -379,7 +381,8 @@ def run(cfg: Config, resume: bool | None = None) -> dict:
         ln.state.heldout_acc_before = ln.evaluate()
         log.info("held-out greedy accuracy before training: %.3f", ln.state.heldout_acc_before)
     if ln.dist.is_main:
-        ln.broker.set_run_fields(state="training", heldout_acc=ln.state.heldout_acc_before)
+        ln.broker.set_run_fields(state="training", heldout_acc=ln.state.heldout_acc_before,
+                                 learner_ranks=ln.dist.world_size)
     history = []
     for _ in range(ln.state.step, cfg.trainer.total_steps):
         history.append(learner_step(ln))

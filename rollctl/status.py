@@ -64,6 +64,8 @@ def show_status(cfg: Config, as_json: bool) -> None:
     print(f"learner: reward={lr.get('reward_mean', '-')} wait_frac={lr.get('wait_frac', '-')} "
           f"staleness_max={lr.get('staleness_max', '-')} samples/s={lr.get('samples_per_s', '-')} "
           f"tokens/s={lr.get('tokens_per_s', '-')}")
+    print(f"learner ranks={lr.get('learner_ranks', 1)} checkpoint_step="
+          f"{lr.get('checkpoint_step', '-')} resumed_from={lr.get('resumed_from_step', '-')}")
     print(guard_line(lr))
     w = s["weights"]
     print(f"weights: v{w.get('version', '-')} {w.get('path', '')}")

@@ -113,6 +113,9 @@ def test_learner_killed_mid_step_resumes_without_loss_or_double_training(
     # versions only increase; the model holds exactly STEPS updates (one per trained step)
     versions = [row["version"] for row in ledger]
     assert versions == sorted(versions) and len(set(versions)) == len(versions)
+    status = subprocess.run([sys.executable, "-m", "rollctl.cli", "status", "--config",
+                             str(config)], capture_output=True, text=True, timeout=60, check=True)
+    assert f"checkpoint_step={STEPS} resumed_from={resume[0]['step']}" in status.stdout
     final = json.loads((run_dir / "summary.json").read_text())
     assert final["steps"] == STEPS and final["final_version"] == versions[-1]
     latest = (run_dir / "checkpoints" / "LATEST").read_text().strip()
