@@ -61,27 +61,27 @@ def _rl(tmp: Path, model: Path, rm: Path, steps: int, **overrides) -> tuple[dict
 @pytest.fixture(scope="module")
 def rm_base_dir(tmp_path_factory) -> Path:
     """The reward model's backbone: SFT on exact answers (configs/rm.yaml's models/rm-base, here
-    500 instead of 1200 steps: 0.78 held-out accuracy as a policy, measured)."""
+    800 instead of 1200 steps: 0.835 held-out accuracy as a policy, measured)."""
     out = tmp_path_factory.mktemp("rm-base") / "model"
     _cli(["scripts/make_tiny_model.py", "--out", str(out), "--task-params", '{"ops": ["+"]}',
-          "--sft-steps", "500", "--sft-lr", "1e-3", "--seed", "1", "--no-eval"])
+          "--sft-steps", "800", "--sft-lr", "1e-3", "--seed", "1", "--no-eval"])
     return out
 
 
 @pytest.fixture(scope="module")
 def correct_rm(tmp_path_factory, warm_model_dir, rm_base_dir):
-    return _train_rm(tmp_path_factory.mktemp("rm"), warm_model_dir, "correct", 4000, STEPS_RM,
+    return _train_rm(tmp_path_factory.mktemp("rm"), warm_model_dir, "correct", 5000, STEPS_RM,
                      pretrain=rm_base_dir)
 
 
-STEPS_RM = 400  # measured 0.84 held-out pairwise accuracy (documented 2000-step run: README)
-STEPS_RL = 30  # measured held-out accuracy 0.275 -> 0.525 (README)
+STEPS_RM = 500  # measured 0.882 held-out pairwise accuracy (documented 2000-step run: README)
+STEPS_RL = 30  # measured held-out accuracy 0.275 -> 0.75 and 0.65 (two runs)
 
 
 @pytest.mark.slow
 def test_reward_model_ranks_heldout_pairs_well_above_chance(correct_rm):
     path, summary = correct_rm
-    assert summary["eval_pairs"] == 400 and summary["steps"] == STEPS_RM
+    assert summary["eval_pairs"] == 500 and summary["steps"] == STEPS_RM
     assert summary["eval_pairwise_acc"] >= 0.7, summary
     assert summary["eval_pairwise_acc"] >= summary["eval_pairwise_acc_before"] + 0.15, summary
     # a standard Hugging Face directory with a one-label head
@@ -96,7 +96,9 @@ def test_grpo_against_the_reward_model_improves_the_ground_truth(correct_rm, tmp
                                                                  warm_model_dir):
     summary, metrics = _rl(tmp_path, warm_model_dir, correct_rm[0], STEPS_RL)
     assert summary["steps"] == STEPS_RL and summary["stopped_by_guard"] is None
-    assert summary["heldout_acc_after"] >= summary["heldout_acc_before"] + 0.1, summary
+    # a weaker reward model (500-step backbone, 400 steps: 0.84 pairwise) gave 0.525 once and
+    # 0.305 once: RL found its mistakes; this one has not in our runs
+    assert summary["heldout_acc_after"] >= summary["heldout_acc_before"] + 0.15, summary
     # healthy run: every guard was computed every step and none fired
     assert all(m["guard/fired"] == 0 for m in metrics), [m["step"] for m in metrics
                                                           if m["guard/fired"]]
