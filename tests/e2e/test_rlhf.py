@@ -96,8 +96,8 @@ def test_grpo_against_the_reward_model_improves_the_ground_truth(correct_rm, tmp
                                                                  warm_model_dir):
     summary, metrics = _rl(tmp_path, warm_model_dir, correct_rm[0], STEPS_RL)
     assert summary["steps"] == STEPS_RL and summary["stopped_by_guard"] is None
-    # a weaker reward model (500-step backbone, 400 steps: 0.84 pairwise) gave 0.525 once and
-    # 0.305 once: RL found its mistakes; this one has not in our runs
+    # a weaker reward model (500-step backbone, 400 steps: 0.84 pairwise) gave 0.525, 0.305 and
+    # 0.30: RL found its mistakes; this one has not in our runs
     assert summary["heldout_acc_after"] >= summary["heldout_acc_before"] + 0.15, summary
     # healthy run: every guard was computed every step and none fired
     assert all(m["guard/fired"] == 0 for m in metrics), [m["step"] for m in metrics
