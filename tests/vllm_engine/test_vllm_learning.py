@@ -7,8 +7,9 @@ vLLM's) must stay at float32 noise on every step. That can only hold if vLLM hot
 published version: a generator that tagged samples with a version it had not loaded would differ
 by ~1e-2 per token (the staleness-1 mismatch of an asynchronous run).
 
-Observed on the 2-core machine: 0.275 -> 0.76 after 10 steps, 0.82 after 20; mismatch ~6e-7 per
-step; about 75 s, of which ~30 s is vLLM's start. docs/BENCHMARKS.md has the longer demo run.
+Observed on the 2-core machine: 0.275 -> 0.79 after these 12 steps (0.755 after 10, 0.82 after
+20); mismatch ~6e-7 per step; 50-75 s, of which ~30 s is vLLM's start, plus ~90 s for the
+session's warm start. docs/BENCHMARKS.md has the longer demo run.
 """
 
 from __future__ import annotations
