@@ -45,7 +45,10 @@ demo: install redis-server $(DEMO_MODEL)/config.json
 	$(BIN)/rollctl run --config $(DEMO_CONFIG)
 
 # the main suite in .venv, then the vLLM tests in .venv-vllm (test-vllm, below)
+# ROLLFLASH_TEST_MODELS: both pytest runs share the tiny models built for this `make test`
+test: export ROLLFLASH_TEST_MODELS = $(CURDIR)/.test-models
 test: install redis-server
+	rm -rf .test-models && mkdir -p .test-models
 	$(BIN)/python -m pytest tests -q --ignore=tests/vllm_engine $(PYTEST_ARGS)
 	$(MAKE) --no-print-directory test-vllm
 

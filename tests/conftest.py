@@ -4,10 +4,14 @@
 - `broker`: a RunBroker on that server with a run id unique to the test (keys never collide).
 - `tiny_model_dir`: a tiny Qwen2 model with a character tokenizer, built once per session with a
   short SFT by scripts/make_tiny_model.py (the same code path as `make demo`).
+
+With ROLLFLASH_TEST_MODELS=DIR (set by `make test`) the models are built once into DIR and reused
+by the next pytest session of the same `make test` (the vLLM suite runs in its own virtualenv).
 """
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import uuid
@@ -41,22 +45,29 @@ def broker(redis_url, run_id):
     return b
 
 
+def build_model(tmp_path_factory, name: str, args: list[str]) -> Path:
+    """scripts/make_tiny_model.py with `args`, built into the shared cache when there is one."""
+    cache = os.environ.get("ROLLFLASH_TEST_MODELS")
+    out = Path(cache) / name if cache else tmp_path_factory.mktemp(name) / "tiny"
+    if (out / "config.json").is_file():
+        return out
+    tmp = out.with_name(f".{out.name}.{os.getpid()}")
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "make_tiny_model.py"), "--out", str(tmp),
+                    *args, "--no-eval"], check=True, cwd=ROOT, capture_output=True)
+    tmp.rename(out)
+    return out
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("models") / "tiny"
-    subprocess.run([sys.executable, str(ROOT / "scripts" / "make_tiny_model.py"), "--out", str(out),
-                    "--sft-steps", "60", "--layers", "1", "--hidden", "64", "--no-eval"],
-                   check=True, cwd=ROOT, capture_output=True)
-    return out
+    return build_model(tmp_path_factory, "tiny",
+                       ["--sft-steps", "60", "--layers", "1", "--hidden", "64"])
 
 
 @pytest.fixture(scope="session")
 def warm_model_dir(tmp_path_factory) -> Path:
     """The demo's warm start: two-digit addition, SFT on a teacher that is off by one 60% of the
     time, where RL has room to improve (the same recipe as the Makefile's demo model)."""
-    out = tmp_path_factory.mktemp("warm") / "tiny"
-    subprocess.run([sys.executable, str(ROOT / "scripts" / "make_tiny_model.py"), "--out", str(out),
-                    "--task-params", '{"ops": ["+"]}', "--sft-steps", "1200", "--sft-lr", "1e-3",
-                    "--sft-teacher-error", "0.6", "--seed", "0", "--no-eval"],
-                   check=True, cwd=ROOT, capture_output=True)
-    return out
+    return build_model(tmp_path_factory, "warm",
+                       ["--task-params", '{"ops": ["+"]}', "--sft-steps", "1200", "--sft-lr",
+                        "1e-3", "--sft-teacher-error", "0.6", "--seed", "0"])

@@ -25,8 +25,9 @@ def test_unknown_key_names_the_key(tmp_path):
     out = _rollctl("start-learner", "--config", str(path), "--redis-url", "unix:///nowhere")
     assert out.returncode == 2
     assert out.stderr.strip().splitlines() == [
-        "rollctl: error: trainer.actor_lrr: unknown key (known: actor_lr, async_ratio, eval_every, "
-        "keep_versions, max_grad_norm, micro_batch_size, num_trainer_workers, rollout_batch_size, "
+        "rollctl: error: trainer.actor_lrr: unknown key (known: actor_lr, async_ratio, "
+        "checkpoint_every, eval_every, keep_versions, lr_schedule, lr_warmup_steps, max_grad_norm, "
+        "micro_batch_size, num_trainer_workers, rollout_batch_size, strategy, token_budget, "
         "total_steps, wait_timeout_s, weight_decay)"]
 
 
@@ -47,7 +48,7 @@ def test_generator_gives_up_on_unreachable_redis_with_a_clear_message(tmp_path):
     assert last.startswith(f"rollctl: error: cannot reach Redis at unix://{tmp_path}/no.sock")
     assert "start redis-server or fix redis.url" in last
     assert elapsed < 20
-    assert "retrying" in out.stderr  # it did retry with backoff before giving up
+    assert "reconnecting in" in out.stderr  # it did retry with backoff before giving up
 
 
 def test_learner_without_redis_url_says_so():

@@ -8,8 +8,9 @@ scoring with the reward model).
 - GRPO against that reward model raises held-out greedy accuracy, measured by the task's verifier
   that the reward model never saw, and no guard fires on this healthy run.
 - Against a reward model trained on an exploitable preference ("longer is better"), a policy
-  pushed hard (lr 1e-3) hacks it, and a guard stops the run: without a KL penalty its scores
-  collapse to one value; with one, the KL to the reference shoots up first.
+  pushed hard (lr 1e-3, no KL penalty) hacks it, and a guard stops the run: lengths pile up at
+  the limit and the scores collapse to one value (tests/unit/test_guards.py covers each guard,
+  the KL rise included, on hand-made numbers).
 
 The reward model starts from its own backbone, a short SFT on exact answers (`rm_base_dir`), as in
 configs/rm.yaml: starting from the policy's warm start (trained on an off-by-one teacher) gave a
@@ -116,16 +117,21 @@ def longer_rm(tmp_path_factory, warm_model_dir):
 NO_KL = {"algo.kl_coef": 0, "algo.kl_target": "null", "algo.use_kl_in_reward": "false"}
 
 
+# The signs of this hack: longer answers, so lengths pile up at the limit, and the scores of a
+# group collapse to one value once every answer is as long as allowed. Which guard passes its
+# patience first varies from run to run (measured: score_collapse or length_at_limit).
+HACK_GUARDS = ("score_collapse", "length_at_limit", "kl_rise")
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("overrides, guard", [(NO_KL, "score_collapse"), ({}, "kl_rise")],
-                         ids=["no-kl-penalty", "kl-penalty"])
-def test_guards_stop_a_run_that_hacks_an_exploitable_reward(overrides, guard, tmp_path,
-                                                            warm_model_dir, longer_rm):
+def test_guards_stop_a_run_that_hacks_an_exploitable_reward(tmp_path, warm_model_dir, longer_rm):
     summary, metrics = _rl(tmp_path, warm_model_dir, longer_rm, 40, **{
         "trainer.actor_lr": 1.0e-3, "guards.stop_on_guard": "true", "guards.patience": 2,
         "trainer.eval_every": 0, "trainer.rollout_batch_size": 16, "task.eval_size": 100,
-        **overrides})
-    assert summary["stopped_by_guard"] and summary["stopped_by_guard"].startswith(guard), summary
+        **NO_KL})
+    assert summary["stopped_by_guard"], summary
+    guard = summary["stopped_by_guard"].split(":")[0]
+    assert guard in HACK_GUARDS, summary
     assert summary["steps"] < 40 and len(metrics) == summary["steps"]
     fired = [m["step"] for m in metrics if m[f"guard/fired_{guard}"]]
     assert fired[-2:] == [summary["steps"] - 1, summary["steps"]], fired  # patience 2
