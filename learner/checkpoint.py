@@ -5,8 +5,9 @@ Layout: `{run_dir}/checkpoints/step{step:08d}/` holds
 - `optim.pt` (optimiser, scheduler and critic-optimiser state dicts: tensors and numbers only,
   loaded with `torch.load(weights_only=True)`, which refuses arbitrary pickled objects);
 - `state.json`: step, last published version, the version -> step lineage, admission counters,
-  RNG states, running reward statistics, the trajectory ids seen so far, and per rank the stream
-  entries trained since the previous checkpoint (`rank{r}` -> entry ids and trajectory ids).
+  RNG states, running reward statistics, the adaptive KL coefficient and guard streaks, the
+  trajectory ids seen so far, and per rank the stream entries trained since the previous
+  checkpoint (`rank{r}` -> entry ids and trajectory ids).
 A checkpoint appears by one atomic rename of a fsynced temp directory, then `LATEST` is replaced
 atomically; a directory without `state.json` (written last) is never used.
 
@@ -90,19 +91,20 @@ class LearnerState:
     seen: list[str] = field(default_factory=list)  # trajectory ids consumed (duplicate filter)
     ranks: dict[str, dict[str, list[str]]] = field(default_factory=dict)  # rank -> RankProgress
     rng: dict[str, Any] = field(default_factory=dict)
+    guards: dict[str, Any] = field(default_factory=dict)  # adaptive kl_coef, guard streaks
 
     def to_json(self) -> dict[str, Any]:
         return {"step": self.step, "version": self.version, "lineage": self.lineage.offsets,
                 "issued": self.issued, "replaced": self.replaced,
                 "heldout_acc_before": self.heldout_acc_before, "reward_norm": self.reward_norm,
-                "seen": self.seen, "ranks": self.ranks, "rng": self.rng}
+                "seen": self.seen, "ranks": self.ranks, "rng": self.rng, "guards": self.guards}
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> "LearnerState":
         return cls(step=d["step"], version=d["version"], lineage=Lineage(d["lineage"]),
                    issued=d["issued"], replaced=d["replaced"],
                    heldout_acc_before=d["heldout_acc_before"], reward_norm=d["reward_norm"],
-                   seen=d["seen"], ranks=d["ranks"], rng=d["rng"])
+                   seen=d["seen"], ranks=d["ranks"], rng=d["rng"], guards=d.get("guards", {}))
 
 
 def rng_state() -> dict[str, Any]:

@@ -248,6 +248,8 @@ def start(cfg: Config, resume: bool | None = None) -> Learner:
                  sink=MetricsSink(run_dir) if dist.is_main else None,
                  ledger=open(run_dir / ledger_name, "a", buffering=1), algo=algo)
     ln.guard = GuardMonitor(cfg)
+    for name, value in state.guards.items():  # adaptive kl_coef and guard streaks, resumed
+        setattr(ln.guard, name, value)
     if ckpt is None:
         publish(ln, version=0, step=0)
     else:
@@ -301,6 +303,9 @@ def checkpoint(ln: Learner) -> float:
         state.replaced = ln.broker.replaced_groups()
         state.reward_norm = vars(ln.algo.reward_norm).copy()
         state.rng = rng_state()
+        g = ln.guard
+        state.guards = {"kl_coef": g.kl_coef, "kl_history": g.kl_history, "streaks": g.streaks,
+                        "first_score_std": g.first_score_std}
         if ln.algo.critic_optimizer is not None:
             optim["critic_optimizer"] = ln.algo.critic_optimizer.state_dict()
         ln.checkpoints.save(state, weights, optim, getattr(ln.algo.critic, "module", ln.algo.critic))

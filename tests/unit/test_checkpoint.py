@@ -27,8 +27,9 @@ def test_lineage_maps_versions_to_steps_across_resumes():
     # a second crash: published up to v14 (step 10), resumed from step 9 as v15
     lin.rebase(next_version=15, next_step=9)
     assert [lin.step_of(v) for v in (13, 14, 15, 16)] == [9, 10, 9, 10]
-    state = LearnerState(lineage=lin)
-    assert LearnerState.from_json(json.loads(json.dumps(state.to_json()))).lineage == lin
+    state = LearnerState(lineage=lin, guards={"kl_coef": 0.05, "streaks": {"kl_rise": 1}})
+    back = LearnerState.from_json(json.loads(json.dumps(state.to_json())))
+    assert back.lineage == lin and back.guards == state.guards
 
 
 def test_rng_state_round_trips():
