@@ -24,11 +24,11 @@ class RedisServerError(RuntimeError):
     pass
 
 
-def die_with_parent() -> None:
-    """preexec_fn for child processes: the kernel sends SIGTERM when the parent exits (Linux), so
+def die_with_parent(sig: int = signal.SIGTERM) -> None:
+    """preexec_fn for child processes: the kernel sends `sig` when the parent exits (Linux), so
     even a `kill -9` of the parent leaves no orphan."""
     try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, sig)  # 1 = PR_SET_PDEATHSIG
     except OSError:
         pass
 

@@ -2,8 +2,8 @@
 
 Starts a private redis-server on a unix socket under the run directory (unless a Redis URL is
 given), then the learner and N generators as child processes of this one. Each child asks the
-kernel to SIGTERM it if this process dies (PR_SET_PDEATHSIG), so even a `kill -9` of `rollctl run`
-leaves no orphan. On Ctrl-C, or when the learner exits, the generators get SIGTERM, then SIGKILL
+kernel to SIGKILL it if this process dies (PR_SET_PDEATHSIG; redis-server gets SIGTERM), so even a
+`kill -9` of `rollctl run` leaves no orphan. On Ctrl-C, or when the learner exits, the generators get SIGTERM, then SIGKILL
 after a grace period, and Redis is stopped last.
 """
 
@@ -22,12 +22,19 @@ from broker.redis_server import EmbeddedRedis, die_with_parent
 
 log = logging.getLogger(__name__)
 
+def _die_with_run() -> None:
+    """SIGKILL, not SIGTERM: a generator asked to stop gracefully would first wait out its Redis
+    reconnect backoff (the embedded Redis dies with this process too), and nothing a learner or
+    generator holds is lost by a kill (checkpoints, pending prompts)."""
+    die_with_parent(signal.SIGKILL)
+
+
 def _spawn(args: list[str], log_path: Path) -> subprocess.Popen:
     out = open(log_path, "ab")
     try:
         return subprocess.Popen([sys.executable, "-m", "rollctl.cli", *args], stdout=out,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                preexec_fn=die_with_parent)
+                                preexec_fn=_die_with_run)
     finally:
         out.close()
 
