@@ -5,6 +5,7 @@ streams), from which the tests compute what was lost and duplicated."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -34,10 +35,11 @@ def write_config(tmp_path: Path, redis_url: str, run_id: str, steps: int, batch:
     return path
 
 
-def start(role: str, config: Path, *extra: str) -> subprocess.Popen:
+def start(role: str, config: Path, *extra: str, env: dict[str, str] | None = None
+          ) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "rollctl.cli", role, "--config", str(config),
                              *extra], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            text=True)
+                            text=True, env={**os.environ, **(env or {})})
 
 
 def wait_until(predicate, timeout_s: float, what: str) -> None:

@@ -5,28 +5,12 @@ a late duplicate. Training must finish, with every group trained exactly once.""
 import json
 import os
 import signal
-import subprocess
-import sys
-import time
 
 import redis
 import yaml
+from harness import start, wait_until
 
 STEPS, B = 10, 4
-
-
-def _start(role, config, *extra):
-    return subprocess.Popen([sys.executable, "-m", "rollctl.cli", role, "--config", str(config),
-                             *extra], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-
-
-def _wait_until(predicate, timeout_s, what):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def _pending_of(r, stream, consumer):
@@ -53,19 +37,19 @@ def test_killed_and_frozen_generators_lose_nothing_and_train_nothing_twice(
     }))
     r = redis.Redis.from_url(redis_url)
     prompts = f"rl:{run_id}:prompts"
-    victims = {name: _start("start-generator", config, "--id", name)
+    victims = {name: start("start-generator", config, "--id", name)
                for name in ("victim", "sleeper")}
-    learner = _start("start-learner", config)
+    learner = start("start-learner", config)
     # the learner publishes v0 and issues prompts; wait until each victim is mid-generation
-    _wait_until(lambda: _pending_of(r, prompts, "victim") and _pending_of(r, prompts, "sleeper"),
+    wait_until(lambda: _pending_of(r, prompts, "victim") and _pending_of(r, prompts, "sleeper"),
                 60, "both victims to claim a prompt")
     victims["victim"].send_signal(signal.SIGKILL)
     victims["sleeper"].send_signal(signal.SIGSTOP)
     frozen = [p["message_id"].decode() for p in _pending_of(r, prompts, "sleeper")]
-    healthy = [_start("start-generator", config, "--id", f"healthy-{i}") for i in range(2)]
+    healthy = [start("start-generator", config, "--id", f"healthy-{i}") for i in range(2)]
     try:
         # the sleeper's prompt must be taken over while it is frozen
-        _wait_until(lambda: not {p["message_id"].decode()
+        wait_until(lambda: not {p["message_id"].decode()
                                  for p in _pending_of(r, prompts, "sleeper")} & set(frozen),
                     30, "the frozen generator's prompt to be reclaimed")
         os.kill(victims["sleeper"].pid, signal.SIGCONT)  # wakes up and delivers a duplicate

@@ -12,25 +12,17 @@ must hold exactly `total_steps` updates, and versions must only increase.
 """
 
 import json
-import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import redis
-import yaml
+from harness import start, stop_all, wait_until, write_config
 from safetensors.torch import load_file
 
 STEPS, B, EVERY = 10, 4, 3
-
-
-def _start(role, config, *extra, env=None):
-    return subprocess.Popen([sys.executable, "-m", "rollctl.cli", role, "--config", str(config),
-                             *extra], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, **(env or {})})
 
 
 def _stopped(pid: int) -> bool:
@@ -39,15 +31,6 @@ def _stopped(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
     except FileNotFoundError:
         return False
-
-
-def _wait_until(predicate, timeout_s, what):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def surviving_rows(ledger: list[dict]) -> list[dict]:
@@ -66,32 +49,21 @@ def surviving_rows(ledger: list[dict]) -> list[dict]:
 def test_learner_killed_mid_step_resumes_without_loss_or_double_training(
         tmp_path, redis_url, run_id, window, step):
     run_dir = tmp_path / "run"
-    config = tmp_path / "run.yaml"
-    config.write_text(yaml.safe_dump({
-        "run": {"run_id": run_id, "run_dir": str(run_dir), "torch_threads": 1},
-        "redis": {"url": redis_url},
-        "task": {"eval_size": 1},
-        "rollout": {"engine": "sim", "num_return_sequences": 2, "max_new_tokens": 64,
-                    "prompts_per_pull": 1},
-        "sim": {"per_token_s": 0.001, "length_median": 16, "length_sigma": 0.5,
-                "learner_step_s": 0.1},
-        "trainer": {"rollout_batch_size": B, "total_steps": STEPS, "async_ratio": 1,
-                    "wait_timeout_s": 60, "checkpoint_every": EVERY},
-    }))
-    gens = [_start("start-generator", config, "--id", f"gen-{i}") for i in range(2)]
+    config = write_config(tmp_path, redis_url, run_id, STEPS, B,
+                          sim={"per_token_s": 0.001, "length_median": 16, "length_sigma": 0.5},
+                          trainer={"checkpoint_every": EVERY})
+    gens = [start("start-generator", config, "--id", f"gen-{i}") for i in range(2)]
     try:
-        first = _start("start-learner", config, env={"ROLLFLASH_PAUSE_AT": f"{window}:{step}"})
-        _wait_until(lambda: _stopped(first.pid) or first.poll() is not None, 90,
-                    f"the learner to reach {window} of step {step}")
+        first = start("start-learner", config, env={"ROLLFLASH_PAUSE_AT": f"{window}:{step}"})
+        wait_until(lambda: _stopped(first.pid) or first.poll() is not None, 90,
+                   f"the learner to reach {window} of step {step}")
         assert first.poll() is None, first.stderr.read()[-3000:]
         first.send_signal(signal.SIGKILL)
         first.wait()
-        second = _start("start-learner", config)
+        second = start("start-learner", config)
         assert second.wait(timeout=120) == 0, second.stderr.read()[-3000:]
     finally:
-        for p in gens:
-            p.terminate()
-            p.wait(timeout=30)
+        stop_all(gens)
 
     r = redis.Redis.from_url(redis_url)
     ledger = [json.loads(x) for x in (run_dir / "ledger.jsonl").read_text().splitlines()]
