@@ -81,6 +81,19 @@ class Trajectory:
     def reward_mean(self) -> float:
         return float(np.mean([s.reward for s in self.samples])) if self.samples else 0.0
 
+    @classmethod
+    def for_work(cls, work: PromptWork, samples: list[Sample], prompt_ids: Any, generator: str,
+                 version: int) -> "Trajectory":
+        """The answer to one prompt entry: traj_id is the group id (plus `/k` for replicated
+        sample k), and the behaviour version is the oldest token's (`version` if none)."""
+        oldest = min((int(s.token_versions.min()) for s in samples if s.token_versions.size),
+                     default=version)
+        traj_id = work.group_id if work.sample_index < 0 else f"{work.group_id}/{work.sample_index}"
+        return cls(traj_id=traj_id, prompt_id=work.prompt_id, group_id=work.group_id,
+                   generator=generator, behavior_version=oldest,
+                   issued_version=work.issued_version,
+                   prompt_ids=np.asarray(prompt_ids, dtype=np.int32), samples=samples)
+
 
 def pack_array(a: np.ndarray, dtype: str) -> dict[str, Any]:
     a = np.ascontiguousarray(a, dtype=_DTYPES[dtype])

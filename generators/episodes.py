@@ -238,12 +238,8 @@ def episodes_to_trajectory(work: PromptWork, episodes: list[Episode],
             turn_starts=np.asarray(ep.turn_starts, dtype=np.int32),
             turn_rewards=np.asarray(ep.turn_rewards, dtype=np.float32),
             turn_states=np.asarray(ep.turn_states, dtype=np.int64)))
-    oldest = min(int(s.token_versions.min()) for s in samples)
-    traj_id = work.group_id if work.sample_index < 0 else f"{work.group_id}/{work.sample_index}"
-    return Trajectory(traj_id=traj_id, prompt_id=work.prompt_id, group_id=work.group_id,
-                      generator=generator_id, behavior_version=oldest,
-                      issued_version=work.issued_version,
-                      prompt_ids=np.asarray(episodes[0].prompt_ids, dtype=np.int32), samples=samples)
+    return Trajectory.for_work(work, samples, episodes[0].prompt_ids, generator_id,
+                               version=int(samples[0].token_versions.min()))
 
 
 def rollout_episodes(claimed: list[tuple[str, PromptWork]], engine: EpisodeEngine, task: EnvTask,

@@ -87,12 +87,7 @@ def to_trajectory(work: PromptWork, samples: list[GeneratedSample], task: Task,
                           token_versions=np.asarray(versions, dtype=np.int32),
                           reward=task.score(item, s.text) if rewards is None else rewards[k],
                           finished=s.finished, text=s.text))
-    oldest = min((int(s.token_versions.min()) for s in out if s.token_versions.size), default=version)
-    traj_id = work.group_id if work.sample_index < 0 else f"{work.group_id}/{work.sample_index}"
-    return Trajectory(traj_id=traj_id, prompt_id=work.prompt_id, group_id=work.group_id,
-                      generator=generator_id, behavior_version=oldest,
-                      issued_version=work.issued_version,
-                      prompt_ids=np.asarray(samples[0].prompt_ids, dtype=np.int32), samples=out)
+    return Trajectory.for_work(work, out, samples[0].prompt_ids, generator_id, version)
 
 
 def rollout_batch(claimed: list[tuple[str, PromptWork]], engine: Engine, task: Task,
