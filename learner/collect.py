@@ -190,10 +190,11 @@ class Collector:
             out.entry_ids.extend(r.entry_ids)
             out.staleness[max(0, self.age(r.group, step))] += 1
         self.trained.update(t for ids in taken for t in ids)
-        self.ready = [r for r in self.ready if r.group.traj_id not in self.trained
-                      or self._ack_duplicate(out, r)]
-
-    def _ack_duplicate(self, out: Collected, r: Ready) -> bool:
-        out.duplicate_ids.append(r.group.traj_id)
-        self.broker.ack_trajectories(r.entry_ids)
-        return False
+        kept = []
+        for r in self.ready:  # a copy of a group another rank has just trained
+            if r.group.traj_id in self.trained:
+                out.duplicate_ids.append(r.group.traj_id)
+                self.broker.ack_trajectories(r.entry_ids)
+            else:
+                kept.append(r)
+        self.ready = kept

@@ -43,12 +43,18 @@ def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_ma
     sequences laid end to end without padding (learner/packing.py); the result is the same."""
     if packed:
         p = pack(input_ids, attention_mask)
-        logp, entropy = token_logprobs(lambda **kw: forward_packed(model, p), p.input_ids,
-                                       torch.ones_like(p.input_ids), temperature, with_entropy)
+        logp, entropy = _from_logits(forward_packed(model, p).logits, p.input_ids, temperature,
+                                     with_entropy)
         shape = (input_ids.shape[0], input_ids.shape[1] - 1)
         return unpack(logp, p, shape), (unpack(entropy, p, shape) if with_entropy else None)
-    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1]
-    z = logits.float() / temperature  # [b, L-1, V]
+    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits
+    return _from_logits(logits, input_ids, temperature, with_entropy)
+
+
+def _from_logits(logits: torch.Tensor, input_ids: torch.Tensor, temperature: float,
+                 with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """logits [b, L, V], input_ids [b, L] -> next-token logp [b, L-1] (and entropy [b, L-1])."""
+    z = logits[:, :-1].float() / temperature  # [b, L-1, V]
     picked = z.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
     logp = picked - torch.logsumexp(z, dim=-1)
     return logp, (chunked_entropy(z) if with_entropy else None)

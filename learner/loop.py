@@ -21,6 +21,7 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+import math
 import os
 import signal
 import time
@@ -174,8 +175,6 @@ def pause_point(name: str, step: int) -> None:
 
 def lr_schedule(cfg: Config):
     """Linear warm-up over `trainer.lr_warmup_steps`, then constant or cosine decay to 0."""
-    import math
-
     t = cfg.trainer
 
     def factor(step: int) -> float:
