@@ -122,10 +122,13 @@ def run(config: Optional[Path] = ConfigOpt, set_: Optional[List[str]] = SetOpt,
         redis_url: Optional[str] = RedisOpt,
         generators: Optional[int] = typer.Option(None, "--generators", "-g",
                                                  help="Generator processes (overrides "
-                                                      "rollout.num_rollout_workers).")) -> None:
+                                                      "rollout.num_rollout_workers)."),
+        engine: Optional[str] = typer.Option(None, help="hf | vllm | sim (overrides "
+                                                        "rollout.engine)")) -> None:
     """Run everything on this machine: Redis (embedded unless --redis-url), learner, generators."""
-    cfg = _load(config, (set_ or []) + ([f"rollout.num_rollout_workers={generators}"]
-                                        if generators is not None else []), redis_url)
+    cfg = _load(config, (set_ or [])
+                + ([f"rollout.num_rollout_workers={generators}"] if generators is not None else [])
+                + ([f"rollout.engine={engine}"] if engine else []), redis_url)
     from rollctl.local import run_local
 
     code = _guarded(run_local, cfg)

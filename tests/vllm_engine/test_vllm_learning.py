@@ -33,7 +33,7 @@ def test_grpo_with_vllm_generators_improves_heldout_accuracy(tmp_path, redis_url
     proc = subprocess.run([sys.executable, "-m", "rollctl.cli", "run", "--config",
                            str(ROOT / "configs" / "demo.yaml"), "--redis-url", redis_url,
                            "--generators", "1",
-                           "--set", "rollout.engine=vllm", "--set", f"model.path={warm_model_dir}",
+                           "--engine", "vllm", "--set", f"model.path={warm_model_dir}",
                            "--set", f"run.run_dir={run_dir}", "--set", f"run.run_id={run_id}",
                            "--set", f"trainer.total_steps={STEPS}",
                            "--set", "trainer.async_ratio=0"],
