@@ -20,8 +20,20 @@ Redis restarts (ARCHITECTURE.md, docs/faults.md):
   learner's broker re-checks, at most once a second, that the prompts it added are still there
   (`verify_prompts`), re-adds the forgotten ones and counts them (`lost["prompts"]`, run hash
   `redis_lost_prompts`). A forgotten trajectory comes back by itself: its prompt's XACK was in the
-  same transaction, so the prompt is pending again and is generated again; the generator that
-  wrote it recognises the prompt and counts it (`lost["trajectories"]`, heartbeat `redis_lost`).
+  same transaction, so the prompt is pending again and is generated again. Two witnesses count
+  it, each from its own side, so the same write may be counted by both (report both; never add
+  them up):
+  - its writer, if the same process is still alive, recognises the prompt when it comes back
+    (`lost["trajectories"]`, heartbeat `redis_lost`). A writer that died or restarted cannot;
+  - the learner's rank 0, whoever wrote it (`verify_trajectories`, at most once a second): it
+    remembers the stream's `entries-added` and last id as it last saw them; Redis comes back with
+    a prefix of its history, so once that id is gone, `entries-added` minus the entries after it
+    is what Redis still holds of what the learner saw, and the difference is counted
+    (`lost["trajectory_writes"]`, run hash `redis_lost_trajectory_writes`). `entries-added`
+    alone would miss it once generators write again before the learner's next look.
+  What neither counts: a write added after the learner's last look (up to a second while it
+  reads, a whole training step while it trains) whose writer also died or restarted; and what
+  Redis forgot before a (re)started learner's first look.
 - Writes refused because Redis is at maxmemory (noeviction: "OOM ...") are retried with backoff
   for `busy_timeout_s`, then raise `BrokerUnavailable`.
 """
@@ -47,6 +59,7 @@ LEARNER_GROUP = "learner"
 WATCH_INTERVAL_S = 1.0  # how often the learner's reads re-check that Redis still holds the run
 RECENT_PROMPTS = 4096  # prompt entries the learner remembers, to re-add any Redis forgets
 RECENT_COMPLETIONS = 65536  # prompts a generator remembers finishing, to spot forgotten ones
+COUNT_CHUNK = 256  # entries per XRANGE when counting the trajectories added after a restart
 
 
 class RunMismatch(RuntimeError):
@@ -106,6 +119,8 @@ class RunBroker:
         self._recent_prompts: deque[tuple[str, dict]] = deque(maxlen=RECENT_PROMPTS)
         self._last_issued: int | None = None
         self._completed: OrderedDict[tuple[str, int], None] = OrderedDict()
+        # the learner's last look at the trajectories stream: (entries-added, last id)
+        self._trajectory_writes: tuple[int, str] | None = None
         self._next_watch = 0.0
 
     def _busy(self, write: Callable[[], Any]) -> Any:
@@ -246,13 +261,70 @@ class RunBroker:
         self._busy(lambda: self.r.hincrby(self.run_key, "redis_lost_prompts", len(forgotten)))
         return len(forgotten)
 
+    def track_trajectory_writes(self) -> None:
+        """Learner rank 0: from now on `verify_trajectories` counts trajectory writes Redis
+        forgets. It starts from the stream as it is now: what Redis forgot before is not seen."""
+        self._trajectory_writes = self._trajectories_look(None)[1:]
+
+    def _trajectories_look(self, entry_id: str | None) -> tuple[bool, int, str]:
+        """Whether `entry_id` (None: skip) is in the trajectories stream, its entries-added and
+        last id; one round trip, so a restart cannot fall between the answers."""
+        pipe = self.r.pipeline(transaction=False)
+        if entry_id is not None:
+            pipe.xrange(self.trajectories, entry_id, entry_id)
+        pipe.xinfo_stream(self.trajectories)
+        *found, info = pipe.execute(raise_on_error=False)
+        if isinstance(info, Exception):
+            if "no such key" not in str(info).lower():
+                raise info
+            raise _lost(self.prefix, f"the stream {self.trajectories} is gone")
+        return (bool(found[0]) if found else True, int(info["entries-added"]),
+                _text(info["last-generated-id"]))
+
+    def verify_trajectories(self) -> int:
+        """Learner rank 0 (after `track_trajectory_writes`): count trajectory writes, by any
+        generator, that Redis acknowledged and then forgot (a restart with appendfsync
+        everysec); returns how many. Their prompts come back by themselves (module docstring).
+
+        Redis comes back with a prefix of its history, so if the last entry we saw is still
+        there nothing we saw was lost. If it is gone, every entry after it was added since the
+        restart, so entries-added minus those entries is how many of the `seen` Redis kept."""
+        if self._trajectory_writes is None:
+            return 0
+        seen, last = self._trajectory_writes
+        still_there, added, now_last = self._trajectories_look(last if seen else None)
+        forgotten = 0
+        if not still_there:
+            forgotten = max(0, seen - (added - self._count_between(last, now_last)))
+        self._trajectory_writes = (added, now_last)
+        if forgotten:
+            log.error("Redis forgot %d trajectory writes it had acknowledged (restart with "
+                      "appendfsync everysec?); their prompts are delivered and generated again",
+                      forgotten)
+            self.lost["trajectory_writes"] += forgotten
+            self._busy(lambda: self.r.hincrby(self.run_key, "redis_lost_trajectory_writes",
+                                              forgotten))
+        return forgotten
+
+    def _count_between(self, after: str, upto: str) -> int:
+        """Trajectory entries with ids in (after, upto]; only run after Redis forgot some."""
+        n, start = 0, f"({after}"
+        while True:
+            chunk = self.r.xrange(self.trajectories, start, upto, count=COUNT_CHUNK)
+            n += len(chunk)
+            if len(chunk) < COUNT_CHUNK:
+                return n
+            start = f"({_text(chunk[-1][0])}"
+
     def watch(self) -> None:
-        """Learner: at most every WATCH_INTERVAL_S, `check_intact` and `verify_prompts`."""
+        """Learner: at most every WATCH_INTERVAL_S, `check_intact`, `verify_prompts` and
+        `verify_trajectories`."""
         if self._fingerprint is None or time.monotonic() < self._next_watch:
             return
         self._next_watch = time.monotonic() + WATCH_INTERVAL_S
         self.check_intact()
         self.verify_prompts()
+        self.verify_trajectories()
 
     def claim_prompts(self, consumer: str, count: int, block_ms: int | None,
                       own_pending: bool = False) -> list[tuple[str, PromptWork]]:

@@ -2,7 +2,7 @@
 from its directory: calls ride out the restart; with `appendfsync always` nothing acknowledged is
 lost; a server that comes back empty is reported (RunLost), never silently re-created; and what a
 server with `appendfsync everysec` forgets is re-added (prompts) or regenerated (trajectories), and
-counted.
+counted: by the generator that wrote it while it lives, and by the learner whoever wrote it.
 
 The everysec window: SIGKILL alone loses nothing (the OS still holds what Redis wrote to the AOF);
 what everysec risks is an OS crash or power cut losing the last second of un-fsynced AOF. The
@@ -172,5 +172,52 @@ def test_everysec_window_forgotten_prompts_and_trajectories_are_recovered_and_co
         good, _ = learner.read_trajectories("rank0", 10, 100, vocab_size=10)
         assert sorted(t.traj_id for _, t in good) == [f"g{i:09d}" for i in range(5)]
         assert learner.r.xpending(learner.prompts, GEN_GROUP)["pending"] == 0
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("after_restart", ["another generator takes over", "its writer restarts"])
+def test_everysec_forgotten_trajectories_of_a_dead_writer_are_counted_by_the_learner(
+        tmp_path, after_restart):
+    server = _server(tmp_path, "everysec")
+    try:
+        learner, gen = _pair(server)
+        learner.track_trajectory_writes()
+        learner.add_prompts([_work(i) for i in range(6)])
+        claimed = gen.claim_prompts("gen-0", 5, block_ms=100)  # g0..g4, delivered to gen-0
+
+        def write(k: int) -> None:
+            gen.add_trajectory(_traj(claimed[k][1]), claimed[k][0])
+
+        write(0), write(1)
+        durable = _aof_incr(server).stat().st_size  # what survives the simulated power cut
+        write(2), write(3)  # acknowledged, then forgotten
+        assert learner.verify_trajectories() == 0  # its look: 4 entries, the last one g3's
+        write(4)  # after the learner's last look: the residual window
+        # gen-0 dies (kill -9) with the only memory of having written g2..g4
+        server.kill()
+        with open(_aof_incr(server), "r+b") as f:
+            f.truncate(durable)
+        server.start()
+        other = RunBroker(connect(server.url, 20.0), "r", 100_000, busy_timeout_s=5)
+        other.join_run(FP, timeout_s=5)
+        if after_restart == "another generator takes over":
+            consumer, redo = "gen-1", other.reclaim_prompts("gen-1", min_idle_ms=0, count=10)
+        else:  # a new process with the same id and an empty memory
+            consumer, redo = "gen-0", other.claim_prompts("gen-0", 10, None, own_pending=True)
+        assert [w.group_id for _, w in redo] == ["g000000002", "g000000003", "g000000004"]
+        redo += other.claim_prompts(consumer, 10, block_ms=100)  # and g5, never claimed before
+        for entry_id, w in redo:
+            other.add_trajectory(_traj(w), entry_id)
+        assert other.lost["trajectories"] == 0  # the writer that could have told is gone
+        # 2 kept + 4 new = 6 > the 4 the learner saw: entries-added alone shows no loss
+        assert learner.r.xinfo_stream(learner.trajectories)["entries-added"] == 6
+        # but g3's entry, the last the learner saw, is gone: 6 - 4 added since = 2 kept of 4
+        assert learner.verify_trajectories() == 2  # g2, g3 (g4 came after its last look)
+        assert learner.lost["trajectory_writes"] == 2
+        assert learner.run_fields()["redis_lost_trajectory_writes"] == "2"
+        assert learner.verify_trajectories() == 0  # re-based: each loss is counted once
+        good, _ = learner.read_trajectories("rank0", 10, 100, vocab_size=10)
+        assert sorted(t.traj_id for _, t in good) == [f"g{i:09d}" for i in range(6)]
     finally:
         server.stop()
