@@ -34,6 +34,8 @@ Redis restarts (ARCHITECTURE.md, docs/faults.md):
   What neither counts: a write added after the learner's last look (up to a second while it
   reads, a whole training step while it trains) whose writer also died or restarted; and what
   Redis forgot before a (re)started learner's first look.
+  A forgotten weights announcement is made again (`verify_weights`): re-added prompts may name
+  that version, and generators wait until the `weights` hash does.
 - Writes refused because Redis is at maxmemory (noeviction: "OOM ...") are retried with backoff
   for `busy_timeout_s`, then raise `BrokerUnavailable`.
 """
@@ -121,6 +123,7 @@ class RunBroker:
         self._completed: OrderedDict[tuple[str, int], None] = OrderedDict()
         # the learner's last look at the trajectories stream: (entries-added, last id)
         self._trajectory_writes: tuple[int, str] | None = None
+        self._announced: dict | None = None  # the last weights this process announced
         self._next_watch = 0.0
 
     def _busy(self, write: Callable[[], Any]) -> Any:
@@ -317,14 +320,15 @@ class RunBroker:
             start = f"({_text(chunk[-1][0])}"
 
     def watch(self) -> None:
-        """Learner: at most every WATCH_INTERVAL_S, `check_intact`, `verify_prompts` and
-        `verify_trajectories`."""
+        """Learner: at most every WATCH_INTERVAL_S, `check_intact`, `verify_prompts`,
+        `verify_trajectories` and `verify_weights`."""
         if self._fingerprint is None or time.monotonic() < self._next_watch:
             return
         self._next_watch = time.monotonic() + WATCH_INTERVAL_S
         self.check_intact()
         self.verify_prompts()
         self.verify_trajectories()
+        self.verify_weights()
 
     def claim_prompts(self, consumer: str, count: int, block_ms: int | None,
                       own_pending: bool = False) -> list[tuple[str, PromptWork]]:
@@ -466,9 +470,24 @@ class RunBroker:
 
     # --- weights and liveness ---------------------------------------------------------------------
     def announce_weights(self, version: int, path: str, sha256: str, zmq_endpoint: str) -> None:
-        self._busy(lambda: self.r.hset(self.weights_key, mapping={
-            "version": version, "path": path, "sha256": sha256, "published_at": time.time(),
-            "zmq_endpoint": zmq_endpoint}))
+        self._announced = {"version": version, "path": path, "sha256": sha256,
+                           "published_at": time.time(), "zmq_endpoint": zmq_endpoint}
+        self._busy(lambda: self.r.hset(self.weights_key, mapping=self._announced))
+
+    def verify_weights(self) -> bool:
+        """Learner rank 0: announce the last published version again if Redis forgot it (a
+        restart with appendfsync everysec): prompts re-added by `verify_prompts` may name it,
+        and a generator waits for the hash to. Returns whether it had to."""
+        if self._announced is None:
+            return False
+        have = _text(self.r.hget(self.weights_key, "version"))
+        if have is not None and int(have) >= self._announced["version"]:
+            return False
+        log.error("Redis forgot that weights v%d were published (it says v%s); announcing them "
+                  "again", self._announced["version"], have)
+        self.lost["weights"] += 1
+        self._busy(lambda: self.r.hset(self.weights_key, mapping=self._announced))
+        return True
 
     def weights(self) -> dict[str, str]:
         return {_text(k): _text(v) for k, v in self.r.hgetall(self.weights_key).items()}

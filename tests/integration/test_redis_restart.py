@@ -221,3 +221,24 @@ def test_everysec_forgotten_trajectories_of_a_dead_writer_are_counted_by_the_lea
         assert sorted(t.traj_id for _, t in good) == [f"g{i:09d}" for i in range(6)]
     finally:
         server.stop()
+
+
+def test_everysec_forgotten_weights_announcement_is_made_again(tmp_path):
+    server = _server(tmp_path, "everysec")
+    try:
+        learner, gen = _pair(server)
+        learner.announce_weights(1, "/w/v1", "sha-1", "tcp://x")
+        durable = _aof_incr(server).stat().st_size
+        learner.announce_weights(2, "/w/v2", "sha-2", "tcp://x")  # acknowledged, then forgotten
+        assert learner.verify_weights() is False
+        server.kill()
+        with open(_aof_incr(server), "r+b") as f:
+            f.truncate(durable)
+        server.start()
+        assert gen.weights()["version"] == "1"  # a generator waiting for v2 would wait forever
+        assert learner.verify_weights() is True
+        assert {k: gen.weights()[k] for k in ("version", "path", "sha256")} == {
+            "version": "2", "path": "/w/v2", "sha256": "sha-2"}
+        assert learner.lost["weights"] == 1 and learner.verify_weights() is False
+    finally:
+        server.stop()
