@@ -200,6 +200,8 @@ def start(cfg: Config, resume: bool | None = None) -> Learner:
     broker.ensure_groups()  # before registering: generators wait for the registration
     broker.register_run(cfg.fingerprint())
     broker.check_intact()  # a Redis that came back empty is reported, never silently re-created
+    if dist.is_main:  # one witness of forgotten trajectory writes per run, not one per rank
+        broker.track_trajectory_writes()
     checkpoints = CheckpointStore(run_dir)
     ckpt = None if resume is False else checkpoints.latest()
     if resume and ckpt is None:
@@ -345,6 +347,8 @@ def learner_step(ln: Learner) -> dict[str, float]:
         ln.progress.clear()
     local = step_metrics(batch, {**stats, "optim/lr": ln.scheduler.get_last_lr()[0],
                                  "redis/lost_prompts": ln.broker.lost["prompts"],
+                                 "redis/lost_trajectory_writes":
+                                     ln.broker.lost["trajectory_writes"],
                                  **guard_values(batch.groups, cfg.guards.ngram_n)},
                          {"step_s": time.monotonic() - t0, "publish_s": publish_s,
                           "checkpoint_s": checkpoint_s})

@@ -39,7 +39,7 @@ class MetricsSink:
 
 
 _SUMMED = ("async/dropped_stale", "async/duplicates", "async/late_samples", "async/rejected",
-           "async/staleness_hist/", "filter/dropped_")
+           "async/staleness_hist/", "filter/dropped_", "redis/")  # redis/: counted on rank 0
 
 
 def merge_rank_metrics(parts: list[tuple[dict[str, float], int]]) -> dict[str, float]:

@@ -1,8 +1,8 @@
 """`rollctl status`: what a run is doing, read from Redis only.
 
 Shows stream lengths, each consumer group's pending and lag, the published weight version, the
-learner's progress, the reward-hacking guards' last warnings and every live generator with its
-loaded version and counters.
+learner's progress, the reward-hacking guards' last warnings, what Redis forgot after a restart
+(broker/streams.py) and every live generator with its loaded version and counters.
 """
 
 from __future__ import annotations
@@ -52,6 +52,16 @@ def guard_line(learner: dict) -> str:
     return line
 
 
+def redis_lost_line(learner: dict, generators: dict) -> str:
+    """Acknowledged writes Redis forgot in a restart. Forgotten trajectory writes have two
+    witnesses that may count the same write: the learner (every write it had seen, any writer)
+    and each live generator (its own writes, while it lives); they are shown apart, not added."""
+    by_writers = sum(int(g.get("redis_lost") or 0) for g in generators.values())
+    return (f"redis lost: prompts={learner.get('redis_lost_prompts', 0)} (re-added) "
+            f"trajectory_writes={learner.get('redis_lost_trajectory_writes', 0)} (learner's "
+            f"count) | by their writers={by_writers} (live generators' redis_lost)")
+
+
 def show_status(cfg: Config, as_json: bool) -> None:
     s = collect_status(cfg)
     if as_json:
@@ -67,6 +77,7 @@ def show_status(cfg: Config, as_json: bool) -> None:
     print(f"learner ranks={lr.get('learner_ranks', 1)} checkpoint_step="
           f"{lr.get('checkpoint_step', '-')} resumed_from={lr.get('resumed_from_step', '-')}")
     print(guard_line(lr))
+    print(redis_lost_line(lr, s["generators"]))
     w = s["weights"]
     print(f"weights: v{w.get('version', '-')} {w.get('path', '')}")
     for name, st in s["streams"].items():
@@ -78,4 +89,5 @@ def show_status(cfg: Config, as_json: bool) -> None:
     for gid, g in s["generators"].items():
         print(f"generator {gid}: {g.get('state')} loaded=v{g.get('loaded_version')} "
               f"groups={g.get('groups')} samples={g.get('samples')} "
-              f"idle={g.get('idle_frac')} last_seen={g['last_seen_s']}s ago")
+              f"redis_lost={g.get('redis_lost', 0)} idle={g.get('idle_frac')} "
+              f"last_seen={g['last_seen_s']}s ago")
