@@ -93,6 +93,23 @@ def acknowledged_not_stored(r: redis.Redis, run_id: str) -> int:
     return acked - r.xinfo_stream(f"rl:{run_id}:trajectories")["entries-added"]
 
 
+def learner_lag(r: redis.Redis, run_id: str) -> int | None:
+    """Trajectory entries not yet delivered to the learner's consumer group."""
+    groups = r.xinfo_groups(f"rl:{run_id}:trajectories")
+    return next(g["lag"] for g in groups if g["name"] == b"learner")
+
+
+def status_text(config: Path) -> str:
+    """What `rollctl status` prints for the run."""
+    return subprocess.run([sys.executable, "-m", "rollctl.cli", "status", "--config",
+                           str(config)], capture_output=True, text=True, timeout=60,
+                          check=True).stdout
+
+
+def last_metrics(run_dir: Path) -> dict:
+    return json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])
+
+
 def traj_ids(r: redis.Redis, run_id: str) -> set[str]:
     return {f[b"traj_id"].decode() for _, f in r.xrange(f"rl:{run_id}:trajectories")}
 

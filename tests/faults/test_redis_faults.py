@@ -8,20 +8,28 @@ directory.
   the test also truncates the AOF to its size one second earlier, which is what an OS crash inside
   the everysec window leaves. Training finishes; the writes that second held (counted from the
   erased AOF tail itself) are exactly the ones the system reports: prompts re-added by the
-  learner, trajectories regenerated and counted by the generator.
+  learner, trajectories regenerated and counted by the generator (and, for those the learner had
+  seen, by the learner too).
+- appendfsync everysec, power cut after the writer died: a generator is killed with SIGKILL, so
+  nobody remembers what it wrote; Redis then comes back without that second, and another
+  generator regenerates the forgotten trajectories. The learner counts every forgotten write it
+  had seen (here: all, the survivor is frozen until it has looked), whoever wrote it.
 - no persistence: Redis comes back empty; learner and generators stop with one line naming what
   is gone, and the streams are not re-created.
 """
 
+import os
+import signal
 import time
 
 import pytest
 import redis
 
 from broker.redis_server import EmbeddedRedis
+from broker.streams import WATCH_INTERVAL_S
 from harness import (acknowledged_not_stored, dropped_duplicates, generator_fields,
-                     resp_commands, start, steps_done, stop_all, trained_ids, traj_ids,
-                     wait_until, write_config, xadds)
+                     last_metrics, learner_lag, resp_commands, start, status_text, steps_done,
+                     stop_all, trained_ids, traj_ids, wait_until, write_config, xadds)
 
 STEPS, B = 10, 4
 
@@ -36,6 +44,16 @@ def _redis(tmp_path, fsync):
 def _incr_aof(server):
     (path,) = (server.dir / "appendonlydir").glob("*.incr.aof")
     return path
+
+
+def _erase_tail(server, durable: int) -> list[list[bytes]]:
+    """What a power cut inside the everysec window leaves: the AOF as it was at `durable` bytes.
+    Returns the erased commands."""
+    aof = _incr_aof(server)
+    erased = resp_commands(aof.read_bytes()[durable:])
+    with open(aof, "r+b") as f:
+        f.truncate(durable)
+    return erased
 
 
 @pytest.mark.parametrize("fsync, power_cut, generators", [("always", False, 2),
@@ -53,10 +71,7 @@ def test_redis_restart_mid_training(tmp_path, run_id, fault_report, fsync, power
         time.sleep(1.0)  # the everysec window: written, acknowledged, maybe not yet fsynced
         server.kill()
         if power_cut:
-            aof = _incr_aof(server)
-            erased = resp_commands(aof.read_bytes()[durable:])
-            with open(aof, "r+b") as f:
-                f.truncate(durable)
+            erased = _erase_tail(server, durable)
         time.sleep(1.0)
         server.start()
         assert learner.wait(timeout=120) == 0, learner.stderr.read()[-3000:]
@@ -70,6 +85,7 @@ def test_redis_restart_mid_training(tmp_path, run_id, fault_report, fsync, power
         stored = traj_ids(r, run_id)
         reported_traj = sum(int(g["redis_lost"]) for g in generator_fields(r, run_id).values())
         reported_prompts = int(r.hget(f"rl:{run_id}:run", "redis_lost_prompts") or 0)
+        by_learner = int(r.hget(f"rl:{run_id}:run", "redis_lost_trajectory_writes") or 0)
         stored_prompts = {f[b"group_id"] for _, f in r.xrange(f"rl:{run_id}:prompts")}
     finally:
         stop_all([learner, *gens])
@@ -89,13 +105,86 @@ def test_redis_restart_mid_training(tmp_path, run_id, fault_report, fsync, power
     assert reported_prompts == len(erased_prompts)
     assert missing <= reported_traj <= missing + generators, str((
         sorted(t["traj_id"] for t in erased_traj), [x[-90:] for x in logs]))
+    # the learner counts the forgotten writes it had seen (not those of the last moments before
+    # the cut): at most every forgotten write, in-flight ones included
+    assert by_learner <= missing + generators
     if power_cut:
         assert erased_traj, "the simulated power cut erased no trajectory: nothing was tested"
+    else:
+        assert by_learner == 0
     lost = missing + len(erased_prompts)
     fault_report(f"redis kill -9, appendfsync {fsync}" + (" + power cut" if power_cut else ""),
                  injected=1, recovered=int(not unrecovered), lost=lost,
-                 reported=reported_traj + reported_prompts,
+                 reported=max(reported_traj, by_learner) + reported_prompts,
+                 by_learner=by_learner, by_writers=reported_traj,
                  duplicated=len(trained) - len(set(trained)),
+                 dropped_duplicates=dropped_duplicates(run_dir))
+
+
+def test_everysec_power_cut_after_the_writer_died_is_counted_by_the_learner(
+        tmp_path, run_id, fault_report):
+    server = _redis(tmp_path, "everysec")
+    config = write_config(tmp_path, server.url, run_id, 3 * STEPS, B,
+                          rollout={"reclaim_idle_s": 2})
+    run_dir = tmp_path / "run"
+    gens = [start("start-generator", config, "--id", f"gen-{i}") for i in range(2)]
+    learner = start("start-learner", config)
+    try:
+        wait_until(lambda: steps_done(run_dir) >= 2, 60, "two learner steps")
+        durable = _incr_aof(server).stat().st_size
+        time.sleep(1.0)  # the everysec window: both generators write
+        gens[0].kill()  # SIGKILL the writer: nobody remembers what it wrote
+        gens[0].wait()
+        os.kill(gens[1].pid, signal.SIGSTOP)  # no more writes, so the learner can see them all
+        r = redis.Redis.from_url(server.url)
+        wait_until(lambda: learner_lag(r, run_id) == 0, 30, "the learner to read everything")
+        time.sleep(2 * WATCH_INTERVAL_S + 0.5)  # and to look at the stream once more
+        server.kill()
+        erased = _erase_tail(server, durable)
+        server.start()
+        os.kill(gens[1].pid, signal.SIGCONT)
+        assert learner.wait(timeout=120) == 0, learner.stderr.read()[-3000:]
+        assert gens[1].wait(timeout=30) == 0, gens[1].stderr.read()[-3000:]
+        logs = [x[-90:] for x in gens[1].stderr.read().splitlines() if "forgot" in x]
+        writers = {}
+        for _, f in r.xrange(f"rl:{run_id}:trajectories"):
+            writers.setdefault(f[b"traj_id"].decode(), set()).add(f[b"generator"].decode())
+        run = {k.decode(): v.decode() for k, v in r.hgetall(f"rl:{run_id}:run").items()}
+        stored_prompts = {f[b"group_id"].decode() for _, f in r.xrange(f"rl:{run_id}:prompts")}
+        by_writers = int(generator_fields(r, run_id)["gen-1"]["redis_lost"])
+        status = status_text(config)
+        trained = trained_ids(run_dir)
+        metrics = last_metrics(run_dir)
+    finally:
+        if gens[1].poll() is None:
+            os.kill(gens[1].pid, signal.SIGCONT)  # a stopped process would ignore SIGTERM
+        stop_all([learner, *gens])
+        server.stop()
+    erased_traj = xadds(erased, f"rl:{run_id}:trajectories")
+    erased_prompts = xadds(erased, f"rl:{run_id}:prompts")
+    dead_writers = [t["traj_id"] for t in erased_traj if t["generator"] == "gen-0"]
+    assert dead_writers, "the power cut erased nothing the killed generator wrote: nothing tested"
+    assert len(trained) == len(set(trained)) == 3 * STEPS * B  # every step complete, none twice
+    # each of the dead writer's forgotten trajectories was generated again, by the survivor
+    assert all("gen-1" in writers.get(t, ()) for t in dead_writers), (dead_writers, writers)
+    assert all(t["traj_id"] in writers for t in erased_traj)
+    # the learner had seen every write the cut erased, so it counts each of them, once
+    n = len(erased_traj)
+    assert run["redis_lost_trajectory_writes"] == str(n), (run, sorted(dead_writers))
+    assert metrics["redis/lost_trajectory_writes"] == n
+    assert f"trajectory_writes={n} (learner's count)" in status, status
+    # the survivor counts only its own, give or take the write it had in flight when it froze
+    # (re-sent after the restart: one fewer if the copy acknowledged the prompt, one more if
+    # the prompt was forgotten and comes back); the dead writer's are counted by nobody else
+    survivor = n - len(dead_writers)
+    assert survivor - 1 <= by_writers <= survivor + 1, (logs, erased_traj)
+    assert f"by their writers={by_writers}" in status
+    assert int(run.get("redis_lost_prompts", 0)) == len(erased_prompts)
+    assert {p["group_id"] for p in erased_prompts} <= stored_prompts  # re-added
+    fault_report("redis everysec power cut, writer kill -9 first", injected=2,
+                 recovered=1, lost=n + len(erased_prompts),
+                 reported=max(n, by_writers) + len(erased_prompts), by_learner=n,
+                 by_writers=by_writers, duplicated=len(trained) - len(set(trained)),
                  dropped_duplicates=dropped_duplicates(run_dir))
 
 
