@@ -6,7 +6,10 @@
 Every number comes from the runs themselves (tests/faults/conftest.py: Redis contents, the
 learner's ledger and metrics, generator heartbeats, the AOF tail a simulated power cut erased).
 Columns (docs/faults.md): injected, lost (acknowledged writes Redis no longer had), recovered,
-reported (what the system itself counted), duplicated (trained twice), dropped_duplicates.
+reported (what the system itself counted), by_learner / by_writers (forgotten trajectory writes
+counted by the learner and by the generators that wrote them: the same events seen from two
+sides, so `reported` takes the larger, never the sum), duplicated (trained twice),
+dropped_duplicates.
 Exit status: pytest's, so a failing scenario fails the script.
 """
 
@@ -21,7 +24,8 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-COLUMNS = ("injected", "lost", "recovered", "reported", "duplicated", "dropped_duplicates")
+COLUMNS = ("injected", "lost", "recovered", "reported", "by_learner", "by_writers", "duplicated",
+           "dropped_duplicates")
 
 
 def table(rows: list[dict]) -> str:
@@ -34,10 +38,10 @@ def table(rows: list[dict]) -> str:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                 epilog="any other argument goes to pytest, e.g. -k redis")
     ap.add_argument("--from", dest="source", type=Path, help="print this JSONL report instead")
-    ap.add_argument("pytest_args", nargs="*", help="extra pytest arguments, e.g. -k redis")
-    args = ap.parse_args()
+    args, pytest_args = ap.parse_known_args()  # in order, so `-k redis` needs no `--`
     code = 0
     if args.source:
         path = args.source
@@ -45,7 +49,7 @@ def main() -> int:
         path = Path(tempfile.mkdtemp(prefix="faults-")) / "report.jsonl"
         env = {**os.environ, "ROLLFLASH_FAULT_REPORT": str(path)}
         code = subprocess.run([sys.executable, "-m", "pytest", "tests/faults", "-q",
-                               "-p", "no:cacheprovider", *args.pytest_args], cwd=ROOT,
+                               "-p", "no:cacheprovider", *pytest_args], cwd=ROOT,
                               env=env).returncode
     rows = [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
     print(table(rows) if rows else "no scenario recorded a result")
