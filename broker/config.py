@@ -66,6 +66,8 @@ class RolloutConfig:
     temperature: float = 1.0  # sampling temperature (the learner scales logits by it too)
     top_p: float = 1.0  # nucleus sampling threshold
     prompts_per_pull: int = 4  # prompts a generator claims and samples as one batch
+    inflight_samples: int = 0  # > 0: continuous batching instead of pulls: up to this many
+    #                            samples decoding, new prompts claimed as their slots free up
     num_rollout_workers: int = 2  # generator processes started by `rollctl run`
     heartbeat_ttl_s: float = 30.0  # a generator's status hash expires this long after its last beat
     interrupt: bool = False  # on a new version mid-generation: False finishes the batch on the old
@@ -256,7 +258,7 @@ _POSITIVE = {
 }
 _NON_NEGATIVE = {"run.torch_threads", "trainer.token_budget", "trainer.checkpoint_every", "trainer.lr_warmup_steps", "trainer.async_ratio", "trainer.eval_every",
                  "trainer.max_grad_norm", "trainer.weight_decay", "rollout.num_rollout_workers", "task.eval_size",
-                 "rollout.redundant_samples", "sim.batch_slowdown", "sim.learner_step_s"}
+                 "rollout.redundant_samples", "rollout.inflight_samples", "sim.batch_slowdown", "sim.learner_step_s"}
 
 
 def _check_ranges(cfg: Config) -> None:
@@ -278,6 +280,10 @@ def _check_ranges(cfg: Config) -> None:
     if cfg.trainer.strategy == "fsdp" and cfg.algo.critic:
         raise ConfigError("trainer.strategy: fsdp does not shard the critic yet; use ddp with "
                           "algo.critic: true")
+    if cfg.rollout.inflight_samples and cfg.rollout.engine != "sim":
+        raise ConfigError(f"rollout.inflight_samples: continuous batching is implemented for "
+                          f"rollout.engine sim only, not {cfg.rollout.engine!r}; set it to 0 "
+                          "(pulls of rollout.prompts_per_pull)")
     if cfg.trainer.num_trainer_workers > 1 and cfg.rollout.replicate_prompts:
         raise ConfigError("rollout.replicate_prompts: not supported with "
                           "trainer.num_trainer_workers > 1 (a group's samples would be read by "

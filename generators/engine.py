@@ -49,6 +49,25 @@ class Engine(Protocol):
         ...
 
 
+class StreamingEngine(Engine, Protocol):
+    """Continuous batching (engine `sim`; generators/continuous.py): requests join and leave
+    between decode steps."""
+
+    num_active: int  # sequences in flight
+
+    def add_request(self, key: str, prompt: str, params: SamplingParams) -> None:
+        """Start `params.n` samples of `prompt`, returned by `step` under `key`."""
+        ...
+
+    def step(self) -> list[tuple[str, GeneratedSample]]:
+        """One decode step of every sequence in flight; returns the samples that finished."""
+        ...
+
+    def abort(self, key: str) -> None:
+        """Stop the unfinished samples of `key`."""
+        ...
+
+
 class EpisodeEngine(Engine, Protocol):
     """What multi-turn environments need besides `generate` (engines `hf` and `sim`)."""
 

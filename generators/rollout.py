@@ -1,7 +1,8 @@
 """The generator process: claim prompts, sample groups, score them, stream trajectories.
 
-Loop, one batch of `rollout.prompts_per_pull` prompts at a time (so a fast generator never waits for
-a slow one):
+With `rollout.inflight_samples` > 0 the loop is continuous batching instead
+(generators/continuous.py). Otherwise it is, one batch of `rollout.prompts_per_pull` prompts at a
+time (so a fast generator never waits for a slow one):
 1. heartbeat (loaded version, counters) and pick up a newer weight version if one was published;
 2. claim prompts from the `prompts` stream: our own pending entries first (after a restart of this
    process, or of Redis that forgot an acknowledgement), then ones another generator abandoned,
@@ -25,13 +26,14 @@ from dataclasses import dataclass
 import numpy as np
 import redis
 
-from broker.config import Config
+from broker.config import Config, ConfigError
 from broker.connection import BrokerUnavailable, connect, redact
 from broker.process import setup_process
 from broker.schema import PromptWork, Sample, Trajectory
 from broker.streams import RunBroker, is_oom
 from broker.weights import WeightStore
 from envs import Item, Task, is_multi_turn, make_task
+from generators.continuous import ContinuousRollout
 from generators.engine import Engine, GeneratedSample, SamplingParams, make_engine
 from generators.episodes import rollout_episodes
 from generators.reload import WeightFollower
@@ -47,12 +49,16 @@ class Counters:
     tokens: int = 0
     busy_s: float = 0.0
     idle_s: float = 0.0
+    seq_s: float = 0.0  # continuous batching: sum over decode steps of sequences x step time
 
     def as_fields(self) -> dict[str, str | int | float]:
         total = self.busy_s + self.idle_s
-        return {"groups": self.groups, "samples": self.samples, "tokens": self.tokens,
-                "busy_s": round(self.busy_s, 2), "idle_frac": round(self.idle_s / total, 3)
-                if total else 0.0}
+        fields = {"groups": self.groups, "samples": self.samples, "tokens": self.tokens,
+                  "busy_s": round(self.busy_s, 2),
+                  "idle_frac": round(self.idle_s / total, 3) if total else 0.0}
+        if self.seq_s:  # mean sequences in flight while busy
+            fields["mean_batch"] = round(self.seq_s / self.busy_s, 1)
+        return fields
 
 
 class _Stop:
@@ -105,12 +111,22 @@ def rollout_batch(claimed: list[tuple[str, PromptWork]], engine: Engine, task: T
     version = follower.loaded_version
     on_step = follower.maybe_reload if cfg.rollout.interrupt else None
     groups = engine.generate([w.item["prompt"] for _, w in claimed], params, on_step=on_step)
-    n_samples = n_tokens = 0
     kept_groups = [first_finished(samples, w.n) for (_, w), samples in zip(claimed, groups)]
-    rewards = rewarder.score_groups([Item(**w.item) for _, w in claimed],  # one batched call
+    return stream_groups(claimed, kept_groups, [version] * len(claimed), task, broker,
+                         generator_id, rewarder)
+
+
+def stream_groups(claimed: list[tuple[str, PromptWork]], kept_groups: list[list[GeneratedSample]],
+                  versions: list[int], task: Task, broker: RunBroker, generator_id: str,
+                  rewarder: Rewarder | None) -> tuple[int, int]:
+    """Score finished groups (one batched rewarder call) and stream each with its prompt's XACK;
+    `versions`: the weights each group started with. Returns (samples, tokens) streamed."""
+    n_samples = n_tokens = 0
+    rewards = rewarder.score_groups([Item(**w.item) for _, w in claimed],
                                     [[s.text for s in kept] for kept in kept_groups]) \
         if rewarder is not None else [None] * len(claimed)
-    for (entry_id, work), kept, group_rewards in zip(claimed, kept_groups, rewards):
+    for (entry_id, work), kept, version, group_rewards in zip(claimed, kept_groups, versions,
+                                                              rewards):
         traj = to_trajectory(work, kept, task, generator_id, version, group_rewards)
         broker.add_trajectory(traj, prompt_entry_id=entry_id, sample_index=work.sample_index)
         n_samples += len(kept)
@@ -129,6 +145,10 @@ class Generator:
         # read-only: the learner creates the run and its consumer groups (least privilege)
         self.broker.join_run(cfg.fingerprint(), timeout_s=cfg.trainer.wait_timeout_s)
         self.task = make_task(cfg.task.name, cfg.task.params)
+        if cfg.rollout.inflight_samples and is_multi_turn(self.task):
+            raise ConfigError(f"rollout.inflight_samples: task {cfg.task.name!r} is multi-turn "
+                              "and runs its own episode runner; set it to 0 (rollout.interrupt "
+                              "refills that runner)")
         self.engine = make_engine(cfg, seed=cfg.run.seed + sum(map(ord, generator_id)))
         self.follower = WeightFollower(self.broker, WeightStore(cfg.run.run_dir), self.engine)
         self.rewarder = make_rewarder(cfg, self.task)  # reward: rule | model | mixed
@@ -180,6 +200,25 @@ class Generator:
     def finished(self) -> bool:
         return self.broker.run_state() == "done"
 
+    def serve_continuous(self, stop: _Stop) -> None:
+        """Continuous batching (generators/continuous.py) until the run is done or `stop`."""
+        c = self.counters
+
+        def beat() -> bool:
+            self.heartbeat("up")
+            return not (stop.requested or self.finished())
+
+        def stream(entry_id: str, work: PromptWork, samples: list[GeneratedSample],
+                   version: int) -> None:
+            n_samples, n_tokens = stream_groups([(entry_id, work)], [samples], [version],
+                                                self.task, self.broker, self.id, self.rewarder)
+            c.groups += 1
+            c.samples += n_samples
+            c.tokens += n_tokens
+
+        ContinuousRollout(self.cfg, self.engine, self.follower, self.broker, self.id,
+                          stream, beat, c).run()
+
 
 def _redis_trouble(e: Exception) -> bool:
     """Errors to wait out: a lost connection, or Redis refusing writes at maxmemory."""
@@ -197,7 +236,10 @@ def run(cfg: Config, generator_id: str) -> None:
         try:
             if gen.finished():
                 break
-            gen.serve_once()
+            if cfg.rollout.inflight_samples:
+                gen.serve_continuous(stop)  # returns when the run is done or on stop
+            else:
+                gen.serve_once()
             trouble_since, delay = None, 0.2
         except Exception as e:
             if not _redis_trouble(e):

@@ -1,25 +1,40 @@
 """A simulated engine that emulates GPU decode timing, to measure scheduling apart from compute.
 
 Each sample draws a response length from a long-tail (log-normal) distribution, capped at
-`max_new_tokens`. Decoding advances all unfinished sequences of a batch one token per step, and a
-step takes `per_token_s * (1 + batch_slowdown * (active - 1))`: a batch of many sequences is
-faster per token than one at a time but slower per step, as on a GPU. Time passes with `sleep`, so
-several simulated generators share two CPU cores without disturbing each other.
+`max_new_tokens`. Decoding advances every unfinished sequence one token per step, and a step takes
+`per_token_s * (1 + batch_slowdown * (active - 1))`: a batch of many sequences is faster per token
+than one at a time but slower per step, as on a GPU. Time passes with `sleep`, so several
+simulated generators share two CPU cores without disturbing each other.
+
+Two ways to drive it, as with a real serving engine:
+- `generate`: a batch of prompts run to completion (what the hf engine does);
+- continuous batching (`add_request` / `step` / `abort`): requests join and leave between decode
+  steps, so a finished sequence's slot is taken by a new one at once (what vLLM does; used by
+  generators/continuous.py).
 
 Tokens are random ids and log-probabilities a fixed -1.0; rewards from a verifier are meaningless,
-which is fine for scheduling measurements. With `interrupt`, a new weight version published
-mid-generation is picked up between decode steps and the remaining tokens carry the new version.
+which is fine for scheduling measurements. Every token records the weight version loaded when it
+was decoded, so a version swapped in mid-generation (`interrupt`) shows in the later tokens.
 """
 
 from __future__ import annotations
 
 import random
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 from broker.config import SimConfig
 from generators.engine import GeneratedSample, SamplingParams
+
+
+@dataclass
+class _Seq:
+    key: str
+    length: int
+    cap: int
+    versions: list[int] = field(default_factory=list)
 
 
 class SimEngine:
@@ -28,9 +43,58 @@ class SimEngine:
         self.vocab_size = sim.vocab_size
         self.rng = random.Random(seed)
         self.version = 0
+        self._active: list[_Seq] = []
 
     def load_weights(self, model_file: Path, version: int) -> None:
         self.version = version
+
+    # --- continuous batching --------------------------------------------------------------------
+    def add_request(self, key: str, prompt: str, params: SamplingParams) -> None:
+        """Start `params.n` samples of `prompt`; they come back from `step` under `key`."""
+        for _ in range(params.n):
+            length = max(1, min(params.max_new_tokens,
+                                round(self.rng.lognormvariate(0.0, self.sim.length_sigma)
+                                      * self.sim.length_median)))
+            self._active.append(_Seq(key, length, params.max_new_tokens))
+
+    def abort(self, key: str) -> None:
+        """Drop the unfinished samples of `key` (redundant samples no longer needed)."""
+        self._active = [s for s in self._active if s.key != key]
+
+    @property
+    def num_active(self) -> int:
+        return len(self._active)
+
+    def step(self) -> list[tuple[str, GeneratedSample]]:
+        """One decode step of every active sequence; returns the samples that finished."""
+        if not self._active:
+            return []
+        time.sleep(self.sim.per_token_s * (1 + self.sim.batch_slowdown * (len(self._active) - 1)))
+        done = []
+        for s in self._active:
+            s.versions.append(self.version)
+        for s in [s for s in self._active if len(s.versions) >= s.length]:
+            ids = [self.rng.randrange(3, self.vocab_size) for _ in range(s.length)]
+            done.append((s.key, GeneratedSample(
+                prompt_ids=[1, 3], response_ids=ids, logprobs=[-1.0] * s.length,
+                finished=s.length < s.cap, text="", token_versions=s.versions)))
+        self._active = [s for s in self._active if len(s.versions) < s.length]
+        return done
+
+    # --- whole batches --------------------------------------------------------------------------
+    def generate(self, prompts: list[str], params: SamplingParams,
+                 on_step: Callable[[], None] | None = None) -> list[list[GeneratedSample]]:
+        one = SamplingParams(n=1, temperature=params.temperature, top_p=params.top_p,
+                             max_new_tokens=params.max_new_tokens)
+        for i, prompt in enumerate(prompts):
+            for k in range(params.n):
+                self.add_request(f"{i}/{k}", prompt, one)
+        slots: dict[str, GeneratedSample] = {}
+        while self._active:
+            slots.update(self.step())
+            if on_step is not None and self._active:
+                on_step()  # may swap weights in (interrupt mode): later tokens get the new version
+        return [[slots[f"{i}/{k}"] for k in range(params.n)] for i in range(len(prompts))]
 
     def generate_ids(self, prompts: list[list[int]], params: SamplingParams,
                      on_step: Callable[[], None] | None = None) -> list[list[GeneratedSample]]:
@@ -46,30 +110,3 @@ class SimEngine:
         """One token per character, mapped into the simulated vocabulary."""
         span = self.vocab_size - 3
         return lambda text, first: ([1] if first else []) + [3 + ord(c) % span for c in text]
-
-    def _length(self, cap: int) -> int:
-        return max(1, min(cap, round(self.rng.lognormvariate(0.0, self.sim.length_sigma)
-                                     * self.sim.length_median)))
-
-    def generate(self, prompts: list[str], params: SamplingParams,
-                 on_step: Callable[[], None] | None = None) -> list[list[GeneratedSample]]:
-        rows = [(p, self._length(params.max_new_tokens)) for p in prompts for _ in range(params.n)]
-        versions: list[list[int]] = [[] for _ in rows]
-        active = len(rows)
-        step = 0
-        while active:
-            time.sleep(self.sim.per_token_s * (1 + self.sim.batch_slowdown * (active - 1)))
-            for i, (_, length) in enumerate(rows):
-                if step < length:
-                    versions[i].append(self.version)
-            step += 1
-            active = sum(1 for _, length in rows if length > step)
-            if on_step is not None and active:
-                on_step()  # may swap weights in (interrupt mode): later tokens get the new version
-        out: list[list[GeneratedSample]] = [[] for _ in prompts]
-        for i, (_, length) in enumerate(rows):
-            ids = [self.rng.randrange(3, self.vocab_size) for _ in range(length)]
-            out[i // params.n].append(GeneratedSample(
-                prompt_ids=[1, 3], response_ids=ids, logprobs=[-1.0] * length,
-                finished=length < params.max_new_tokens, text="", token_versions=versions[i]))
-        return out

@@ -1,5 +1,6 @@
 """Rollout scheduling as real processes (learner + generators + redis-server) with the simulated
-engine and learner, so the runs are quick: redundant sampling, prompt replication, interrupts."""
+engine and learner, so the runs are quick: redundant sampling, prompt replication, interrupts,
+continuous batching."""
 
 import json
 import subprocess
@@ -62,10 +63,13 @@ def test_replicated_prompts_are_assembled_into_complete_groups(tmp_path, redis_u
     assert all(t.split("/")[0] in per_group for t in late)
 
 
-def test_interrupted_samples_record_the_version_of_every_token(tmp_path, redis_url, run_id):
+@pytest.mark.parametrize("mode", ["pulls", "continuous"])
+def test_interrupted_samples_record_the_version_of_every_token(tmp_path, redis_url, run_id, mode):
+    continuous = ["rollout.inflight_samples=8"] if mode == "continuous" else []
     entries, ledger = _run(tmp_path, redis_url, run_id, "rollout.interrupt=true",
                            "sim.length_median=200", "rollout.max_new_tokens=400",
-                           "sim.learner_step_s=0.05", "trainer.async_ratio=2", steps=6)
+                           "sim.learner_step_s=0.05", "trainer.async_ratio=2", *continuous,
+                           steps=6)
     mixed = 0
     for _, fields in entries:
         for s in _samples(fields):
@@ -75,3 +79,37 @@ def test_interrupted_samples_record_the_version_of_every_token(tmp_path, redis_u
             # the group's behaviour version is its oldest token
             assert int(fields[b"behavior_version"]) <= versions.min()
     assert mixed > 0, "no sample saw a weight update mid-generation"
+
+
+def _trained_entries(entries, ledger):
+    trained = {g for row in ledger for g in row["trained"]}
+    return [f for _, f in entries if f[b"group_id"].decode() in trained]
+
+
+def test_continuous_batching_streams_complete_groups_and_trains_each_once(tmp_path, redis_url,
+                                                                          run_id):
+    entries, ledger = _run(tmp_path, redis_url, run_id, "rollout.inflight_samples=10",
+                           "rollout.redundant_samples=1", "trainer.async_ratio=1", steps=4)
+    trained = [g for row in ledger for g in row["trained"]]
+    assert len(trained) == len(set(trained)) == 4 * 4
+    for _, fields in entries:  # 5 started per group, the first 4 to finish kept
+        assert int(fields[b"n"]) == N and len(_samples(fields)) == N
+    r = redis.Redis.from_url(redis_url, decode_responses=True)
+    assert r.xpending(f"rl:{run_id}:prompts", "gen")["pending"] == 0  # every claim answered
+
+
+def test_continuous_batching_at_ratio_0_is_on_policy(tmp_path, redis_url, run_id):
+    """A prompt issued for version v waits, claimed, until v is loaded (the running samples drain
+    first), so every token the learner trains on came from the version it trains."""
+    entries, ledger = _run(tmp_path, redis_url, run_id, "rollout.inflight_samples=8",
+                           "trainer.async_ratio=0", steps=4)
+    trained = _trained_entries(entries, ledger)
+    assert len(trained) == 4 * 4
+    by_version = {}
+    for fields in trained:
+        issued = msgpack.unpackb(fields[b"data"])["issued_version"]
+        by_version[issued] = by_version.get(issued, 0) + 1
+        for s in _samples(fields):
+            versions = np.frombuffer(s["token_versions"]["data"], dtype="<i4")
+            assert set(versions.tolist()) == {issued}
+    assert by_version == {0: 4, 1: 4, 2: 4, 3: 4}  # step s trained the 4 prompts issued for it

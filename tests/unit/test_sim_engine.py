@@ -1,0 +1,57 @@
+"""The simulated engine's two ways of being driven: whole batches and continuous batching."""
+
+from broker.config import SimConfig
+from generators.engine import SamplingParams
+from generators.sim_engine import SimEngine
+
+PARAMS = SamplingParams(n=3, temperature=1.0, top_p=1.0, max_new_tokens=40)
+
+
+def _engine(seed=0):
+    return SimEngine(SimConfig(per_token_s=0.0001, length_median=8, length_sigma=1.0), seed=seed)
+
+
+def test_generate_returns_n_samples_per_prompt_with_the_lengths_it_drew():
+    engine = _engine()
+    groups = engine.generate(["a", "b"], PARAMS)
+    assert [len(g) for g in groups] == [3, 3]
+    # the same seed draws the same lengths, in prompt-then-sample order, through add_request
+    twin = _engine()
+    for i in range(2):
+        twin.add_request(str(i), "x", PARAMS)
+    drawn = [s.length for s in twin._active]
+    assert [len(s.response_ids) for g in groups for s in g] == drawn
+    for s in (s for g in groups for s in g):
+        assert len(s.logprobs) == len(s.token_versions) == len(s.response_ids)
+        assert s.finished == (len(s.response_ids) < PARAMS.max_new_tokens)
+
+
+def test_continuous_requests_join_between_steps_and_record_the_version_of_every_token():
+    engine = _engine(seed=1)
+    engine.add_request("first", "p", PARAMS)
+    done: dict[str, list] = {"first": [], "second": []}
+    for key, sample in engine.step():  # a one-token sample finishes here
+        done[key].append(sample)
+    engine.load_weights(None, 1)
+    engine.add_request("second", "p", PARAMS)  # joins the running batch
+    assert engine.num_active == 3 - len(done["first"]) + 3
+    while engine.num_active:
+        for key, sample in engine.step():
+            done[key].append(sample)
+    assert len(done["first"]) == len(done["second"]) == 3
+    for s in done["first"]:  # the first token came from v0, every later one from v1 (interrupt)
+        assert s.token_versions == [0] + [1] * (len(s.response_ids) - 1)
+    for s in done["second"]:
+        assert set(s.token_versions) == {1}
+
+
+def test_abort_stops_the_unfinished_samples_of_one_request_only():
+    engine = _engine(seed=2)
+    engine.add_request("keep", "p", PARAMS)
+    engine.add_request("drop", "p", PARAMS)
+    engine.abort("drop")
+    assert engine.num_active == 3
+    keys = set()
+    while engine.num_active:
+        keys |= {key for key, _ in engine.step()}
+    assert keys == {"keep"}
