@@ -162,7 +162,9 @@ class ContinuousRollout:
         self.usage.busy_s += spent
         self.usage.seq_s += active * spent
         for entry_id, sample in finished:
-            group = self.inflight[entry_id]
+            group = self.inflight.get(entry_id)
+            if group is None:  # a redundant sample that finished in the step its group did
+                continue
             group.samples.append(sample)
             if len(group.samples) == group.work.n:
                 self.engine.abort(entry_id)  # redundant samples still decoding

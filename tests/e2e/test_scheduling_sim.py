@@ -88,11 +88,13 @@ def _trained_entries(entries, ledger):
 
 def test_continuous_batching_streams_complete_groups_and_trains_each_once(tmp_path, redis_url,
                                                                           run_id):
-    entries, ledger = _run(tmp_path, redis_url, run_id, "rollout.inflight_samples=10",
-                           "rollout.redundant_samples=1", "trainer.async_ratio=1", steps=4)
+    # 3 redundant samples of median length 2: several of a group finish in the same decode step
+    entries, ledger = _run(tmp_path, redis_url, run_id, "rollout.inflight_samples=14",
+                           "rollout.redundant_samples=3", "sim.length_median=2",
+                           "trainer.async_ratio=1", steps=4)
     trained = [g for row in ledger for g in row["trained"]]
     assert len(trained) == len(set(trained)) == 4 * 4
-    for _, fields in entries:  # 5 started per group, the first 4 to finish kept
+    for _, fields in entries:  # 7 started per group, the first 4 to finish kept
         assert int(fields[b"n"]) == N and len(_samples(fields)) == N
     r = redis.Redis.from_url(redis_url, decode_responses=True)
     assert r.xpending(f"rl:{run_id}:prompts", "gen")["pending"] == 0  # every claim answered
