@@ -280,10 +280,10 @@ def _check_ranges(cfg: Config) -> None:
     if cfg.trainer.strategy == "fsdp" and cfg.algo.critic:
         raise ConfigError("trainer.strategy: fsdp does not shard the critic yet; use ddp with "
                           "algo.critic: true")
-    if cfg.rollout.inflight_samples and cfg.rollout.engine != "sim":
-        raise ConfigError(f"rollout.inflight_samples: continuous batching is implemented for "
-                          f"rollout.engine sim only, not {cfg.rollout.engine!r}; set it to 0 "
-                          "(pulls of rollout.prompts_per_pull)")
+    if cfg.rollout.inflight_samples and cfg.rollout.engine == "hf":
+        raise ConfigError("rollout.inflight_samples: continuous batching needs rollout.engine "
+                          "vllm or sim (transformers' generate runs a batch to its end); set it "
+                          "to 0 (pulls of rollout.prompts_per_pull)")
     if cfg.trainer.num_trainer_workers > 1 and cfg.rollout.replicate_prompts:
         raise ConfigError("rollout.replicate_prompts: not supported with "
                           "trainer.num_trainer_workers > 1 (a group's samples would be read by "

@@ -9,7 +9,9 @@ slots (one at least when nothing is in flight), and the loop runs between decode
    as `rollout_batch` does) and abort its redundant rest;
 2. pick up new weights: with `rollout.interrupt` as soon as they are published (every in-flight
    sample continues under them and its later tokens record the new version); without it only while
-   nothing is in flight, so every sample keeps the weights it started with;
+   nothing is in flight, so every sample keeps the weights it started with. A group that started
+   more than ceil(a) versions before the weights now loaded is started again: the learner would
+   drop it as stale (its oldest token counts) and issue a replacement;
 3. fill the free slots: claim new prompts, and, at most once a second, our own pending entries
    (after a restart, or when Redis forgot an acknowledgement) and ones another generator abandoned;
 4. one decode step of everything in flight.
@@ -17,8 +19,9 @@ A claimed prompt issued for a newer version than the loaded one waits until thos
 loaded, and nothing is admitted ahead of it: without interrupt the in-flight samples drain first.
 That keeps a = 0 on-policy, as in pull mode.
 
-Engines: `add_request` / `step` / `abort` (generators/engine.py `StreamingEngine`); the sim engine
-has them. Multi-turn environments use their own runner (generators/episodes.py).
+Engines: `add_request` / `step` / `abort` (generators/engine.py `StreamingEngine`): vllm and sim;
+transformers' `generate` runs a batch to its end, so hf has only pulls. Multi-turn environments
+use their own runner (generators/episodes.py).
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ class Usage(Protocol):
     busy_s: float  # decoding
     idle_s: float  # nothing in flight: waiting for prompts or weights
     seq_s: float  # sum over decode steps of (sequences in flight x step time)
+    restarted: int  # groups started again because they had grown too stale to be trained
 
 
 class ContinuousRollout:
@@ -95,12 +99,33 @@ class ContinuousRollout:
                     break
                 next_beat = now + BEAT_INTERVAL_S
             if self.cfg.rollout.interrupt or not self.engine.num_active:
-                self.follower.maybe_reload()
+                if self.follower.maybe_reload():
+                    self._restart_doomed()
             full = now >= next_full
             if full:
                 next_full = now + FULL_CLAIM_INTERVAL_S
             self._admit(full)
             self._decode(now)
+
+    def _restart_doomed(self) -> None:
+        """Start again, under the weights just loaded, every group that started more than
+        ceil(a) versions ago: the learner, which has published them, would drop it as stale
+        and issue a replacement prompt, so finishing it only wastes decode slots and a round
+        trip. The prompt entry stays ours. (Versions, not steps: after a learner resume this can
+        restart a group the learner would still have taken; it never keeps a doomed one.)"""
+        loaded = self.follower.loaded_version
+        for entry_id, group in self.inflight.items():
+            if loaded - group.version > self.cfg.trainer.max_staleness:
+                self.engine.abort(entry_id)
+                self.inflight[entry_id] = _Group(group.work, loaded)
+                self.engine.add_request(entry_id, group.work.item["prompt"],
+                                        self._params(group.work))
+                self.usage.restarted += 1
+
+    def _params(self, work: PromptWork) -> SamplingParams:
+        return SamplingParams(n=work.n + self.extra, temperature=self.cfg.rollout.temperature,
+                              top_p=self.cfg.rollout.top_p,
+                              max_new_tokens=self.cfg.rollout.max_new_tokens)
 
     def _admit(self, full: bool) -> None:
         loaded = self.follower.loaded_version
@@ -139,11 +164,8 @@ class ContinuousRollout:
         return self.broker.claim_prompts(self.id, count, block_ms=block_ms)
 
     def _start(self, entry_id: str, work: PromptWork) -> None:
-        params = SamplingParams(n=work.n + self.extra, temperature=self.cfg.rollout.temperature,
-                                top_p=self.cfg.rollout.top_p,
-                                max_new_tokens=self.cfg.rollout.max_new_tokens)
         self.inflight[entry_id] = _Group(work, self.follower.loaded_version)
-        self.engine.add_request(entry_id, work.item["prompt"], params)
+        self.engine.add_request(entry_id, work.item["prompt"], self._params(work))
         self.worked = True
 
     def _decode(self, turn_started: float) -> None:

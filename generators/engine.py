@@ -50,8 +50,8 @@ class Engine(Protocol):
 
 
 class StreamingEngine(Engine, Protocol):
-    """Continuous batching (engine `sim`; generators/continuous.py): requests join and leave
-    between decode steps."""
+    """Continuous batching (engines `vllm` and `sim`; generators/continuous.py): requests join
+    and leave between decode steps."""
 
     num_active: int  # sequences in flight
 

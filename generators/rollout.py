@@ -50,6 +50,7 @@ class Counters:
     busy_s: float = 0.0
     idle_s: float = 0.0
     seq_s: float = 0.0  # continuous batching: sum over decode steps of sequences x step time
+    restarted: int = 0  # continuous batching: groups started again, too stale to be trained
 
     def as_fields(self) -> dict[str, str | int | float]:
         total = self.busy_s + self.idle_s
@@ -58,6 +59,7 @@ class Counters:
                   "idle_frac": round(self.idle_s / total, 3) if total else 0.0}
         if self.seq_s:  # mean sequences in flight while busy
             fields["mean_batch"] = round(self.seq_s / self.busy_s, 1)
+            fields["restarted"] = self.restarted
         return fields
 
 

@@ -22,6 +22,10 @@ GEMM handle (a oneDNN / packed copy of the weight made at load time) then keeps 
 with the old embeddings. The worker extension re-processes every embedding-method layer that shares
 its weight with another after each reload.
 
+Continuous batching (`add_request` / `step` / `abort`, generators/continuous.py): each sample is
+its own request (prefix caching shares the prompt), so it is returned the moment it finishes and
+the redundant rest of a group can be aborted; weights reloaded between steps behave as below.
+
 Interrupt mode (`on_step`): the engine core runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0,
 the model still runs in a worker process), so one `step()` is one scheduled forward pass and nothing
 runs between our calls. `on_step` is called after every step; if it loads new weights, running
@@ -147,6 +151,8 @@ class VLLMEngine:
         self._shapes = self._names_and_shapes(sorted(model_dir.glob("*.safetensors")))
         self._pre_truncation = False
         self._batches = itertools.count()
+        self._streams: dict[str, tuple[list[int], set[str]]] = {}  # continuous: key -> requests
+        self._request_ids = itertools.count()
         log.info("vLLM engine ready: %s (%s, %s)", model_dir, dtype, "cpu" if on_cpu else "gpu")
 
     def load_weights(self, model_file: Path, version: int) -> None:
@@ -180,19 +186,8 @@ class VLLMEngine:
                  on_step: Callable[[], object] | None = None) -> list[list[GeneratedSample]]:
         """Sample `params.n` responses per prompt; `on_step` runs between decode steps and may
         call `load_weights` (interrupt mode)."""
-        from vllm import SamplingParams as VSamplingParams
-        from vllm.sampling_params import RequestOutputKind
-
-        if params.temperature <= 0:
-            raise ValueError("rollout.temperature must be > 0: behaviour log-probabilities are "
-                             "log_softmax(logits / temperature)")
-        if params.top_p < 1.0:
-            self._use_pre_truncation_logprobs()
         prompt_ids = self.tokenizer(prompts)["input_ids"]
-        sampling = VSamplingParams(
-            n=params.n, temperature=params.temperature, top_p=params.top_p, top_k=0,
-            max_tokens=params.max_new_tokens, logprobs=0, detokenize=False,
-            output_kind=RequestOutputKind.FINAL_ONLY)
+        sampling = self._sampling(params, params.n)
         engine, batch = self.llm.llm_engine, next(self._batches)
         request_ids = [f"b{batch}-p{i}" for i in range(len(prompts))]
         inputs = self.llm.renderer.render_cmpl([{"prompt_token_ids": ids} for ids in prompt_ids])
@@ -211,6 +206,58 @@ class VLLMEngine:
             raise
         return [[self._sample(ids, c) for c in sorted(finished[r].outputs, key=lambda c: c.index)]
                 for ids, r in zip(prompt_ids, request_ids)]
+
+    def _sampling(self, params: SamplingParams, n: int):
+        """vLLM sampling parameters for `n` samples, reported once all have finished."""
+        from vllm import SamplingParams as VSamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        if params.temperature <= 0:
+            raise ValueError("rollout.temperature must be > 0: behaviour log-probabilities are "
+                             "log_softmax(logits / temperature)")
+        if params.top_p < 1.0:
+            self._use_pre_truncation_logprobs()
+        return VSamplingParams(
+            n=n, temperature=params.temperature, top_p=params.top_p, top_k=0,
+            max_tokens=params.max_new_tokens, logprobs=0, detokenize=False,
+            output_kind=RequestOutputKind.FINAL_ONLY)
+
+    # --- continuous batching (generators/continuous.py) -----------------------------------------
+    def add_request(self, key: str, prompt: str, params: SamplingParams) -> None:
+        """Start `params.n` samples of `prompt`, each its own vLLM request (`key#i`), so that
+        `step` returns every sample as it finishes and `abort` can stop the rest."""
+        ids = self.tokenizer([prompt])["input_ids"][0]
+        engine_input = self.llm.renderer.render_cmpl([{"prompt_token_ids": ids}])[0]
+        sampling = self._sampling(params, 1)
+        # request ids are never reused: a group started again gets new ones
+        requests = {f"{key}#{next(self._request_ids)}" for _ in range(params.n)}
+        for request_id in sorted(requests):
+            self.llm.llm_engine.add_request(request_id, engine_input, sampling)
+        self._streams[key] = (ids, requests)
+
+    @property
+    def num_active(self) -> int:
+        return sum(len(requests) for _, requests in self._streams.values())
+
+    def step(self) -> list[tuple[str, GeneratedSample]]:
+        """One scheduled forward pass; returns the samples that finished in it."""
+        done = []
+        for out in self.llm.llm_engine.step():
+            if not out.finished:
+                continue
+            key = out.request_id.rsplit("#", 1)[0]
+            prompt_ids, requests = self._streams[key]
+            requests.discard(out.request_id)
+            if not requests:
+                del self._streams[key]
+            done.append((key, self._sample(prompt_ids, out.outputs[0])))
+        return done
+
+    def abort(self, key: str) -> None:
+        """Stop the unfinished samples of `key`."""
+        _, requests = self._streams.pop(key, (None, set()))
+        if requests:
+            self.llm.llm_engine.abort_request(sorted(requests))
 
     def _sample(self, prompt_ids: list[int], completion) -> GeneratedSample:
         ids = list(completion.token_ids)

@@ -59,10 +59,16 @@ def run_one(ratio: float, steps: int, overrides: list[str], workdir: Path) -> di
         if run_local(cfg, echo=False) != 0:
             raise SystemExit(f"run with async_ratio={ratio} failed; see {run_dir}/logs")
         broker = RunBroker(connect(server.url, 5), cfg.run.run_id, cfg.redis.max_payload_bytes)
-        idle = [float(g["idle_frac"]) for g in broker.live_generators().values()]
+        gens = list(broker.live_generators().values())
+        idle = [float(g["idle_frac"]) for g in gens]
+        batch = [float(g.get("mean_batch", 0)) for g in gens]
+        tokens_per_busy_s = [int(g["tokens"]) / float(g["busy_s"]) for g in gens]
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return {"wall_s": round(sum(m["perf/step_s"] for m in metrics[1:]), 2),
             "gen_idle_frac": round(sum(idle) / len(idle), 3),
+            "gen_mean_batch": round(sum(batch) / len(batch), 1),
+            "gen_tokens_per_busy_s": round(sum(tokens_per_busy_s) / len(gens)),
+            "gen_restarted": sum(int(g.get("restarted", 0)) for g in gens),
             "learner_wait_frac": round(sum(m["perf/wait_frac"] for m in metrics[1:])
                                        / (len(metrics) - 1), 3),
             "staleness_max": max(m["async/staleness_max"] for m in metrics),

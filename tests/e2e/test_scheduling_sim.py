@@ -115,3 +115,19 @@ def test_continuous_batching_at_ratio_0_is_on_policy(tmp_path, redis_url, run_id
             versions = np.frombuffer(s["token_versions"]["data"], dtype="<i4")
             assert set(versions.tolist()) == {issued}
     assert by_version == {0: 4, 1: 4, 2: 4, 3: 4}  # step s trained the 4 prompts issued for it
+
+
+def test_continuous_batching_restarts_groups_too_stale_to_be_trained(tmp_path, redis_url, run_id):
+    """Long samples, a fast learner, a = 1, interrupt: groups that started more than one version
+    before the weights a generator just loaded are started again rather than finished."""
+    entries, ledger = _run(tmp_path, redis_url, run_id, "rollout.inflight_samples=8",
+                           "rollout.interrupt=true", "sim.length_median=150",
+                           "rollout.max_new_tokens=400", "sim.learner_step_s=0.05",
+                           "trainer.async_ratio=1", steps=6)
+    r = redis.Redis.from_url(redis_url, decode_responses=True)
+    restarted = sum(int(r.hget(k, "restarted") or 0) for k in r.keys(f"rl:{run_id}:gen:*"))
+    assert restarted > 0
+    trained = _trained_entries(entries, ledger)
+    assert len(trained) == 6 * 4
+    metrics = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert max(m["async/staleness_max"] for m in metrics) <= 1

@@ -172,3 +172,37 @@ def test_a_file_that_does_not_fit_the_model_is_refused(harness, tmp_path):
     samples = _flat(h.engine.generate(PROMPTS, SamplingParams(n=2, temperature=T, top_p=1.0,
                                                               max_new_tokens=10)))
     assert h.max_error(samples, 0, T) < TOL
+
+
+def test_continuous_requests_join_mid_flight_abort_and_track_versions(harness):
+    """Continuous batching (generators/continuous.py): a request added after others started
+    decoding, a weight swap between steps, and an abort. Every returned sample matches the
+    reference under the version recorded for each of its tokens; aborted requests never return."""
+    h = harness
+    a, path_a, _ = h.publish(seed=6, scale=1.0)
+    b, path_b, _ = h.publish(seed=7, scale=1.0)
+    h.engine.load_weights(path_a, a)
+    params = SamplingParams(n=3, temperature=T, top_p=1.0, max_new_tokens=12)
+    h.engine.add_request("first", PROMPTS[0], params)
+    h.engine.add_request("dropped", PROMPTS[1], params)
+    done: dict[str, list] = {"first": [], "late": []}
+    for _ in range(2):
+        for key, sample in h.engine.step():
+            done[key].append(sample)
+    h.engine.abort("dropped")
+    h.engine.load_weights(path_b, b)
+    h.engine.add_request("late", PROMPTS[2], params)  # joins the running batch under v_b
+    assert h.engine.num_active == 3 - len(done["first"]) + 3
+    while h.engine.num_active:
+        for key, sample in h.engine.step():
+            done[key].append(sample)
+    assert sorted(done) == ["first", "late"] and [len(v) for v in done.values()] == [3, 3]
+    for s in done["late"]:
+        assert s.token_versions == [b] * len(s.response_ids)
+        assert h.max_error([s], b, T) < TOL
+    for s in done["first"]:
+        k = s.token_versions.count(a)
+        assert s.token_versions == [a] * k + [b] * (len(s.response_ids) - k)
+        got = torch.tensor(s.logprobs)
+        torch.testing.assert_close(got[:k], h.reference_logprobs(s, a, T)[:k], atol=TOL, rtol=0)
+        torch.testing.assert_close(got[k:], h.reference_logprobs(s, b, T)[k:], atol=TOL, rtol=0)

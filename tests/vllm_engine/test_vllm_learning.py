@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import redis
 
 pytest.importorskip("vllm")
 
@@ -49,3 +50,31 @@ def test_grpo_with_vllm_generators_improves_heldout_accuracy(tmp_path, redis_url
                 if "mismatch/abs_dlogp_mean" in m}
     assert sorted(mismatch) == list(range(1, STEPS + 1)), sorted(mismatch)
     assert max(mismatch.values()) < 1e-4, mismatch  # vLLM vs HF, both float32: observed ~6e-7
+
+
+def test_continuous_batching_with_vllm_stays_on_policy(tmp_path, redis_url, warm_model_dir,
+                                                       run_id):
+    """`rollout.inflight_samples` with vLLM (generators/continuous.py): prompts join the running
+    batch as slots free up; at a = 0 a prompt for the next version waits until the running samples
+    drain and the new weights are loaded, so the mismatch stays at float32 noise on every step."""
+    steps_n = 6
+    run_dir = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "rollctl.cli", "run", "--config",
+                           str(ROOT / "configs" / "demo.yaml"), "--redis-url", redis_url,
+                           "--generators", "1",
+                           "--engine", "vllm", "--set", f"model.path={warm_model_dir}",
+                           "--set", f"run.run_dir={run_dir}", "--set", f"run.run_id={run_id}",
+                           "--set", f"trainer.total_steps={steps_n}",
+                           "--set", "trainer.async_ratio=0", "--set", "rollout.inflight_samples=64"],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["steps"] == steps_n and summary["max_staleness"] == 0, summary
+    steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    mismatch = {m["step"]: m["mismatch/abs_dlogp_mean"] for m in steps
+                if "mismatch/abs_dlogp_mean" in m}
+    assert sorted(mismatch) == list(range(1, steps_n + 1)), sorted(mismatch)
+    assert max(mismatch.values()) < 1e-4, mismatch
+    r = redis.Redis.from_url(redis_url, decode_responses=True)
+    (gen,) = [r.hgetall(k) for k in r.keys(f"rl:{run_id}:gen:*")]
+    assert float(gen["mean_batch"]) > 8, gen  # more than one prompt's 8 samples at a time
