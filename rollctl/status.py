@@ -90,4 +90,6 @@ def show_status(cfg: Config, as_json: bool) -> None:
         print(f"generator {gid}: {g.get('state')} loaded=v{g.get('loaded_version')} "
               f"groups={g.get('groups')} samples={g.get('samples')} "
               f"redis_lost={g.get('redis_lost', 0)} idle={g.get('idle_frac')} "
-              f"last_seen={g['last_seen_s']}s ago")
+              + (f"mean_batch={g['mean_batch']} restarted={g.get('restarted', 0)} "
+                 if "mean_batch" in g else "")  # continuous batching
+              + f"last_seen={g['last_seen_s']}s ago")

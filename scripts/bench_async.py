@@ -5,10 +5,19 @@ collection, staleness filter, publishing) and 4 generator processes — with the
 (`rollout.engine: sim`: GPU-like decode timing with a long-tail length distribution) and a
 simulated learner step, so the result measures scheduling, not this machine's CPU.
 
-Prints one JSON line: per ratio the wall time of steps 2..K (step 1 includes start-up), the
-speedup over a = 0, the mean generator idle fraction and the largest staleness seen.
+The default workload (WORKLOAD): 32 prompts x 8 samples per learner step (1.0 s simulated), 4
+generators doing continuous batching (up to 32 samples each in flight, `rollout.inflight_samples`)
+with in-flight weight updates (`rollout.interrupt`), log-normal response lengths (median 48
+tokens, sigma 1.2, cap 1024). `--pulls` is the earlier workload (PULLS): one prompt of 4 samples
+per pull, no interrupt, 16 prompts per 1.6 s step.
 
-    .venv/bin/python scripts/bench_async.py [--steps 12] [--ratios 0,0.5,1,2] [--set key=value ...]
+Prints one JSON line: per ratio the wall time of steps 2..K (step 1 includes start-up), the
+speedup over a = 0, the mean generator idle fraction (nothing in flight) and mean batch
+(samples in flight while decoding), groups restarted as too stale, the learner's wait fraction,
+the largest staleness seen and the groups the learner dropped as stale.
+
+    .venv/bin/python scripts/bench_async.py [--steps 12] [--ratios 0,0.5,1,2] [--pulls]
+                                            [--set key=value ...]
 
 `--multi-turn` swaps the single-turn task for the simulated multi-turn environment
 (envs/simulated.py, `MULTI_TURN`): episodes of 2-6 turns whose environment steps take log-normal
@@ -34,15 +43,20 @@ from broker.streams import RunBroker  # noqa: E402
 from rollctl.local import run_local  # noqa: E402
 
 WORKLOAD = [
-    "rollout.engine=sim", "rollout.num_return_sequences=4", "rollout.max_new_tokens=1024",
-    "rollout.prompts_per_pull=1", "rollout.num_rollout_workers=4",
-    "trainer.rollout_batch_size=16", "trainer.wait_timeout_s=120",
+    "rollout.engine=sim", "rollout.num_return_sequences=8", "rollout.max_new_tokens=1024",
+    "rollout.inflight_samples=32", "rollout.interrupt=true", "rollout.num_rollout_workers=4",
+    "trainer.rollout_batch_size=32", "trainer.wait_timeout_s=120",
     "sim.per_token_s=0.002", "sim.length_median=48", "sim.length_sigma=1.2",
-    "sim.learner_step_s=1.6", "task.eval_size=1", "run.torch_threads=1",
+    "sim.learner_step_s=1.0", "task.eval_size=1", "run.torch_threads=1",
 ]
 
+# the workload of the first table in docs/BENCHMARKS.md: pulls of one prompt, no interrupt
+PULLS = [
+    "rollout.inflight_samples=0", "rollout.interrupt=false", "rollout.prompts_per_pull=1",
+    "rollout.num_return_sequences=4", "trainer.rollout_batch_size=16", "sim.learner_step_s=1.6",
+]
 
-MULTI_TURN = [
+MULTI_TURN = PULLS + [
     "task.name=sim_env",
     "task.params={min_turns: 2, max_turns: 6, step_latency_s: 0.1, latency_sigma: 1.0}",
     "rollout.max_new_tokens=256", "rollout.max_episode_tokens=4096", "sim.length_median=24",
@@ -81,14 +95,19 @@ def main() -> None:
     p.add_argument("--ratios", default="0,0.5,1,2")
     p.add_argument("--set", dest="overrides", action="append", default=[])
     p.add_argument("--multi-turn", action="store_true", help="the multi-turn workload (MULTI_TURN)")
+    p.add_argument("--pulls", action="store_true",
+                   help="one prompt per pull instead of continuous batching (PULLS)")
     args = p.parse_args()
     if args.multi_turn:
         args.overrides = MULTI_TURN + args.overrides
+    elif args.pulls:
+        args.overrides = PULLS + args.overrides
     ratios = [float(r) for r in args.ratios.split(",")]
     with tempfile.TemporaryDirectory(prefix="bench-async-") as tmp:
         results = {r: run_one(r, args.steps, args.overrides, Path(tmp)) for r in ratios}
     base = results[ratios[0]]["wall_s"]
-    print(json.dumps({"bench": "async", "steps_timed": args.steps - 1, "workload": WORKLOAD + args.overrides,
+    print(json.dumps({"bench": "async", "steps_timed": args.steps - 1,
+                      "workload": WORKLOAD + args.overrides,
                       "results": {str(r): {**v, "speedup": round(base / v["wall_s"], 2)}
                                   for r, v in results.items()}}))
 

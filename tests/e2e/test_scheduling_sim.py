@@ -127,6 +127,10 @@ def test_continuous_batching_restarts_groups_too_stale_to_be_trained(tmp_path, r
     r = redis.Redis.from_url(redis_url, decode_responses=True)
     restarted = sum(int(r.hget(k, "restarted") or 0) for k in r.keys(f"rl:{run_id}:gen:*"))
     assert restarted > 0
+    text = subprocess.run([sys.executable, "-m", "rollctl.cli", "status", "--redis-url",
+                           redis_url, "--set", f"run.run_id={run_id}"], capture_output=True,
+                          text=True, timeout=60, check=True).stdout
+    assert "mean_batch=" in text and "restarted=" in text, text
     trained = _trained_entries(entries, ledger)
     assert len(trained) == 6 * 4
     metrics = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
