@@ -114,7 +114,7 @@ class ContinuousRollout:
         trip. The prompt entry stays ours. (Versions, not steps: after a learner resume this can
         restart a group the learner would still have taken; it never keeps a doomed one.)"""
         loaded = self.follower.loaded_version
-        for entry_id, group in self.inflight.items():
+        for entry_id, group in list(self.inflight.items()):
             if loaded - group.version > self.cfg.trainer.max_staleness:
                 self.engine.abort(entry_id)
                 self.inflight[entry_id] = _Group(group.work, loaded)
