@@ -11,7 +11,8 @@ Rules (ARCHITECTURE.md, "Wire rules"):
 A trajectory entry is one finished group: the n samples a generator drew for one prompt. A sample
 of a multi-turn episode (envs/episode.py) adds `loss_mask`, `turn_starts`, `turn_rewards` and
 `turn_states`; they are optional keys, so single-turn entries are unchanged and SCHEMA_VERSION
-stays 1 (a reader that predates them would ignore them, and train on observation tokens). Its small
+stays 1 (a reader that predates them would ignore them, and train on observation tokens). So is
+`retried` (true when the prompt had been delivered before). Its small
 scalar fields (`traj_id`, `behavior_version`, `reward_mean`, ...) sit beside the msgpack `data`
 field so that `redis-cli XRANGE` shows them readably.
 """
@@ -45,6 +46,7 @@ class PromptWork:
     issued_version: int  # learner version when the prompt was admitted
     item: dict[str, Any]  # the task item (prompt text, answer, ...) as plain msgpack types
     sample_index: int = -1  # with prompt replication: which sample of the group (-1: all n)
+    retried: bool = False  # set by the reader, not on the wire: delivered before (RunBroker)
 
 
 @dataclass
@@ -76,6 +78,8 @@ class Trajectory:
     issued_version: int
     prompt_ids: np.ndarray  # [P] int32
     samples: list[Sample] = field(default_factory=list)
+    retried: bool = False  # its prompt had been delivered before: a generator died holding it,
+    #                        or Redis forgot an acknowledgement (so maybe a duplicate)
 
     @property
     def reward_mean(self) -> float:
@@ -92,7 +96,8 @@ class Trajectory:
         return cls(traj_id=traj_id, prompt_id=work.prompt_id, group_id=work.group_id,
                    generator=generator, behavior_version=oldest,
                    issued_version=work.issued_version,
-                   prompt_ids=np.asarray(prompt_ids, dtype=np.int32), samples=samples)
+                   prompt_ids=np.asarray(prompt_ids, dtype=np.int32), samples=samples,
+                   retried=work.retried)
 
 
 def pack_array(a: np.ndarray, dtype: str) -> dict[str, Any]:
@@ -175,6 +180,8 @@ def encode_trajectory(t: Trajectory) -> dict[str, Any]:
     samples = [_encode_sample(s) for s in t.samples]
     body = {"prompt_ids": pack_array(t.prompt_ids, "<i4"), "issued_version": t.issued_version,
             "samples": samples}
+    if t.retried:  # optional, like the multi-turn keys
+        body["retried"] = True
     return {"schema": SCHEMA_VERSION, "traj_id": t.traj_id, "prompt_id": t.prompt_id,
             "group_id": t.group_id, "behavior_version": t.behavior_version,
             "generator": t.generator, "n": len(t.samples), "reward_mean": f"{t.reward_mean:.4f}",
@@ -244,6 +251,7 @@ def decode_trajectory(fields: dict[bytes, bytes], max_bytes: int, vocab_size: in
                           group_id=fields[b"group_id"].decode(), generator=fields[b"generator"].decode(),
                           behavior_version=int(fields[b"behavior_version"]),
                           issued_version=_get(body, "issued_version", int, "trajectory"),
-                          prompt_ids=prompt_ids, samples=samples)
+                          prompt_ids=prompt_ids, samples=samples,
+                          retried=body.get("retried", False) is True)
     except (KeyError, ValueError, UnicodeDecodeError) as e:
         raise WireError(f"trajectory: bad scalar field ({e})") from None

@@ -31,9 +31,12 @@ Redis restarts (ARCHITECTURE.md, docs/faults.md):
     is what Redis still holds of what the learner saw, and the difference is counted
     (`lost["trajectory_writes"]`, run hash `redis_lost_trajectory_writes`). `entries-added`
     alone would miss it once generators write again before the learner's next look.
-  What neither counts: a write added after the learner's last look (up to a second while it
-  reads, a whole training step while it trains) whose writer also died or restarted; and what
-  Redis forgot before a (re)started learner's first look.
+  What neither counts as a Redis loss: a write added after the learner's last look (up to a
+  second while it reads, a whole training step while it trains) whose writer also died or
+  restarted; and what Redis forgot before a (re)started learner's first look. Such a write is
+  still not silent: its prompt comes back to a generator as a re-delivered entry (own pending,
+  or taken over), the new trajectory is marked `retried`, and the learner counts it (run hash
+  `prompts_retried`), as it counts the prompts of a generator that died before answering.
   A forgotten weights announcement is made again (`verify_weights`): re-added prompts may name
   that version, and generators wait until the `weights` hash does.
 - Writes refused because Redis is at maxmemory (noeviction: "OOM ...") are retried with backoff
@@ -45,7 +48,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter, OrderedDict, deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 import redis
@@ -213,6 +216,10 @@ class RunBroker:
     def set_run_fields(self, **fields: str | int | float) -> None:
         self._busy(lambda: self.r.hset(self.run_key, mapping=fields))
 
+    def count_in_run(self, name: str, n: int) -> None:
+        """Add `n` to the run hash's counter `name` (learner only: generators may not write it)."""
+        self._busy(lambda: self.r.hincrby(self.run_key, name, n))
+
     def run_fields(self) -> dict[str, str]:
         return {_text(k): _text(v) for k, v in self.r.hgetall(self.run_key).items()}
 
@@ -343,9 +350,11 @@ class RunBroker:
                 raise _lost(self.prefix, f"the consumer group {GEN_GROUP!r} of {self.prompts} "
                                          "is gone") from None
             raise
-        return self._decode_prompts(reply[0][1] if reply else [])
+        return self._decode_prompts(reply[0][1] if reply else [], retried=own_pending)
 
-    def _decode_prompts(self, entries: list) -> list[tuple[str, PromptWork]]:
+    def _decode_prompts(self, entries: list, retried: bool) -> list[tuple[str, PromptWork]]:
+        """`retried`: the entries were delivered before (own pending, taken over); the
+        trajectories made from them say so, and the learner counts them."""
         out = []
         for entry_id, fields in entries:
             entry_id = _text(entry_id)
@@ -363,7 +372,7 @@ class RunBroker:
                 log.error("Redis forgot the trajectory of %s/%d it had acknowledged (restart "
                           "with appendfsync everysec?); generating it again", work.group_id,
                           work.sample_index)
-            out.append((entry_id, work))
+            out.append((entry_id, replace(work, retried=retried)))
         return out
 
     def reclaim_prompts(self, consumer: str, min_idle_ms: int,
@@ -378,7 +387,7 @@ class RunBroker:
                 raise _lost(self.prefix, f"the consumer group {GEN_GROUP!r} of {self.prompts} "
                                          "is gone") from None
             raise
-        return self._decode_prompts(entries)
+        return self._decode_prompts(entries, retried=True)
 
     # --- trajectories -----------------------------------------------------------------------------
     def add_trajectory(self, t: Trajectory, prompt_entry_id: str | None,

@@ -4,7 +4,10 @@ For the learner at step s (publishing version v), `Collector.collect` reads unti
 together hold `rollout_batch_size` complete, fresh groups:
 - invalid entries were already dead-lettered by the broker; they are replaced by fresh prompts;
 - an entry whose `traj_id` was seen before (a retried generator) is acknowledged and counted as a
-  duplicate;
+  duplicate; one whose prompt had been delivered before (`retried`: a generator died holding it, or
+  Redis forgot its acknowledgement) but is not a duplicate is counted as retried (metric
+  `async/retried`, run hash `prompts_retried`), so every regenerated prompt is counted one way or
+  the other;
 - entries are assembled into groups (learner/assemble.py: one entry per group, or one per sample
   with prompt replication); samples for an already complete group are acknowledged as late;
 - a group whose oldest token is more than ceil(async_ratio) steps old is acknowledged, counted as
@@ -64,6 +67,7 @@ class Collected:
     stale_ids: list[str] = field(default_factory=list)  # group ids dropped as too old
     duplicate_ids: list[str] = field(default_factory=list)  # entry traj_ids seen before
     late_ids: list[str] = field(default_factory=list)  # samples for already complete groups
+    retried_ids: list[str] = field(default_factory=list)  # first copies of re-delivered prompts
     filtered_ids: list[str] = field(default_factory=list)  # groups dropped by a DAPO filter
     filtered: Counter = field(default_factory=Counter)  # filter reason -> dropped groups
     rejected: int = 0
@@ -126,6 +130,8 @@ class Collector:
                              "are generators running (rollctl status)?")
         quota = split_quotas([c[0] for c in counts], want)[self.dist.rank]
         self._take(out, quota, step)
+        if out.retried_ids:
+            self.broker.count_in_run("prompts_retried", len(out.retried_ids))
         out.wait_s = time.monotonic() - started
         return out
 
@@ -146,6 +152,8 @@ class Collector:
             out.duplicate_ids.append(traj.traj_id)
             return [entry_id], 0
         self.seen.add(traj.traj_id)
+        if traj.retried:  # a re-delivered prompt that is no duplicate: its first answer is lost
+            out.retried_ids.append(traj.traj_id)
         if self.assembler.is_late(traj):
             out.late_ids.append(traj.traj_id)
             return [entry_id], 0

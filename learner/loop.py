@@ -109,7 +109,7 @@ def step_metrics(c: Collected, train: dict[str, float], wall: dict[str, float]) 
         "async/staleness_mean": sum(k * v for k, v in c.staleness.items()) / max(len(c.groups), 1),
         **{f"async/staleness_hist/{k}": v for k, v in sorted(c.staleness.items())},
         "async/dropped_stale": len(c.stale_ids), "async/duplicates": len(c.duplicate_ids),
-        "async/late_samples": len(c.late_ids),
+        "async/late_samples": len(c.late_ids), "async/retried": len(c.retried_ids),
         **{f"filter/dropped_{reason}": n for reason, n in sorted(c.filtered.items())},
         "async/rejected": c.rejected,
         "perf/wait_frac": c.wait_s / step_s, "perf/step_s": step_s,
@@ -338,7 +338,8 @@ def learner_step(ln: Learner) -> dict[str, float]:
     ln.ledger.write(json.dumps({"step": state.step, "version": state.version,
                                 "trained": [g.traj_id for g in batch.groups],
                                 "stale": batch.stale_ids, "duplicate": batch.duplicate_ids,
-                                "late": batch.late_ids, "filtered": batch.filtered_ids}) + "\n")
+                                "late": batch.late_ids, "filtered": batch.filtered_ids,
+                                "retried": batch.retried_ids}) + "\n")
     pause_point("after_update", state.step)
     every = cfg.trainer.checkpoint_every
     checkpoint_s = checkpoint(ln) if (every and state.step % every == 0) else 0.0

@@ -39,6 +39,7 @@ class MetricsSink:
 
 
 _SUMMED = ("async/dropped_stale", "async/duplicates", "async/late_samples", "async/rejected",
+           "async/retried",
            "async/staleness_hist/", "filter/dropped_", "redis/")  # redis/: counted on rank 0
 
 

@@ -59,7 +59,9 @@ def redis_lost_line(learner: dict, generators: dict) -> str:
     by_writers = sum(int(g.get("redis_lost") or 0) for g in generators.values())
     return (f"redis lost: prompts={learner.get('redis_lost_prompts', 0)} (re-added) "
             f"trajectory_writes={learner.get('redis_lost_trajectory_writes', 0)} (learner's "
-            f"count) | by their writers={by_writers} (live generators' redis_lost)")
+            f"count) | by their writers={by_writers} (live generators' redis_lost) | "
+            f"prompts retried={learner.get('prompts_retried', 0)} (re-delivered after a "
+            "generator died or Redis forgot an acknowledgement, not duplicates)")
 
 
 def show_status(cfg: Config, as_json: bool) -> None:

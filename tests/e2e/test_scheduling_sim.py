@@ -120,10 +120,12 @@ def test_continuous_batching_at_ratio_0_is_on_policy(tmp_path, redis_url, run_id
 def test_continuous_batching_restarts_groups_too_stale_to_be_trained(tmp_path, redis_url, run_id):
     """Long samples, a fast learner, a = 1, interrupt: groups that started more than one version
     before the weights a generator just loaded are started again rather than finished."""
+    # versions advance every 4 short groups, while a long one (up to 1000 tokens, 2 s) spans
+    # several of them; with a 400-token cap a run without any restart was seen
     entries, ledger = _run(tmp_path, redis_url, run_id, "rollout.inflight_samples=8",
                            "rollout.interrupt=true", "sim.length_median=150",
-                           "rollout.max_new_tokens=400", "sim.learner_step_s=0.05",
-                           "trainer.async_ratio=1", steps=6)
+                           "sim.length_sigma=1.2", "rollout.max_new_tokens=1000",
+                           "sim.learner_step_s=0.05", "trainer.async_ratio=1", steps=8)
     r = redis.Redis.from_url(redis_url, decode_responses=True)
     restarted = sum(int(r.hget(k, "restarted") or 0) for k in r.keys(f"rl:{run_id}:gen:*"))
     assert restarted > 0
@@ -132,6 +134,6 @@ def test_continuous_batching_restarts_groups_too_stale_to_be_trained(tmp_path, r
                           text=True, timeout=60, check=True).stdout
     assert "mean_batch=" in text and "restarted=" in text, text
     trained = _trained_entries(entries, ledger)
-    assert len(trained) == 6 * 4
+    assert len(trained) == 8 * 4
     metrics = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert max(m["async/staleness_max"] for m in metrics) <= 1

@@ -73,3 +73,9 @@ def test_killed_and_frozen_generators_lose_nothing_and_train_nothing_twice(
     consumed_dups = sum(len(row["duplicate"]) for row in ledger)
     assert counted == consumed_dups <= duplicates_produced
     assert counted >= 1  # the sleeper's late copy reached the learner and was dropped by id
+    # the prompts taken over from the dead victim were answered first by their new owner, which
+    # says so (`retried`); the learner counts each such first answer
+    retried = [t for row in ledger for t in row["retried"]]
+    assert len(retried) >= 1 and set(retried) <= set(trained) | {g for row in ledger
+                                                                 for g in row["stale"]}
+    assert sum(m["async/retried"] for m in metrics) == len(retried)

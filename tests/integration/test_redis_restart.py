@@ -40,7 +40,7 @@ def _traj(work: PromptWork) -> Trajectory:
     s = Sample(np.array([5], np.int32), np.array([-0.5], np.float32), np.array([0], np.int32),
                1.0, True)
     return Trajectory(work.group_id, work.prompt_id, work.group_id, "gen-0", 0, 0,
-                      np.array([1], np.int32), [s])
+                      np.array([1], np.int32), [s], retried=work.retried)
 
 
 def _pair(server: EmbeddedRedis, timeout_s: float = 20.0) -> tuple[RunBroker, RunBroker]:
@@ -219,6 +219,10 @@ def test_everysec_forgotten_trajectories_of_a_dead_writer_are_counted_by_the_lea
         assert learner.verify_trajectories() == 0  # re-based: each loss is counted once
         good, _ = learner.read_trajectories("rank0", 10, 100, vocab_size=10)
         assert sorted(t.traj_id for _, t in good) == [f"g{i:09d}" for i in range(6)]
+        # every prompt delivered again says so, g4 included: the learner, which never saw g4's
+        # first trajectory, counts it as retried (learner/collect.py), so no loss goes uncounted
+        assert sorted(t.traj_id for _, t in good if t.retried) == \
+            ["g000000002", "g000000003", "g000000004"]
     finally:
         server.stop()
 

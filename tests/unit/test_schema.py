@@ -37,6 +37,9 @@ def test_trajectory_round_trip_keeps_every_field():
         np.testing.assert_array_equal(a.logprobs, b.logprobs)
         np.testing.assert_array_equal(a.token_versions, b.token_versions)
         assert (a.reward, a.finished, a.text) == (b.reward, b.finished, b.text)
+    assert back.retried is False and "retried" not in msgpack.unpackb(fields["data"])
+    again = decode_trajectory(_fields(encode_trajectory(_traj(retried=True))), 1_000_000, VOCAB)
+    assert again.retried is True
 
 
 def test_prompt_round_trip():
