@@ -141,16 +141,16 @@ class Generator:
 
     def __init__(self, cfg: Config, generator_id: str):
         self.cfg, self.id = cfg, generator_id
+        self.task = make_task(cfg.task.name, cfg.task.params)
+        if cfg.rollout.inflight_samples and is_multi_turn(self.task):  # before waiting on Redis
+            raise ConfigError(f"rollout.inflight_samples: task {cfg.task.name!r} is multi-turn "
+                              "and runs its own episode runner; set it to 0 (rollout.interrupt "
+                              "refills that runner)")
         self.broker = RunBroker(connect(cfg.redis.url, cfg.redis.connect_timeout_s),
                                 cfg.run.run_id, cfg.redis.max_payload_bytes,
                                 busy_timeout_s=cfg.redis.connect_timeout_s)
         # read-only: the learner creates the run and its consumer groups (least privilege)
         self.broker.join_run(cfg.fingerprint(), timeout_s=cfg.trainer.wait_timeout_s)
-        self.task = make_task(cfg.task.name, cfg.task.params)
-        if cfg.rollout.inflight_samples and is_multi_turn(self.task):
-            raise ConfigError(f"rollout.inflight_samples: task {cfg.task.name!r} is multi-turn "
-                              "and runs its own episode runner; set it to 0 (rollout.interrupt "
-                              "refills that runner)")
         self.engine = make_engine(cfg, seed=cfg.run.seed + sum(map(ord, generator_id)))
         self.follower = WeightFollower(self.broker, WeightStore(cfg.run.run_dir), self.engine)
         self.rewarder = make_rewarder(cfg, self.task)  # reward: rule | model | mixed

@@ -31,6 +31,10 @@ def test_every_shipped_config_loads(path):
     ({"trainer": 3}, "trainer: expected a mapping"),
     ({"rollout": {"top_p": 0}}, "rollout.top_p: must be in (0, 1]"),
     ({"trainer": {"actor_lr": True}}, "trainer.actor_lr: expected a number"),
+    ({"rollout": {"inflight_samples": 16}}, "rollout.inflight_samples: continuous batching "
+                                            "needs rollout.engine vllm or sim"),  # hf default
+    ({"rollout": {"inflight_samples": -1, "engine": "sim"}},
+     "rollout.inflight_samples: must be >= 0"),
 ])
 def test_bad_values_name_the_key(data, message):
     with pytest.raises(ConfigError) as e:
