@@ -66,6 +66,15 @@ def _aof_incr(server: EmbeddedRedis) -> Path:
     return path
 
 
+def _power_cut(server: EmbeddedRedis, durable: int) -> None:
+    """Kill Redis and keep only the first `durable` bytes of its AOF (what had been fsynced),
+    then start it again: an OS crash or power cut under appendfsync everysec."""
+    server.kill()
+    with open(_aof_incr(server), "r+b") as f:
+        f.truncate(durable)
+    server.start()
+
+
 def test_calls_ride_out_a_restart_and_always_loses_nothing(tmp_path):
     server = _server(tmp_path, "always")
     try:
@@ -156,10 +165,7 @@ def test_everysec_window_forgotten_prompts_and_trajectories_are_recovered_and_co
         durable = _aof_incr(server).stat().st_size  # what survives the simulated power cut
         learner.add_prompts([_work(i) for i in range(3, 5)])
         assert _generate(gen, 2) == ["g000000002", "g000000003"]  # acknowledged, then forgotten
-        server.kill()
-        with open(_aof_incr(server), "r+b") as f:
-            f.truncate(durable)
-        server.start()
+        _power_cut(server, durable)
         learner.check_intact()
         assert learner.verify_prompts() == 2  # g3, g4 were forgotten: added again
         assert learner.run_fields()["redis_lost_prompts"] == "2"
@@ -195,10 +201,7 @@ def test_everysec_forgotten_trajectories_of_a_dead_writer_are_counted_by_the_lea
         assert learner.verify_trajectories() == 0  # its look: 4 entries, the last one g3's
         write(4)  # after the learner's last look: the residual window
         # gen-0 dies (kill -9) with the only memory of having written g2..g4
-        server.kill()
-        with open(_aof_incr(server), "r+b") as f:
-            f.truncate(durable)
-        server.start()
+        _power_cut(server, durable)
         other = RunBroker(connect(server.url, 20.0), "r", 100_000, busy_timeout_s=5)
         other.join_run(FP, timeout_s=5)
         if after_restart == "another generator takes over":
@@ -235,10 +238,7 @@ def test_everysec_forgotten_weights_announcement_is_made_again(tmp_path):
         durable = _aof_incr(server).stat().st_size
         learner.announce_weights(2, "/w/v2", "sha-2", "tcp://x")  # acknowledged, then forgotten
         assert learner.verify_weights() is False
-        server.kill()
-        with open(_aof_incr(server), "r+b") as f:
-            f.truncate(durable)
-        server.start()
+        _power_cut(server, durable)
         assert gen.weights()["version"] == "1"  # a generator waiting for v2 would wait forever
         assert learner.verify_weights() is True
         assert {k: gen.weights()[k] for k in ("version", "path", "sha256")} == {
