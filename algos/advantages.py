@@ -11,15 +11,20 @@ learner picks one by name. Rows are group-major: row g * n + j is sample j of gr
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 from torch import Tensor
 
-from algos.masked import masked_fill_zero, masked_sum, masked_whiten
-from algos.multiturn import TurnInputs, step_group_advantages, turn_returns, turns_to_tokens
-from algos.returns import discounted_returns, gae_advantages, place_terminal_reward
+from rollflash.algos.masked import masked_fill_zero, masked_sum, masked_whiten
+from rollflash.algos.multiturn import (
+    TurnInputs,
+    step_group_advantages,
+    turn_returns,
+    turns_to_tokens,
+)
+from rollflash.algos.returns import discounted_returns, gae_advantages, place_terminal_reward
 
 
 def grpo_advantages(rewards: Tensor, eps: float = 1e-6, scale: bool = True) -> Tensor:
@@ -58,17 +63,22 @@ def rloo_advantages(rewards: Tensor) -> Tensor:
 
 
 def broadcast_to_tokens(per_seq: Tensor, mask: Tensor) -> Tensor:
-    """per_seq [B] float, mask [B, T] bool -> [B, T]: the sequence value on every selected token, 0 elsewhere."""
+    """per_seq [B] float, mask [B, T] bool -> [B, T]: the sequence value on every selected token,
+    0 elsewhere."""
     return masked_fill_zero(per_seq.unsqueeze(-1).expand(mask.shape), mask)
 
 
 @dataclass
 class AdvantageInputs:
-    scores: Tensor  # [B] float32, one outcome reward per response (after clipping / shaping), B = G * n
+    scores: (
+        Tensor  # [B] float32, one outcome reward per response (after clipping / shaping), B = G * n
+    )
     mask: Tensor  # [B, T] bool, response tokens that count
     group_size: int  # n, samples per prompt (num_return_sequences); rows are group-major
     values: Tensor | None = None  # [B, T] float32, critic values (required by "gae")
-    token_rewards: Tensor | None = None  # [B, T] float32, dense rewards, e.g. -kl_coef * KL (optional)
+    token_rewards: Tensor | None = (
+        None  # [B, T] float32, dense rewards, e.g. -kl_coef * KL (optional)
+    )
     turns: TurnInputs | None = None  # per-turn rewards and states of multi-turn episodes ("gigpo")
 
 
@@ -106,7 +116,9 @@ def _grouped(x: AdvantageInputs) -> Tensor:
 
 def _token_rewards(x: AdvantageInputs) -> Tensor:
     rewards = place_terminal_reward(x.scores, x.mask)
-    return rewards if x.token_rewards is None else rewards + masked_fill_zero(x.token_rewards, x.mask)
+    return (
+        rewards if x.token_rewards is None else rewards + masked_fill_zero(x.token_rewards, x.mask)
+    )
 
 
 def _outcome_output(per_seq: Tensor, mask: Tensor) -> AdvantageOutput:
@@ -163,8 +175,9 @@ def gigpo_estimator(x: AdvantageInputs, cfg: AdvantageConfig) -> AdvantageOutput
         scaled = (1 + cfg.step_weight) * episode
         return AdvantageOutput(advantages=scaled, returns=scaled)
     t = x.turns
-    step = step_group_advantages(turn_returns(t.rewards, t.mask, cfg.gamma), t.state_ids, t.mask,
-                                 x.group_size, cfg.eps)  # [B, K]
+    step = step_group_advantages(
+        turn_returns(t.rewards, t.mask, cfg.gamma), t.state_ids, t.mask, x.group_size, cfg.eps
+    )  # [B, K]
     adv = episode + cfg.step_weight * turns_to_tokens(step, t.token_turn, x.mask)
     return AdvantageOutput(advantages=adv, returns=adv)
 

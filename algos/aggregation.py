@@ -20,12 +20,12 @@ All modes return exactly 0 (with zero gradient, never NaN) when nothing is selec
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
 
-from algos.masked import masked_mean, masked_sum
+from rollflash.algos.masked import masked_mean, masked_sum
 
 
 def _row_mean(per_row: Tensor, mask: Tensor) -> Tensor:
@@ -72,6 +72,7 @@ def aggregate(values: Tensor, mask: Tensor, mode: str, *, norm_len: float | None
     if mode not in AGG_MODES:
         raise ValueError(f"unknown loss_agg_mode {mode!r}; known: {', '.join(AGG_MODES)}")
     if values.shape != mask.shape or mask.dtype != torch.bool:
-        raise ValueError(f"values {tuple(values.shape)} and bool mask {tuple(mask.shape)} must match")
+        raise ValueError(
+            f"values {tuple(values.shape)} and bool mask {tuple(mask.shape)} must match"
+        )
     return AGG_MODES[mode](values, mask, norm_len)
-

@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from algos.aggregation import aggregate
-from algos.types import LossOutput
+from rollflash.algos.aggregation import aggregate
+from rollflash.algos.types import LossOutput
 
 
 def entropy_from_logits(logits: Tensor) -> Tensor:

@@ -17,14 +17,14 @@ The log ratio is clamped to +-20 before exp (k3), so a -inf log-prob cannot make
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from torch import Tensor
 
-from algos.aggregation import aggregate
-from algos.masked import masked_fill_zero
-from algos.offpolicy import LOG_RATIO_LIMIT
-from algos.types import LossOutput
+from rollflash.algos.aggregation import aggregate
+from rollflash.algos.masked import masked_fill_zero
+from rollflash.algos.offpolicy import LOG_RATIO_LIMIT
+from rollflash.algos.types import LossOutput
 
 
 def _k1(log_ratio: Tensor) -> Tensor:
@@ -45,7 +45,9 @@ def _k3(log_ratio: Tensor) -> Tensor:
 KL_ESTIMATORS: dict[str, Callable[[Tensor], Tensor]] = {"k1": _k1, "k2": _k2, "k3": _k3}
 
 
-def kl_penalty(logp: Tensor, ref_logp: Tensor, kind: str = "k3", *, mask: Tensor | None = None) -> Tensor:
+def kl_penalty(
+    logp: Tensor, ref_logp: Tensor, kind: str = "k3", *, mask: Tensor | None = None
+) -> Tensor:
     """Per-token estimate of KL(pi || pi_ref).
 
     logp:     [B, T] float32, current (or behaviour) policy log-probs of the sampled tokens

@@ -23,24 +23,28 @@ import math
 MAX_PROPORTIONAL_ERROR = 0.2  # Ziegler et al. 2019: the error is clipped to +-0.2
 
 
-def adaptive_kl_coef(coef: float, observed_kl: float, target: float, horizon: float,
-                     n_samples: int) -> float:
+def adaptive_kl_coef(
+    coef: float, observed_kl: float, target: float, horizon: float, n_samples: int
+) -> float:
     """The next KL coefficient beta_{t+1} from beta_t = `coef` (formula in the module docstring).
 
     coef > 0, target > 0, horizon > 0, n_samples >= 0. A non-finite `observed_kl` (no sample had a
     response token) leaves the coefficient unchanged.
     """
     if not (coef > 0 and target > 0 and horizon > 0 and n_samples >= 0):
-        raise ValueError(f"adaptive_kl_coef: need coef, target, horizon > 0 and n_samples >= 0, got "
-                         f"coef={coef!r} target={target!r} horizon={horizon!r} n_samples={n_samples!r}")
+        raise ValueError(
+            f"adaptive_kl_coef: need coef, target, horizon > 0 and n_samples >= 0, got "
+            f"coef={coef!r} target={target!r} horizon={horizon!r} n_samples={n_samples!r}"
+        )
     if not math.isfinite(observed_kl):
         return coef
     error = min(max(observed_kl / target - 1.0, -MAX_PROPORTIONAL_ERROR), MAX_PROPORTIONAL_ERROR)
     return coef * (1.0 + error * n_samples / horizon)
 
 
-def next_kl_coef(coef: float, observed_kl: float, target: float | None, horizon: float,
-                 n_samples: int) -> float:
+def next_kl_coef(
+    coef: float, observed_kl: float, target: float | None, horizon: float, n_samples: int
+) -> float:
     """`coef` unchanged when `target` is None (fixed coefficient), else `adaptive_kl_coef`."""
     if target is None:
         return coef

@@ -12,7 +12,8 @@ from torch import Tensor
 
 
 def masked_fill_zero(values: Tensor, mask: Tensor) -> Tensor:
-    """values [..] any float, mask [..] bool (broadcastable) -> [..]: values where mask, exactly 0 elsewhere."""
+    """values [..] any float, mask [..] bool (broadcastable) -> [..]: values where mask, exactly 0
+    elsewhere."""
     return torch.where(mask, values, torch.zeros((), dtype=values.dtype, device=values.device))
 
 
@@ -60,7 +61,9 @@ def masked_var(values: Tensor, mask: Tensor, unbiased: bool = True) -> Tensor:
     return torch.where(denom > 0, sq / denom.clamp(min=1), torch.zeros_like(sq))
 
 
-def masked_whiten(values: Tensor, mask: Tensor, eps: float = 1e-8, shift_mean: bool = True) -> Tensor:
+def masked_whiten(
+    values: Tensor, mask: Tensor, eps: float = 1e-8, shift_mean: bool = True
+) -> Tensor:
     """(values - mean) / (std + eps) with statistics over the selected elements; 0 at masked positions.
 
     values: [B, T] float; mask: [B, T] bool -> [B, T]. shift_mean=False only rescales (mean kept).

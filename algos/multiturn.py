@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from algos.masked import masked_fill_zero
+from rollflash.algos.masked import masked_fill_zero
 
 
 @dataclass
@@ -55,8 +55,9 @@ def turn_returns(rewards: Tensor, mask: Tensor, gamma: float) -> Tensor:
     return out
 
 
-def step_group_advantages(returns: Tensor, state_ids: Tensor, mask: Tensor, group_size: int,
-                          eps: float = 1e-6) -> Tensor:
+def step_group_advantages(
+    returns: Tensor, state_ids: Tensor, mask: Tensor, group_size: int, eps: float = 1e-6
+) -> Tensor:
     """GiGPO's step-level advantage A^S (module docstring): each turn's return normalised within
     its step group, the turns of one episode group (rows g*n .. g*n+n-1) that share a state key.
 
@@ -71,14 +72,17 @@ def step_group_advantages(returns: Tensor, state_ids: Tensor, mask: Tensor, grou
     _, step_group = torch.unique(keys, dim=0, return_inverse=True)  # [M]
     values = returns[mask].to(torch.float64)  # [M]
     n_groups = int(step_group.max()) + 1 if values.numel() else 0
-    count = torch.zeros(n_groups, dtype=torch.float64).index_add_(0, step_group, torch.ones_like(values))
+    count = torch.zeros(n_groups, dtype=torch.float64).index_add_(
+        0, step_group, torch.ones_like(values)
+    )
     total = torch.zeros(n_groups, dtype=torch.float64).index_add_(0, step_group, values)
     mean = total / count
     centred = values - mean[step_group]
-    sq = torch.zeros(n_groups, dtype=torch.float64).index_add_(0, step_group, centred ** 2)
+    sq = torch.zeros(n_groups, dtype=torch.float64).index_add_(0, step_group, centred**2)
     std = torch.sqrt(sq / (count - 1).clamp(min=1))
-    adv = torch.where(count[step_group] > 1, centred / (std[step_group] + eps),
-                      torch.zeros_like(centred))
+    adv = torch.where(
+        count[step_group] > 1, centred / (std[step_group] + eps), torch.zeros_like(centred)
+    )
     out = torch.zeros_like(returns)
     out[mask] = adv.to(returns.dtype)
     return out

@@ -27,13 +27,13 @@ then w = 1 everywhere and the loss is ordinary PPO clipped around the behaviour 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 from torch import Tensor
 
-from algos.masked import masked_fill_zero, masked_max, masked_mean, masked_sum
+from rollflash.algos.masked import masked_fill_zero, masked_max, masked_mean, masked_sum
 
 # exp() arguments are clamped to this magnitude: e^20 = 4.9e8 is beyond any useful ratio, e^89 is inf
 # in float32.

@@ -20,22 +20,24 @@ the token ratio), and the offpolicy/* metrics of `importance_weights`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 from torch import Tensor
 
-from algos.aggregation import aggregate
-from algos.masked import masked_fill_zero, masked_max, masked_mean
-from algos.offpolicy import LOG_RATIO_LIMIT, importance_weights
-from algos.types import LossOutput
+from rollflash.algos.aggregation import aggregate
+from rollflash.algos.masked import masked_fill_zero, masked_max, masked_mean
+from rollflash.algos.offpolicy import LOG_RATIO_LIMIT, importance_weights
+from rollflash.algos.types import LossOutput
 
 
 @dataclass
 class PolicyLossInputs:
     logp: Tensor  # [B, T] float32, current policy log-probs of the sampled tokens, requires grad
-    prox_logp: Tensor  # [B, T] float32, proximal policy (learner's recompute before the update), no grad
+    prox_logp: (
+        Tensor  # [B, T] float32, proximal policy (learner's recompute before the update), no grad
+    )
     behav_logp: Tensor  # [B, T] float32, behaviour policy (what the generator sampled with)
     advantages: Tensor  # [B, T] float32
     mask: Tensor  # [B, T] bool, response tokens that count
@@ -50,7 +52,9 @@ class PolicyLossConfig:
     agg_mode: str = "token-mean"  # see algos/aggregation.py
     is_mode: str = "truncate"  # "truncate" | "mask" (see algos/offpolicy.py)
     is_level: str = "token"  # "token" | "sequence" | "geometric"
-    is_low: float | None = None  # lower edge of the kept interval in "mask" mode (None = no lower edge)
+    is_low: float | None = (
+        None  # lower edge of the kept interval in "mask" mode (None = no lower edge)
+    )
     norm_len: float | None = None  # constant divisor for agg_mode "seq-mean-token-sum-norm"
 
 
@@ -111,7 +115,13 @@ def _finish(
     """Weight by the off-policy correction, aggregate, and collect the shared metrics."""
     m = x.mask
     isw = importance_weights(
-        x.prox_logp, x.behav_logp, m, mode=cfg.is_mode, level=cfg.is_level, cap=cfg.tis_cap, low=cfg.is_low
+        x.prox_logp,
+        x.behav_logp,
+        m,
+        mode=cfg.is_mode,
+        level=cfg.is_level,
+        cap=cfg.tis_cap,
+        low=cfg.is_low,
     )
     loss = aggregate(isw.weight * token_loss, m, cfg.agg_mode, norm_len=cfg.norm_len)
     with torch.no_grad():
@@ -135,7 +145,9 @@ def ppo_clip_loss(x: PolicyLossInputs, cfg: PolicyLossConfig) -> LossOutput:
     asymmetric bounds and optional dual-clip."""
     logp, prox, _, adv = _sanitised(x)
     ratio = _exp_ratio(logp - prox)
-    token_loss, clipped, dual = clipped_surrogate(ratio, adv, cfg.clip_low, cfg.clip_high, cfg.dual_clip_c)
+    token_loss, clipped, dual = clipped_surrogate(
+        ratio, adv, cfg.clip_low, cfg.clip_high, cfg.dual_clip_c
+    )
     return _finish(token_loss, x, cfg, logp, prox, ratio, clipped, dual)
 
 
@@ -151,7 +163,9 @@ def gspo_loss(x: PolicyLossInputs, cfg: PolicyLossConfig) -> LossOutput:
     seq_log_ratio = masked_mean(logp - prox, x.mask, dim=-1).detach().unsqueeze(-1)  # [B, 1]
     log_s = seq_log_ratio + logp - logp.detach()  # [B, T], value = sequence log ratio
     ratio = masked_fill_zero(_exp_ratio(log_s), x.mask)
-    token_loss, clipped, dual = clipped_surrogate(ratio, adv, cfg.clip_low, cfg.clip_high, cfg.dual_clip_c)
+    token_loss, clipped, dual = clipped_surrogate(
+        ratio, adv, cfg.clip_low, cfg.clip_high, cfg.dual_clip_c
+    )
     return _finish(token_loss, x, cfg, logp, prox, ratio, clipped, dual)
 
 
@@ -175,7 +189,9 @@ def topr_loss(x: PolicyLossInputs, cfg: PolicyLossConfig) -> LossOutput:
     weight). Departure: the sign test is on the advantage (the paper tests the reward). Clip bounds unused;
     policy/clip_frac counts negative tokens whose ratio was truncated."""
     logp, prox, _, adv = _sanitised(x)
-    seq_log_ratio = masked_fill_zero(logp - prox, x.mask).detach().sum(dim=-1, keepdim=True)  # [B, 1]
+    seq_log_ratio = (
+        masked_fill_zero(logp - prox, x.mask).detach().sum(dim=-1, keepdim=True)
+    )  # [B, 1]
     seq_ratio = _exp_ratio(seq_log_ratio).expand(x.mask.shape)  # [B, T]
     negative = adv < 0
     coef = torch.where(negative, seq_ratio.clamp(max=1.0), torch.ones_like(seq_ratio))

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from algos.types import LossOutput
+from rollflash.algos.types import LossOutput
 
 
 def bradley_terry_loss(chosen: Tensor, rejected: Tensor) -> LossOutput:
@@ -27,17 +27,30 @@ def bradley_terry_loss(chosen: Tensor, rejected: Tensor) -> LossOutput:
     An empty batch gives loss 0 (differentiable) and zero metrics.
     """
     if chosen.shape != rejected.shape or chosen.dim() != 1:
-        raise ValueError(f"chosen and rejected must both be [P], got {tuple(chosen.shape)} and "
-                         f"{tuple(rejected.shape)}")
+        raise ValueError(
+            f"chosen and rejected must both be [P], got {tuple(chosen.shape)} and "
+            f"{tuple(rejected.shape)}"
+        )
     if chosen.numel() == 0:
         zero = torch.zeros(())
-        return LossOutput(loss=(chosen.sum() + rejected.sum()) * 0.0,
-                          metrics={"rm/acc": zero, "rm/margin": zero, "rm/chosen_mean": zero,
-                                   "rm/rejected_mean": zero})
+        return LossOutput(
+            loss=(chosen.sum() + rejected.sum()) * 0.0,
+            metrics={
+                "rm/acc": zero,
+                "rm/margin": zero,
+                "rm/chosen_mean": zero,
+                "rm/rejected_mean": zero,
+            },
+        )
     margin = chosen.float() - rejected.float()
     loss = -F.logsigmoid(margin).mean()
     d = margin.detach()
-    return LossOutput(loss=loss, metrics={
-        "rm/acc": (d > 0).float().mean(), "rm/margin": d.mean(),
-        "rm/chosen_mean": chosen.detach().float().mean(),
-        "rm/rejected_mean": rejected.detach().float().mean()})
+    return LossOutput(
+        loss=loss,
+        metrics={
+            "rm/acc": (d > 0).float().mean(),
+            "rm/margin": d.mean(),
+            "rm/chosen_mean": chosen.detach().float().mean(),
+            "rm/rejected_mean": rejected.detach().float().mean(),
+        },
+    )

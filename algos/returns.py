@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from algos.masked import masked_fill_zero
+from rollflash.algos.masked import masked_fill_zero
 
 
 def place_terminal_reward(scores: Tensor, mask: Tensor) -> Tensor:
@@ -27,7 +27,9 @@ def place_terminal_reward(scores: Tensor, mask: Tensor) -> Tensor:
     """
     B, T = mask.shape
     positions = torch.arange(T, device=mask.device).expand(B, T)
-    last = torch.where(mask, positions, torch.full_like(positions, -1)).amax(dim=-1)  # [B] int64, -1 if empty
+    last = torch.where(mask, positions, torch.full_like(positions, -1)).amax(
+        dim=-1
+    )  # [B] int64, -1 if empty
     at_last = positions == last.unsqueeze(-1)  # [B, T] bool
     return masked_fill_zero(scores.unsqueeze(-1).expand(B, T), at_last & mask)
 

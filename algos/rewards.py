@@ -8,18 +8,19 @@ kl_reward_penalty supplying AdvantageInputs.token_rewards.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 from torch import Tensor
 
-from algos.kl import kl_penalty
-from algos.masked import masked_fill_zero
+from rollflash.algos.kl import kl_penalty
+from rollflash.algos.masked import masked_fill_zero
 
 
 def clip_rewards(scores: Tensor, clip: float | None) -> Tensor:
-    """scores [B] float32 -> [B] clamped to [-clip, clip] (None = unchanged), as OpenRLHF's reward_clip_range."""
+    """scores [B] float32 -> [B] clamped to [-clip, clip] (None = unchanged), as OpenRLHF's
+    reward_clip_range."""
     return scores if clip is None else scores.clamp(-clip, clip)
 
 

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from algos.advantages import ADVANTAGE_ESTIMATORS, CRITIC_ESTIMATORS
-from algos.aggregation import AGG_MODES
-from algos.kl import KL_ESTIMATORS
-from algos.offpolicy import IS_LEVELS, IS_MODES
-from algos.policy_loss import POLICY_LOSSES
-from algos.rewards import REWARD_NORMS
+from rollflash.algos.advantages import ADVANTAGE_ESTIMATORS, CRITIC_ESTIMATORS
+from rollflash.algos.aggregation import AGG_MODES
+from rollflash.algos.kl import KL_ESTIMATORS
+from rollflash.algos.offpolicy import IS_LEVELS, IS_MODES
+from rollflash.algos.policy_loss import POLICY_LOSSES
+from rollflash.algos.rewards import REWARD_NORMS
 
 # estimators whose baseline needs more than one sample per prompt
 _GROUP_ESTIMATORS = frozenset({"grpo", "dr_grpo", "rloo", "reinforce++-baseline", "gigpo"})
@@ -24,7 +24,9 @@ def _known(key: str, value: str, registry: Any) -> None:
         raise ValueError(f"algo.{key}: unknown {value!r}; known: {', '.join(sorted(registry))}")
 
 
-def _in_range(key: str, value: float, low: float, high: float, *, low_open: bool, high_open: bool) -> None:
+def _in_range(
+    key: str, value: float, low: float, high: float, *, low_open: bool, high_open: bool
+) -> None:
     above = value > low if low_open else value >= low
     below = value < high if high_open else value <= high
     if not (above and below):
@@ -88,7 +90,9 @@ def _check_estimator(
     adv_estimator: str, has_critic: bool, dynamic_sampling: bool, num_return_sequences: int | None
 ) -> None:
     if adv_estimator in CRITIC_ESTIMATORS and not has_critic:
-        raise ValueError(f"algo.adv_estimator: {adv_estimator!r} needs a critic (set algo.critic: true)")
+        raise ValueError(
+            f"algo.adv_estimator: {adv_estimator!r} needs a critic (set algo.critic: true)"
+        )
     if has_critic and adv_estimator not in CRITIC_ESTIMATORS:
         raise ValueError(
             f"algo.critic: true but algo.adv_estimator {adv_estimator!r} does not use a critic "
@@ -124,11 +128,18 @@ def _check_policy(
     if is_low is not None:
         _in_range("is_low", is_low, 0.0, 1.0, low_open=False, high_open=False)
         if is_mode != "mask":
-            raise ValueError(f"algo.is_low is only used with algo.is_mode: mask, got is_mode {is_mode!r}")
+            raise ValueError(
+                f"algo.is_low is only used with algo.is_mode: mask, got is_mode {is_mode!r}"
+            )
 
 
 def _check_coefficients(
-    kl_coef: float, entropy_coef: float, loss_agg_mode: str, norm_len: float | None, gamma: float, lam: float
+    kl_coef: float,
+    entropy_coef: float,
+    loss_agg_mode: str,
+    norm_len: float | None,
+    gamma: float,
+    lam: float,
 ) -> None:
     if not kl_coef >= 0.0:
         raise ValueError(f"algo.kl_coef must be >= 0, got {kl_coef!r}")
@@ -143,12 +154,18 @@ def _check_coefficients(
     _in_range("lam", lam, 0.0, 1.0, low_open=False, high_open=False)
 
 
-def _check_overlong(overlong_buffer: int | None, penalty_factor: float, max_new_tokens: int | None) -> None:
+def _check_overlong(
+    overlong_buffer: int | None, penalty_factor: float, max_new_tokens: int | None
+) -> None:
     if not penalty_factor > 0:
         raise ValueError(f"algo.overlong_penalty_factor must be > 0, got {penalty_factor!r}")
     if overlong_buffer is None:
         return
     if overlong_buffer <= 0:
-        raise ValueError(f"algo.overlong_buffer must be > 0 (or null to disable), got {overlong_buffer!r}")
+        raise ValueError(
+            f"algo.overlong_buffer must be > 0 (or null to disable), got {overlong_buffer!r}"
+        )
     if max_new_tokens is not None and overlong_buffer >= max_new_tokens:
-        raise ValueError(f"algo.overlong_buffer must be < max_new_tokens ({max_new_tokens}), got {overlong_buffer}")
+        raise ValueError(
+            f"algo.overlong_buffer must be < max_new_tokens ({max_new_tokens}), got {overlong_buffer}"
+        )

@@ -11,9 +11,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from algos.aggregation import aggregate
-from algos.masked import masked_fill_zero, masked_mean, masked_var
-from algos.types import LossOutput
+from rollflash.algos.aggregation import aggregate
+from rollflash.algos.masked import masked_fill_zero, masked_mean, masked_var
+from rollflash.algos.types import LossOutput
 
 
 def value_loss(
@@ -51,6 +51,8 @@ def value_loss(
             "critic/value_mean": masked_mean(v, mask),
             "critic/return_mean": masked_mean(ret, mask),
             "critic/value_mse": masked_mean(err, mask),
-            "critic/explained_var": torch.where(var_ret > 0, explained, torch.zeros_like(explained)),
+            "critic/explained_var": torch.where(
+                var_ret > 0, explained, torch.zeros_like(explained)
+            ),
         }
     return LossOutput(loss=loss, metrics=metrics)

@@ -13,26 +13,49 @@ write-only key patterns.
 
 from __future__ import annotations
 
+
 def generator_acl(run_id: str, password: str) -> list[str]:
     """Each selector `( ... )` pairs commands with the only keys they may touch."""
     p = f"rl:{run_id}:"
-    return ["on", f">{password}", "resetkeys", "resetchannels", "-@all",
-            "+ping", "+hello", "+multi", "+exec", "+discard",
-            f"(+xreadgroup +xautoclaim +xack ~{p}prompts)",
-            f"(+xadd %W~{p}trajectories %W~{p}dlq)",
-            f"(+hget +hgetall +hmget %R~{p}run %R~{p}weights)",
-            f"(+hset +pexpire ~{p}gen:*)"]
+    return [
+        "on",
+        f">{password}",
+        "resetkeys",
+        "resetchannels",
+        "-@all",
+        "+ping",
+        "+hello",
+        "+multi",
+        "+exec",
+        "+discard",
+        f"(+xreadgroup +xautoclaim +xack ~{p}prompts)",
+        f"(+xadd %W~{p}trajectories %W~{p}dlq)",
+        f"(+hget +hgetall +hmget %R~{p}run %R~{p}weights)",
+        f"(+hset +pexpire ~{p}gen:*)",
+    ]
 
 
 def learner_acl(run_id: str, password: str) -> list[str]:
-    return ["on", f">{password}", "resetkeys", "resetchannels", "+@all", "-@admin",
-            "-@dangerous", "+info", f"~rl:{run_id}:*"]
+    return [
+        "on",
+        f">{password}",
+        "resetkeys",
+        "resetchannels",
+        "+@all",
+        "-@admin",
+        "-@dangerous",
+        "+info",
+        f"~rl:{run_id}:*",
+    ]
 
 
 def acl_commands(run_id: str, generator_password: str, learner_password: str) -> list[str]:
     """redis-cli lines creating the users `rl-{run}-generator` and `rl-{run}-learner`."""
+
     def line(user: str, rules: list[str]) -> str:
         return f"ACL SETUSER {user} " + " ".join(f"'{r}'" if " " in r else r for r in rules)
 
-    return [line(f"rl-{run_id}-generator", generator_acl(run_id, generator_password)),
-            line(f"rl-{run_id}-learner", learner_acl(run_id, learner_password))]
+    return [
+        line(f"rl-{run_id}-generator", generator_acl(run_id, generator_password)),
+        line(f"rl-{run_id}-learner", learner_acl(run_id, learner_password)),
+    ]

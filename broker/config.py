@@ -42,7 +42,9 @@ class RunConfig:
 class RedisConfig:
     url: str | None = None  # redis://, rediss:// or unix://; None lets `rollctl run` start its own
     connect_timeout_s: float = 30.0  # give up connecting (with backoff) after this long
-    max_payload_bytes: int = 8_000_000  # entries larger than this go to the dead-letter stream undecoded
+    max_payload_bytes: int = (
+        8_000_000  # entries larger than this go to the dead-letter stream undecoded
+    )
 
 
 @dataclass
@@ -137,17 +139,27 @@ class AlgoConfig:
     clip_high: float = 0.2  # ratio upper bound 1 + clip_high (DAPO: 0.28)
     dual_clip_c: float | None = 3.0  # dual-clip bound for negative advantages (None = off)
     tis_cap: float | None = 2.0  # cap of the importance weight pi_prox / pi_behaviour (None = off)
-    is_mode: Literal["truncate", "mask"] = "truncate"  # cap the IS weight, or drop tokens outside bounds
-    is_level: Literal["token", "sequence", "geometric"] = "token"  # what the IS weight is a ratio of
-    is_low: float | None = None  # lower edge of the kept IS interval with is_mode: mask (IcePop: 0.5)
+    is_mode: Literal["truncate", "mask"] = (
+        "truncate"  # cap the IS weight, or drop tokens outside bounds
+    )
+    is_level: Literal["token", "sequence", "geometric"] = (
+        "token"  # what the IS weight is a ratio of
+    )
+    is_low: float | None = (
+        None  # lower edge of the kept IS interval with is_mode: mask (IcePop: 0.5)
+    )
     kl_coef: float = 0.0  # weight of the KL to the frozen initial policy (0 = no reference model)
     kl_estimator: Literal["k1", "k2", "k3"] = "k3"  # per-token KL estimator (algos.KL_ESTIMATORS)
-    use_kl_in_reward: bool = False  # subtract kl_coef * KL from token rewards instead of a loss term
+    use_kl_in_reward: bool = (
+        False  # subtract kl_coef * KL from token rewards instead of a loss term
+    )
     entropy_coef: float = 0.0  # weight of the entropy bonus (0 = entropy not computed)
     loss_agg_mode: Literal[
         "token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"
     ] = "token-mean"  # how token losses are averaged (algos.AGG_MODES)
-    norm_len: float | None = None  # divisor of seq-mean-token-sum-norm (None = rollout.max_new_tokens)
+    norm_len: float | None = (
+        None  # divisor of seq-mean-token-sum-norm (None = rollout.max_new_tokens)
+    )
     whiten_advantages: bool = False  # z-score advantages over the batch's response tokens (as ROLL)
     gamma: float = 1.0  # per-token discount (gae, reinforce++)
     lam: float = 0.95  # GAE lambda
@@ -158,7 +170,9 @@ class AlgoConfig:
     reward_norm: Literal["none", "batch", "group", "running"] = "none"  # z-scoring of the scores
     dynamic_sampling: bool = False  # drop groups whose scores are all equal (DAPO)
     overlong_filter: bool = False  # mask truncated samples out of the loss (DAPO)
-    overlong_buffer: int | None = None  # soft overlong penalty over the budget's last N tokens (None = off)
+    overlong_buffer: int | None = (
+        None  # soft overlong penalty over the budget's last N tokens (None = off)
+    )
     overlong_penalty_factor: float = 1.0  # scale of the soft overlong penalty
     kl_target: float | None = None  # adaptive kl_coef aiming at this per-token KL (None = fixed)
     kl_horizon: float = 10000.0  # samples over which the adaptive kl_coef moves by up to 20%
@@ -238,8 +252,12 @@ class Config:
     def fingerprint(self) -> str:
         """sha256 of the fields every process must agree on (not run-local paths or counts)."""
         shared = {k: v for k, v in self.to_dict().items() if k not in ("redis",)}
-        shared["rollout"] = {k: v for k, v in shared["rollout"].items() if k != "num_rollout_workers"}
-        shared["trainer"] = {k: v for k, v in shared["trainer"].items() if k != "num_trainer_workers"}
+        shared["rollout"] = {
+            k: v for k, v in shared["rollout"].items() if k != "num_rollout_workers"
+        }
+        shared["trainer"] = {
+            k: v for k, v in shared["trainer"].items() if k != "num_trainer_workers"
+        }
         blob = json.dumps(shared, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
 
@@ -249,16 +267,43 @@ class Config:
 
 
 _POSITIVE = {
-    "rollout.num_return_sequences", "rollout.max_new_tokens", "rollout.prompts_per_pull",
-    "trainer.rollout_batch_size", "trainer.micro_batch_size", "trainer.total_steps",
-    "trainer.actor_lr", "trainer.keep_versions", "trainer.num_trainer_workers",
-    "trainer.wait_timeout_s", "redis.connect_timeout_s", "redis.max_payload_bytes",
-    "rollout.temperature", "rollout.heartbeat_ttl_s", "rollout.max_episode_tokens", "rollout.reclaim_idle_s", "sim.per_token_s",
-    "sim.length_median", "sim.length_sigma", "sim.vocab_size",
+    "rollout.num_return_sequences",
+    "rollout.max_new_tokens",
+    "rollout.prompts_per_pull",
+    "trainer.rollout_batch_size",
+    "trainer.micro_batch_size",
+    "trainer.total_steps",
+    "trainer.actor_lr",
+    "trainer.keep_versions",
+    "trainer.num_trainer_workers",
+    "trainer.wait_timeout_s",
+    "redis.connect_timeout_s",
+    "redis.max_payload_bytes",
+    "rollout.temperature",
+    "rollout.heartbeat_ttl_s",
+    "rollout.max_episode_tokens",
+    "rollout.reclaim_idle_s",
+    "sim.per_token_s",
+    "sim.length_median",
+    "sim.length_sigma",
+    "sim.vocab_size",
 }
-_NON_NEGATIVE = {"run.torch_threads", "trainer.token_budget", "trainer.checkpoint_every", "trainer.lr_warmup_steps", "trainer.async_ratio", "trainer.eval_every",
-                 "trainer.max_grad_norm", "trainer.weight_decay", "rollout.num_rollout_workers", "task.eval_size",
-                 "rollout.redundant_samples", "rollout.inflight_samples", "sim.batch_slowdown", "sim.learner_step_s"}
+_NON_NEGATIVE = {
+    "run.torch_threads",
+    "trainer.token_budget",
+    "trainer.checkpoint_every",
+    "trainer.lr_warmup_steps",
+    "trainer.async_ratio",
+    "trainer.eval_every",
+    "trainer.max_grad_norm",
+    "trainer.weight_decay",
+    "rollout.num_rollout_workers",
+    "task.eval_size",
+    "rollout.redundant_samples",
+    "rollout.inflight_samples",
+    "sim.batch_slowdown",
+    "sim.learner_step_s",
+}
 
 
 def _check_ranges(cfg: Config) -> None:
@@ -278,16 +323,21 @@ def _check_ranges(cfg: Config) -> None:
     if cfg.algo.tis_cap is not None and cfg.algo.tis_cap < 1:
         raise ConfigError(f"algo.tis_cap: must be >= 1 or null, got {cfg.algo.tis_cap!r}")
     if cfg.trainer.strategy == "fsdp" and cfg.algo.critic:
-        raise ConfigError("trainer.strategy: fsdp does not shard the critic yet; use ddp with "
-                          "algo.critic: true")
+        raise ConfigError(
+            "trainer.strategy: fsdp does not shard the critic yet; use ddp with algo.critic: true"
+        )
     if cfg.rollout.inflight_samples and cfg.rollout.engine == "hf":
-        raise ConfigError("rollout.inflight_samples: continuous batching needs rollout.engine "
-                          "vllm or sim (transformers' generate runs a batch to its end); set it "
-                          "to 0 (pulls of rollout.prompts_per_pull)")
+        raise ConfigError(
+            "rollout.inflight_samples: continuous batching needs rollout.engine "
+            "vllm or sim (transformers' generate runs a batch to its end); set it "
+            "to 0 (pulls of rollout.prompts_per_pull)"
+        )
     if cfg.trainer.num_trainer_workers > 1 and cfg.rollout.replicate_prompts:
-        raise ConfigError("rollout.replicate_prompts: not supported with "
-                          "trainer.num_trainer_workers > 1 (a group's samples would be read by "
-                          "different learner ranks)")
+        raise ConfigError(
+            "rollout.replicate_prompts: not supported with "
+            "trainer.num_trainer_workers > 1 (a group's samples would be read by "
+            "different learner ranks)"
+        )
     _check_algo(cfg)
     _check_rlhf(cfg)
 
@@ -295,63 +345,116 @@ def _check_ranges(cfg: Config) -> None:
 def _check_rlhf(cfg: Config) -> None:
     """The reward, rm and guards sections, and algo.kl_target / kl_horizon (issue 9)."""
     flat = _flatten(cfg.to_dict())
-    for key in ("reward.micro_batch_size", "reward.max_len", "rm.learning_rate",
-                "rm.train_batch_size", "rm.micro_train_batch_size", "rm.max_len", "rm.max_epochs",
-                "algo.kl_horizon", "guards.patience", "guards.kl_window", "guards.ngram_n"):
+    for key in (
+        "reward.micro_batch_size",
+        "reward.max_len",
+        "rm.learning_rate",
+        "rm.train_batch_size",
+        "rm.micro_train_batch_size",
+        "rm.max_len",
+        "rm.max_epochs",
+        "algo.kl_horizon",
+        "guards.patience",
+        "guards.kl_window",
+        "guards.ngram_n",
+    ):
         if not flat[key] > 0:
             raise ConfigError(f"{key}: must be > 0, got {flat[key]!r}")
-    for key in ("reward.weight_rule", "reward.weight_model", "rm.max_steps", "rm.eval_every",
-                "rm.weight_decay", "rm.max_grad_norm", "guards.kl_max_rise", "guards.score_std_min",
-                "guards.score_std_drop",
-                "guards.min_length", "guards.max_truncated_frac", "guards.max_ngram_repeat"):
+    for key in (
+        "reward.weight_rule",
+        "reward.weight_model",
+        "rm.max_steps",
+        "rm.eval_every",
+        "rm.weight_decay",
+        "rm.max_grad_norm",
+        "guards.kl_max_rise",
+        "guards.score_std_min",
+        "guards.score_std_drop",
+        "guards.min_length",
+        "guards.max_truncated_frac",
+        "guards.max_ngram_repeat",
+    ):
         if not flat[key] >= 0:
             raise ConfigError(f"{key}: must be >= 0, got {flat[key]!r}")
     if cfg.reward.type != "rule" and not cfg.reward.model_path:
-        raise ConfigError(f"reward.model_path: reward.type {cfg.reward.type!r} needs a reward-model "
-                          "directory (train one with `rollctl train-rm`)")
+        raise ConfigError(
+            f"reward.model_path: reward.type {cfg.reward.type!r} needs a reward-model "
+            "directory (train one with `rollctl train-rm`)"
+        )
     if cfg.reward.type == "rule" and cfg.reward.model_path:
-        raise ConfigError("reward.model_path: set, but reward.type is 'rule' (use 'model' or 'mixed')")
+        raise ConfigError(
+            "reward.model_path: set, but reward.type is 'rule' (use 'model' or 'mixed')"
+        )
     if not 0 < cfg.rm.eval_split < 1:
         raise ConfigError(f"rm.eval_split: must be in (0, 1), got {cfg.rm.eval_split!r}")
     if cfg.rm.train_batch_size % cfg.rm.micro_train_batch_size:
-        raise ConfigError(f"rm.train_batch_size: must be a multiple of rm.micro_train_batch_size "
-                          f"({cfg.rm.micro_train_batch_size}), got {cfg.rm.train_batch_size}")
+        raise ConfigError(
+            f"rm.train_batch_size: must be a multiple of rm.micro_train_batch_size "
+            f"({cfg.rm.micro_train_batch_size}), got {cfg.rm.train_batch_size}"
+        )
     if cfg.algo.kl_target is not None:
         if not cfg.algo.kl_target > 0:
             raise ConfigError(f"algo.kl_target: must be > 0 or null, got {cfg.algo.kl_target!r}")
         if not cfg.algo.kl_coef > 0:
-            raise ConfigError("algo.kl_target: the adaptive controller needs a starting "
-                              "algo.kl_coef > 0 (InstructGPT: 0.02)")
+            raise ConfigError(
+                "algo.kl_target: the adaptive controller needs a starting "
+                "algo.kl_coef > 0 (InstructGPT: 0.02)"
+            )
 
 
-_GROUP_BASELINES = ("grpo", "dr_grpo", "rloo", "reinforce++-baseline", "gigpo")  # baseline from the group
+_GROUP_BASELINES = (
+    "grpo",
+    "dr_grpo",
+    "rloo",
+    "reinforce++-baseline",
+    "gigpo",
+)  # baseline from the group
 
 
 def _check_algo(cfg: Config) -> None:
     """Run algos.validate_algo_choice on the `algo:` section and re-raise its ValueError as a
     ConfigError that starts with `algo.<key>:`. algos is imported here, not at the top, so that
     `import broker.config` (and `rollctl --help`) stays torch-free."""
-    from algos import validate_algo_choice
+    from rollflash.algos import validate_algo_choice
 
     a, n = cfg.algo, cfg.rollout.num_return_sequences
     if n < 2 and (a.adv_estimator in _GROUP_BASELINES or a.dynamic_sampling):
-        raise ConfigError(f"rollout.num_return_sequences: algo.adv_estimator {a.adv_estimator!r} and "
-                          f"algo.dynamic_sampling need groups of at least 2 samples, got {n}")
+        raise ConfigError(
+            f"rollout.num_return_sequences: algo.adv_estimator {a.adv_estimator!r} and "
+            f"algo.dynamic_sampling need groups of at least 2 samples, got {n}"
+        )
     for key in ("critic_lr", "norm_len"):
         value = getattr(a, key)
         if value is not None and not value > 0:
             raise ConfigError(f"algo.{key}: must be > 0, got {value!r}")
     try:
         validate_algo_choice(
-            a.adv_estimator, a.policy_loss, a.critic, clip_low=a.clip_low, clip_high=a.clip_high,
-            dual_clip_c=a.dual_clip_c, tis_cap=a.tis_cap, is_mode=a.is_mode, is_level=a.is_level,
-            is_low=a.is_low, kl_coef=a.kl_coef, kl_estimator=a.kl_estimator,
-            entropy_coef=a.entropy_coef, loss_agg_mode=a.loss_agg_mode,
-            norm_len=a.norm_len or float(cfg.rollout.max_new_tokens), gamma=a.gamma, lam=a.lam,
-            clip_range_value=a.clip_range_value, reward_clip=a.reward_clip,
-            reward_norm=a.reward_norm, dynamic_sampling=a.dynamic_sampling,
-            overlong_buffer=a.overlong_buffer, overlong_penalty_factor=a.overlong_penalty_factor,
-            max_new_tokens=cfg.rollout.max_new_tokens, num_return_sequences=n)
+            a.adv_estimator,
+            a.policy_loss,
+            a.critic,
+            clip_low=a.clip_low,
+            clip_high=a.clip_high,
+            dual_clip_c=a.dual_clip_c,
+            tis_cap=a.tis_cap,
+            is_mode=a.is_mode,
+            is_level=a.is_level,
+            is_low=a.is_low,
+            kl_coef=a.kl_coef,
+            kl_estimator=a.kl_estimator,
+            entropy_coef=a.entropy_coef,
+            loss_agg_mode=a.loss_agg_mode,
+            norm_len=a.norm_len or float(cfg.rollout.max_new_tokens),
+            gamma=a.gamma,
+            lam=a.lam,
+            clip_range_value=a.clip_range_value,
+            reward_clip=a.reward_clip,
+            reward_norm=a.reward_norm,
+            dynamic_sampling=a.dynamic_sampling,
+            overlong_buffer=a.overlong_buffer,
+            overlong_penalty_factor=a.overlong_penalty_factor,
+            max_new_tokens=cfg.rollout.max_new_tokens,
+            num_return_sequences=n,
+        )
     except ValueError as e:
         # validate_algo_choice writes "algo.gamma must be ..." or "algo.adv_estimator: ..."
         raise ConfigError(re.sub(r"^(algo\.\w+) ", r"\1: ", str(e))) from None

@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import redis
@@ -62,14 +63,21 @@ class DeadlineRetry(Retry):
     (redis-py's own Retry counts attempts, which says nothing about how long Redis may be down)."""
 
     def __init__(self, timeout_s: float, shown_url: str):
-        super().__init__(ExponentialBackoff(cap=BACKOFF_CAP_S, base=BACKOFF_BASE_S), retries=-1,
-                         supported_errors=(redis.ConnectionError, redis.TimeoutError))
+        super().__init__(
+            ExponentialBackoff(cap=BACKOFF_CAP_S, base=BACKOFF_BASE_S),
+            retries=-1,
+            supported_errors=(redis.ConnectionError, redis.TimeoutError),
+        )
         self.timeout_s = timeout_s
         self.shown_url = shown_url
 
-    def call_with_retry(self, do: Callable[[], Any], fail: Callable[..., Any],
-                        is_retryable: Callable[[Exception], bool] | None = None,
-                        with_failure_count: bool = False) -> Any:
+    def call_with_retry(
+        self,
+        do: Callable[[], Any],
+        fail: Callable[..., Any],
+        is_retryable: Callable[[Exception], bool] | None = None,
+        with_failure_count: bool = False,
+    ) -> Any:
         deadline = None
         failures = 0
         while True:
@@ -86,7 +94,8 @@ class DeadlineRetry(Retry):
                     raise BrokerUnavailable(
                         f"cannot reach Redis at {self.shown_url} after {failures} attempts in "
                         f"{self.timeout_s:.0f}s ({error.__class__.__name__}: {error}); start "
-                        "redis-server or fix redis.url") from None
+                        "redis-server or fix redis.url"
+                    ) from None
                 delay = min(self._backoff.compute(failures), deadline - now)
                 log.warning("Redis connection lost (%s); reconnecting in %.1fs", error, delay)
                 time.sleep(delay)
@@ -96,21 +105,30 @@ def connect(url: str, timeout_s: float) -> redis.Redis:
     """A client for `url` that reconnects with backoff for up to `timeout_s` on every command."""
     shown = redact(url)
     try:
-        client = redis.Redis.from_url(url, socket_connect_timeout=5, health_check_interval=30,
-                                      retry=DeadlineRetry(timeout_s, shown))
+        client = redis.Redis.from_url(
+            url,
+            socket_connect_timeout=5,
+            health_check_interval=30,
+            retry=DeadlineRetry(timeout_s, shown),
+        )
     except ValueError as e:
         raise BrokerUnavailable(f"redis.url {shown} is not a valid Redis URL ({e})") from None
     try:
         client.ping()
     except redis.AuthenticationError as e:
-        raise BrokerUnavailable(f"Redis at {shown} refused the credentials ({e}): check the user "
-                                "and password in redis.url (rollctl acl prints them)") from None
+        raise BrokerUnavailable(
+            f"Redis at {shown} refused the credentials ({e}): check the user "
+            "and password in redis.url (rollctl acl prints them)"
+        ) from None
     except redis.exceptions.NoPermissionError as e:
-        raise BrokerUnavailable(f"Redis user in {shown} may not run PING ({e}): apply the ACL "
-                                "rules from rollctl acl") from None
+        raise BrokerUnavailable(
+            f"Redis user in {shown} may not run PING ({e}): apply the ACL rules from rollctl acl"
+        ) from None
     except (redis.ConnectionError, OSError) as e:  # only fatal ones get here (DeadlineRetry)
         if "CERTIFICATE" in str(e):
-            raise BrokerUnavailable(f"TLS to Redis at {shown} failed ({e}): pass the server's "
-                                    "CA as ?ssl_ca_certs=/path/ca.pem in redis.url") from None
+            raise BrokerUnavailable(
+                f"TLS to Redis at {shown} failed ({e}): pass the server's "
+                "CA as ?ssl_ca_certs=/path/ca.pem in redis.url"
+            ) from None
         raise BrokerUnavailable(f"Redis at {shown} refused the connection ({e})") from None
     return client

@@ -42,8 +42,13 @@ class VersionSubscriber:
         while self._sock.poll(timeout_ms):
             timeout_ms = 0
             try:
-                msg = msgpack.unpackb(self._sock.recv(zmq.NOBLOCK), max_str_len=4096,
-                                      max_bin_len=0, max_array_len=16, max_map_len=16)
+                msg = msgpack.unpackb(
+                    self._sock.recv(zmq.NOBLOCK),
+                    max_str_len=4096,
+                    max_bin_len=0,
+                    max_array_len=16,
+                    max_map_len=16,
+                )
                 version = int(msg["version"])
             except (ValueError, KeyError, TypeError, zmq.Again, msgpack.UnpackException):
                 continue  # a garbled notification only delays the reload until the next poll

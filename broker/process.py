@@ -12,9 +12,13 @@ import sys
 
 
 def setup_process(name: str, seed: int, torch_threads: int = 0, level: int = logging.INFO) -> None:
-    logging.basicConfig(level=level, stream=sys.stderr, force=True,
-                        format=f"%(asctime)s {name} %(levelname)s %(name)s: %(message)s",
-                        datefmt="%H:%M:%S")
+    logging.basicConfig(
+        level=level,
+        stream=sys.stderr,
+        force=True,
+        format=f"%(asctime)s {name} %(levelname)s %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
+    )
     random.seed(seed)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     import numpy as np

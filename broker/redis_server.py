@@ -10,8 +10,8 @@ as a context manager; `rollctl run` does so on Ctrl-C and at the end of training
 from __future__ import annotations
 
 import ctypes
-import signal
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -34,12 +34,18 @@ def die_with_parent(sig: int = signal.SIGTERM) -> None:
 
 
 class EmbeddedRedis:
-    def __init__(self, workdir: str | Path | None = None, persistence: bool = False,
-                 extra_args: list[str] = ()):
+    def __init__(
+        self,
+        workdir: str | Path | None = None,
+        persistence: bool = False,
+        extra_args: list[str] = (),
+    ):
         exe = shutil.which("redis-server")
         if exe is None:
-            raise RedisServerError("redis-server not found on PATH; install it (apt-get install "
-                                   "redis-server) or pass --redis-url")
+            raise RedisServerError(
+                "redis-server not found on PATH; install it (apt-get install "
+                "redis-server) or pass --redis-url"
+            )
         self._own_dir = workdir is None
         # absolute: redis-server chdirs to --dir before binding the socket path
         self.dir = Path(workdir or tempfile.mkdtemp(prefix="rollredis-")).resolve()
@@ -47,8 +53,21 @@ class EmbeddedRedis:
         self.socket = self.dir / "redis.sock"
         if len(str(self.socket)) > 100:  # unix socket paths are limited to ~107 bytes
             self.socket = Path(tempfile.mkdtemp(prefix="rollredis-")) / "redis.sock"
-        args = [exe, "--port", "0", "--unixsocket", str(self.socket), "--unixsocketperm", "700",
-                "--dir", str(self.dir), "--protected-mode", "yes", "--daemonize", "no"]
+        args = [
+            exe,
+            "--port",
+            "0",
+            "--unixsocket",
+            str(self.socket),
+            "--unixsocketperm",
+            "700",
+            "--dir",
+            str(self.dir),
+            "--protected-mode",
+            "yes",
+            "--daemonize",
+            "no",
+        ]
         if not persistence:
             args += ["--save", "", "--appendonly", "no"]
         self._args = args + list(extra_args)
@@ -58,16 +77,22 @@ class EmbeddedRedis:
     def url(self) -> str:
         return f"unix://{self.socket}"
 
-    def start(self, timeout_s: float = 10.0) -> "EmbeddedRedis":
+    def start(self, timeout_s: float = 10.0) -> EmbeddedRedis:
         log_file = open(self.dir / "redis.log", "ab")
-        self.proc = subprocess.Popen(self._args, stdout=log_file, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, preexec_fn=die_with_parent)
+        self.proc = subprocess.Popen(
+            self._args,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            preexec_fn=die_with_parent,
+        )
         log_file.close()
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RedisServerError(f"redis-server exited with {self.proc.returncode}; "
-                                       f"see {self.dir / 'redis.log'}")
+                raise RedisServerError(
+                    f"redis-server exited with {self.proc.returncode}; see {self.dir / 'redis.log'}"
+                )
             try:
                 redis.Redis(unix_socket_path=str(self.socket)).ping()
                 return self
@@ -96,7 +121,7 @@ class EmbeddedRedis:
             self.proc.wait()
         self.proc = None
 
-    def __enter__(self) -> "EmbeddedRedis":
+    def __enter__(self) -> EmbeddedRedis:
         return self.start()
 
     def __exit__(self, *exc) -> None:

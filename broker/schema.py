@@ -29,7 +29,12 @@ import numpy as np
 SCHEMA_VERSION = 1
 
 _MAX_ITEMS = 65_536  # msgpack array/map length limit: far above any group size or field count
-_DTYPES = {"<i4": np.dtype("<i4"), "<f4": np.dtype("<f4"), "<i8": np.dtype("<i8"), "|u1": np.dtype("|u1")}
+_DTYPES = {
+    "<i4": np.dtype("<i4"),
+    "<f4": np.dtype("<f4"),
+    "<i8": np.dtype("<i8"),
+    "|u1": np.dtype("|u1"),
+}
 
 
 class WireError(ValueError):
@@ -86,18 +91,26 @@ class Trajectory:
         return float(np.mean([s.reward for s in self.samples])) if self.samples else 0.0
 
     @classmethod
-    def for_work(cls, work: PromptWork, samples: list[Sample], prompt_ids: Any, generator: str,
-                 version: int) -> "Trajectory":
+    def for_work(
+        cls, work: PromptWork, samples: list[Sample], prompt_ids: Any, generator: str, version: int
+    ) -> Trajectory:
         """The answer to one prompt entry: traj_id is the group id (plus `/k` for replicated
         sample k), and the behaviour version is the oldest token's (`version` if none)."""
-        oldest = min((int(s.token_versions.min()) for s in samples if s.token_versions.size),
-                     default=version)
+        oldest = min(
+            (int(s.token_versions.min()) for s in samples if s.token_versions.size), default=version
+        )
         traj_id = work.group_id if work.sample_index < 0 else f"{work.group_id}/{work.sample_index}"
-        return cls(traj_id=traj_id, prompt_id=work.prompt_id, group_id=work.group_id,
-                   generator=generator, behavior_version=oldest,
-                   issued_version=work.issued_version,
-                   prompt_ids=np.asarray(prompt_ids, dtype=np.int32), samples=samples,
-                   retried=work.retried)
+        return cls(
+            traj_id=traj_id,
+            prompt_id=work.prompt_id,
+            group_id=work.group_id,
+            generator=generator,
+            behavior_version=oldest,
+            issued_version=work.issued_version,
+            prompt_ids=np.asarray(prompt_ids, dtype=np.int32),
+            samples=samples,
+            retried=work.retried,
+        )
 
 
 def pack_array(a: np.ndarray, dtype: str) -> dict[str, Any]:
@@ -122,9 +135,16 @@ def _unpackb(raw: Any, max_bytes: int) -> Any:
     if len(raw) > max_bytes:
         raise WireError(f"payload of {len(raw)} bytes exceeds the limit of {max_bytes}")
     try:
-        return msgpack.unpackb(raw, raw=False, strict_map_key=True, max_bin_len=max_bytes,
-                               max_str_len=max_bytes, max_array_len=_MAX_ITEMS,
-                               max_map_len=_MAX_ITEMS, max_ext_len=0)
+        return msgpack.unpackb(
+            raw,
+            raw=False,
+            strict_map_key=True,
+            max_bin_len=max_bytes,
+            max_str_len=max_bytes,
+            max_array_len=_MAX_ITEMS,
+            max_map_len=_MAX_ITEMS,
+            max_ext_len=0,
+        )
     except Exception as e:  # msgpack raises several unrelated types for corrupt input
         raise WireError(f"corrupt msgpack ({e.__class__.__name__})") from None
 
@@ -144,8 +164,15 @@ def _get(d: dict, key: str, kind: type | tuple[type, ...], what: str) -> Any:
 
 def encode_prompt(w: PromptWork) -> dict[str, Any]:
     data = msgpack.packb({"item": w.item}, use_bin_type=True)
-    return {"schema": SCHEMA_VERSION, "prompt_id": w.prompt_id, "group_id": w.group_id, "n": w.n,
-            "issued_version": w.issued_version, "sample_index": w.sample_index, "data": data}
+    return {
+        "schema": SCHEMA_VERSION,
+        "prompt_id": w.prompt_id,
+        "group_id": w.group_id,
+        "n": w.n,
+        "issued_version": w.issued_version,
+        "sample_index": w.sample_index,
+        "data": data,
+    }
 
 
 def decode_prompt(fields: dict[bytes, bytes], max_bytes: int) -> PromptWork:
@@ -154,22 +181,35 @@ def decode_prompt(fields: dict[bytes, bytes], max_bytes: int) -> PromptWork:
     if not isinstance(body, dict) or not isinstance(body.get("item"), dict):
         raise WireError("prompt: item missing")
     try:
-        return PromptWork(prompt_id=fields[b"prompt_id"].decode(), group_id=fields[b"group_id"].decode(),
-                          n=int(fields[b"n"]), issued_version=int(fields[b"issued_version"]),
-                          item=body["item"], sample_index=int(fields.get(b"sample_index", -1)))
+        return PromptWork(
+            prompt_id=fields[b"prompt_id"].decode(),
+            group_id=fields[b"group_id"].decode(),
+            n=int(fields[b"n"]),
+            issued_version=int(fields[b"issued_version"]),
+            item=body["item"],
+            sample_index=int(fields.get(b"sample_index", -1)),
+        )
     except (KeyError, ValueError, UnicodeDecodeError) as e:
         raise WireError(f"prompt: bad scalar field ({e})") from None
 
 
-_TURN_FIELDS = (("loss_mask", "|u1"), ("turn_starts", "<i4"), ("turn_rewards", "<f4"),
-                ("turn_states", "<i8"))
+_TURN_FIELDS = (
+    ("loss_mask", "|u1"),
+    ("turn_starts", "<i4"),
+    ("turn_rewards", "<f4"),
+    ("turn_states", "<i8"),
+)
 
 
 def _encode_sample(s: Sample) -> dict[str, Any]:
-    out = {"response_ids": pack_array(s.response_ids, "<i4"),
-           "logprobs": pack_array(s.logprobs, "<f4"),
-           "token_versions": pack_array(s.token_versions, "<i4"),
-           "reward": float(s.reward), "finished": bool(s.finished), "text": s.text}
+    out = {
+        "response_ids": pack_array(s.response_ids, "<i4"),
+        "logprobs": pack_array(s.logprobs, "<f4"),
+        "token_versions": pack_array(s.token_versions, "<i4"),
+        "reward": float(s.reward),
+        "finished": bool(s.finished),
+        "text": s.text,
+    }
     for name, dtype in _TURN_FIELDS:
         if getattr(s, name) is not None:
             out[name] = pack_array(getattr(s, name), dtype)
@@ -178,14 +218,24 @@ def _encode_sample(s: Sample) -> dict[str, Any]:
 
 def encode_trajectory(t: Trajectory) -> dict[str, Any]:
     samples = [_encode_sample(s) for s in t.samples]
-    body = {"prompt_ids": pack_array(t.prompt_ids, "<i4"), "issued_version": t.issued_version,
-            "samples": samples}
+    body = {
+        "prompt_ids": pack_array(t.prompt_ids, "<i4"),
+        "issued_version": t.issued_version,
+        "samples": samples,
+    }
     if t.retried:  # optional, like the multi-turn keys
         body["retried"] = True
-    return {"schema": SCHEMA_VERSION, "traj_id": t.traj_id, "prompt_id": t.prompt_id,
-            "group_id": t.group_id, "behavior_version": t.behavior_version,
-            "generator": t.generator, "n": len(t.samples), "reward_mean": f"{t.reward_mean:.4f}",
-            "data": msgpack.packb(body, use_bin_type=True)}
+    return {
+        "schema": SCHEMA_VERSION,
+        "traj_id": t.traj_id,
+        "prompt_id": t.prompt_id,
+        "group_id": t.group_id,
+        "behavior_version": t.behavior_version,
+        "generator": t.generator,
+        "n": len(t.samples),
+        "reward_mean": f"{t.reward_mean:.4f}",
+        "data": msgpack.packb(body, use_bin_type=True),
+    }
 
 
 def _decode_sample(s: Any, i: int) -> Sample:
@@ -202,9 +252,15 @@ def _decode_sample(s: Any, i: int) -> Sample:
         raise WireError(f"{what}.reward: not finite ({reward})")
     if not np.all(np.isfinite(logprobs)) or np.any(logprobs > 1e-4):
         raise WireError(f"{what}.logprobs: not finite or positive")
-    return Sample(response_ids=ids, logprobs=logprobs, token_versions=versions, reward=float(reward),
-                  finished=_get(s, "finished", bool, what), text=_get(s, "text", str, what),
-                  **_decode_turns(s, ids.shape[0], what))
+    return Sample(
+        response_ids=ids,
+        logprobs=logprobs,
+        token_versions=versions,
+        reward=float(reward),
+        finished=_get(s, "finished", bool, what),
+        text=_get(s, "text", str, what),
+        **_decode_turns(s, ids.shape[0], what),
+    )
 
 
 def _decode_turns(s: dict, length: int, what: str) -> dict[str, np.ndarray]:
@@ -223,8 +279,12 @@ def _decode_turns(s: dict, length: int, what: str) -> dict[str, np.ndarray]:
     k = starts.shape
     if len(k) != 1 or k[0] < 1 or out["turn_rewards"].shape != k or out["turn_states"].shape != k:
         raise WireError(f"{what}: turn_starts, turn_rewards and turn_states must be [K], K >= 1")
-    if np.any(np.diff(starts) <= 0) or starts[0] < 0 or starts[-1] >= length \
-            or not np.all(mask[starts] == 1):
+    if (
+        np.any(np.diff(starts) <= 0)
+        or starts[0] < 0
+        or starts[-1] >= length
+        or not np.all(mask[starts] == 1)
+    ):
         raise WireError(f"{what}.turn_starts: not increasing model-token positions")
     if not np.all(np.isfinite(out["turn_rewards"])):
         raise WireError(f"{what}.turn_rewards: not finite")
@@ -240,18 +300,24 @@ def decode_trajectory(fields: dict[bytes, bytes], max_bytes: int, vocab_size: in
     raw_samples = _get(body, "samples", list, "trajectory")
     samples = [_decode_sample(s, i) for i, s in enumerate(raw_samples)]
     prompt_ids = unpack_array(body.get("prompt_ids"), "<i4", "prompt_ids")
-    for name, ids in [("prompt_ids", prompt_ids)] + [(f"samples[{i}].response_ids", s.response_ids)
-                                                    for i, s in enumerate(samples)]:
+    for name, ids in [("prompt_ids", prompt_ids)] + [
+        (f"samples[{i}].response_ids", s.response_ids) for i, s in enumerate(samples)
+    ]:
         if ids.size and (ids.min() < 0 or ids.max() >= vocab_size):
             raise WireError(f"{name}: token id outside the vocabulary [0, {vocab_size})")
     if not samples:
         raise WireError("trajectory: no samples")
     try:
-        return Trajectory(traj_id=fields[b"traj_id"].decode(), prompt_id=fields[b"prompt_id"].decode(),
-                          group_id=fields[b"group_id"].decode(), generator=fields[b"generator"].decode(),
-                          behavior_version=int(fields[b"behavior_version"]),
-                          issued_version=_get(body, "issued_version", int, "trajectory"),
-                          prompt_ids=prompt_ids, samples=samples,
-                          retried=body.get("retried", False) is True)
+        return Trajectory(
+            traj_id=fields[b"traj_id"].decode(),
+            prompt_id=fields[b"prompt_id"].decode(),
+            group_id=fields[b"group_id"].decode(),
+            generator=fields[b"generator"].decode(),
+            behavior_version=int(fields[b"behavior_version"]),
+            issued_version=_get(body, "issued_version", int, "trajectory"),
+            prompt_ids=prompt_ids,
+            samples=samples,
+            retried=body.get("retried", False) is True,
+        )
     except (KeyError, ValueError, UnicodeDecodeError) as e:
         raise WireError(f"trajectory: bad scalar field ({e})") from None

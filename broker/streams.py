@@ -48,14 +48,23 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter, OrderedDict, deque
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any, Callable
+from typing import Any
 
 import redis
 
-from broker.connection import BrokerUnavailable
-from broker.schema import (SCHEMA_VERSION, PromptWork, Trajectory, WireError, decode_prompt,
-                           decode_trajectory, encode_prompt, encode_trajectory)
+from rollflash.broker.connection import BrokerUnavailable
+from rollflash.broker.schema import (
+    SCHEMA_VERSION,
+    PromptWork,
+    Trajectory,
+    WireError,
+    decode_prompt,
+    decode_trajectory,
+    encode_prompt,
+    encode_trajectory,
+)
 
 log = logging.getLogger(__name__)
 
@@ -76,9 +85,11 @@ class RunLost(RunMismatch):
 
 
 def _lost(prefix: str, what: str) -> RunLost:
-    return RunLost(f"Redis no longer holds run {prefix}: {what}; it restarted without its data "
-                   "(no AOF, another --dir) or was flushed. Nothing was re-created: restore Redis "
-                   "or start a new run (another run.run_id)")
+    return RunLost(
+        f"Redis no longer holds run {prefix}: {what}; it restarted without its data "
+        "(no AOF, another --dir) or was flushed. Nothing was re-created: restore Redis "
+        "or start a new run (another run.run_id)"
+    )
 
 
 def _entry_key(entry_id: str) -> tuple[int, int]:
@@ -89,7 +100,8 @@ def _entry_key(entry_id: str) -> tuple[int, int]:
 def is_oom(e: Exception) -> bool:
     """Redis refused a write because it is at maxmemory (policy noeviction)."""
     return isinstance(e, redis.exceptions.OutOfMemoryError) or (
-        isinstance(e, redis.ResponseError) and str(e).startswith("OOM"))
+        isinstance(e, redis.ResponseError) and str(e).startswith("OOM")
+    )
 
 
 def _is_nogroup(e: redis.ResponseError) -> bool:
@@ -107,8 +119,9 @@ def _text(v: bytes | str | None) -> str | None:
 
 
 class RunBroker:
-    def __init__(self, client: redis.Redis, run_id: str, max_payload_bytes: int,
-                 busy_timeout_s: float = 60.0):
+    def __init__(
+        self, client: redis.Redis, run_id: str, max_payload_bytes: int, busy_timeout_s: float = 60.0
+    ):
         self.r = client
         self.busy_timeout_s = busy_timeout_s  # how long writes wait out Redis at maxmemory
         self.prefix = f"rl:{run_id}:"
@@ -141,7 +154,8 @@ class RunBroker:
                 if time.monotonic() > deadline:
                     raise BrokerUnavailable(
                         f"Redis refused writes for {self.busy_timeout_s:.0f}s because it is at "
-                        "maxmemory: raise maxmemory or free memory") from None
+                        "maxmemory: raise maxmemory or free memory"
+                    ) from None
                 log.warning("Redis is at maxmemory (%s); retrying the write in %.1fs", e, delay)
                 time.sleep(delay)
                 delay = min(delay * 2, 5.0)
@@ -174,10 +188,13 @@ class RunBroker:
         if fingerprint is None:
             raise _lost(self.prefix, f"the run hash {self.run_key} is gone")
         if self._fingerprint is not None and _text(fingerprint) != self._fingerprint:
-            raise RunMismatch(f"run {self.prefix} now has config fingerprint {_text(fingerprint)}, "
-                              f"this learner registered {self._fingerprint}")
-        for stream, group, info in zip((self.prompts, self.trajectories),
-                                       (GEN_GROUP, LEARNER_GROUP), groups):
+            raise RunMismatch(
+                f"run {self.prefix} now has config fingerprint {_text(fingerprint)}, "
+                f"this learner registered {self._fingerprint}"
+            )
+        for stream, group, info in zip(
+            (self.prompts, self.trajectories), (GEN_GROUP, LEARNER_GROUP), groups
+        ):
             if isinstance(info, Exception):
                 if "no such key" not in str(info).lower():
                     raise info
@@ -198,20 +215,26 @@ class RunBroker:
         deadline = time.monotonic() + timeout_s
         while self.r.hget(self.run_key, "fingerprint") is None:
             if time.monotonic() > deadline:
-                raise RunMismatch(f"run {self.prefix} was not started by a learner within "
-                                  f"{timeout_s:.0f}s: start the learner (rollctl start-learner)")
+                raise RunMismatch(
+                    f"run {self.prefix} was not started by a learner within "
+                    f"{timeout_s:.0f}s: start the learner (rollctl start-learner)"
+                )
             time.sleep(0.2)
         self._check_run(fingerprint)
 
     def _check_run(self, fingerprint: str) -> None:
         have = self.r.hmget(self.run_key, ["fingerprint", "schema"])
         if _text(have[1]) != str(SCHEMA_VERSION):
-            raise RunMismatch(f"run {self.prefix} uses wire schema {_text(have[1])}, "
-                              f"this process speaks {SCHEMA_VERSION}")
+            raise RunMismatch(
+                f"run {self.prefix} uses wire schema {_text(have[1])}, "
+                f"this process speaks {SCHEMA_VERSION}"
+            )
         if _text(have[0]) != fingerprint:
-            raise RunMismatch(f"run {self.prefix} was started with config fingerprint "
-                              f"{_text(have[0])}, this process has {fingerprint}: use the same "
-                              "config file, or another run.run_id")
+            raise RunMismatch(
+                f"run {self.prefix} was started with config fingerprint "
+                f"{_text(have[0])}, this process has {fingerprint}: use the same "
+                "config file, or another run.run_id"
+            )
 
     def set_run_fields(self, **fields: str | int | float) -> None:
         self._busy(lambda: self.r.hset(self.run_key, mapping=fields))
@@ -239,7 +262,7 @@ class RunBroker:
             pipe.xadd(self.prompts, fields, nomkstream=True)
         if issued is not None:
             pipe.hset(self.run_key, "issued", issued)
-        ids = pipe.execute()[:len(entries)]
+        ids = pipe.execute()[: len(entries)]
         if any(i is None for i in ids):
             raise _lost(self.prefix, f"the stream {self.prompts} is gone")
         return [_text(i) for i in ids]
@@ -259,12 +282,18 @@ class RunBroker:
         if _entry_key(self._recent_prompts[-1][0]) <= _entry_key(last):
             return 0
         if _entry_key(self._recent_prompts[0][0]) > _entry_key(last):
-            raise _lost(self.prefix, f"it forgot more than the last {RECENT_PROMPTS} prompts "
-                                     f"(the stream ends at {last})")
+            raise _lost(
+                self.prefix,
+                f"it forgot more than the last {RECENT_PROMPTS} prompts "
+                f"(the stream ends at {last})",
+            )
         kept = [(i, f) for i, f in self._recent_prompts if _entry_key(i) <= _entry_key(last)]
         forgotten = [f for i, f in self._recent_prompts if _entry_key(i) > _entry_key(last)]
-        log.error("Redis forgot %d prompts it had acknowledged (restart with appendfsync "
-                  "everysec?); adding them again", len(forgotten))
+        log.error(
+            "Redis forgot %d prompts it had acknowledged (restart with appendfsync "
+            "everysec?); adding them again",
+            len(forgotten),
+        )
         ids = self._busy(lambda: self._xadd_prompts(forgotten, self._last_issued))
         self._recent_prompts = deque(kept + list(zip(ids, forgotten)), maxlen=RECENT_PROMPTS)
         self.lost["prompts"] += len(forgotten)
@@ -288,8 +317,11 @@ class RunBroker:
             if "no such key" not in str(info).lower():
                 raise info
             raise _lost(self.prefix, f"the stream {self.trajectories} is gone")
-        return (bool(found[0]) if found else True, int(info["entries-added"]),
-                _text(info["last-generated-id"]))
+        return (
+            bool(found[0]) if found else True,
+            int(info["entries-added"]),
+            _text(info["last-generated-id"]),
+        )
 
     def verify_trajectories(self) -> int:
         """Learner rank 0 (after `track_trajectory_writes`): count trajectory writes, by any
@@ -308,12 +340,15 @@ class RunBroker:
             forgotten = max(0, seen - (added - self._count_between(last, now_last)))
         self._trajectory_writes = (added, now_last)
         if forgotten:
-            log.error("Redis forgot %d trajectory writes it had acknowledged (restart with "
-                      "appendfsync everysec?); their prompts are delivered and generated again",
-                      forgotten)
+            log.error(
+                "Redis forgot %d trajectory writes it had acknowledged (restart with "
+                "appendfsync everysec?); their prompts are delivered and generated again",
+                forgotten,
+            )
             self.lost["trajectory_writes"] += forgotten
-            self._busy(lambda: self.r.hincrby(self.run_key, "redis_lost_trajectory_writes",
-                                              forgotten))
+            self._busy(
+                lambda: self.r.hincrby(self.run_key, "redis_lost_trajectory_writes", forgotten)
+            )
         return forgotten
 
     def _count_between(self, after: str, upto: str) -> int:
@@ -337,18 +372,25 @@ class RunBroker:
         self.verify_trajectories()
         self.verify_weights()
 
-    def claim_prompts(self, consumer: str, count: int, block_ms: int | None,
-                      own_pending: bool = False) -> list[tuple[str, PromptWork]]:
+    def claim_prompts(
+        self, consumer: str, count: int, block_ms: int | None, own_pending: bool = False
+    ) -> list[tuple[str, PromptWork]]:
         """Read up to `count` prompts for `consumer`, waiting up to `block_ms` (None: not at all;
         note that Redis reads BLOCK 0 as forever); `own_pending` re-reads unacked ones first."""
         start = "0" if own_pending else ">"
         try:
-            reply = self.r.xreadgroup(GEN_GROUP, consumer, {self.prompts: start}, count=count,
-                                      block=None if own_pending else block_ms)
+            reply = self.r.xreadgroup(
+                GEN_GROUP,
+                consumer,
+                {self.prompts: start},
+                count=count,
+                block=None if own_pending else block_ms,
+            )
         except redis.ResponseError as e:
             if _is_nogroup(e):
-                raise _lost(self.prefix, f"the consumer group {GEN_GROUP!r} of {self.prompts} "
-                                         "is gone") from None
+                raise _lost(
+                    self.prefix, f"the consumer group {GEN_GROUP!r} of {self.prompts} is gone"
+                ) from None
             raise
         return self._decode_prompts(reply[0][1] if reply else [], retried=own_pending)
 
@@ -369,29 +411,36 @@ class RunBroker:
             if (work.group_id, work.sample_index) in self._completed:
                 # we added its trajectory and acknowledged it in one transaction: Redis forgot both
                 self.lost["trajectories"] += 1
-                log.error("Redis forgot the trajectory of %s/%d it had acknowledged (restart "
-                          "with appendfsync everysec?); generating it again", work.group_id,
-                          work.sample_index)
+                log.error(
+                    "Redis forgot the trajectory of %s/%d it had acknowledged (restart "
+                    "with appendfsync everysec?); generating it again",
+                    work.group_id,
+                    work.sample_index,
+                )
             out.append((entry_id, replace(work, retried=retried)))
         return out
 
-    def reclaim_prompts(self, consumer: str, min_idle_ms: int,
-                        count: int) -> list[tuple[str, PromptWork]]:
+    def reclaim_prompts(
+        self, consumer: str, min_idle_ms: int, count: int
+    ) -> list[tuple[str, PromptWork]]:
         """Take over prompts another generator claimed but has not finished for `min_idle_ms`
         (it probably died): XAUTOCLAIM moves them to `consumer`."""
         try:
-            _, entries, _ = self.r.xautoclaim(self.prompts, GEN_GROUP, consumer, min_idle_ms,
-                                              start_id="0-0", count=count)
+            _, entries, _ = self.r.xautoclaim(
+                self.prompts, GEN_GROUP, consumer, min_idle_ms, start_id="0-0", count=count
+            )
         except redis.ResponseError as e:
             if _is_nogroup(e):
-                raise _lost(self.prefix, f"the consumer group {GEN_GROUP!r} of {self.prompts} "
-                                         "is gone") from None
+                raise _lost(
+                    self.prefix, f"the consumer group {GEN_GROUP!r} of {self.prompts} is gone"
+                ) from None
             raise
         return self._decode_prompts(entries, retried=True)
 
     # --- trajectories -----------------------------------------------------------------------------
-    def add_trajectory(self, t: Trajectory, prompt_entry_id: str | None,
-                       sample_index: int = -1) -> str:
+    def add_trajectory(
+        self, t: Trajectory, prompt_entry_id: str | None, sample_index: int = -1
+    ) -> str:
         """XADD the trajectory and XACK its prompt atomically; returns the trajectory entry id.
         `sample_index` is the prompt's (replicated prompts), to recognise it if Redis forgets."""
         fields = encode_trajectory(t)
@@ -411,27 +460,41 @@ class RunBroker:
             self._completed.popitem(last=False)
         return _text(entry_id)
 
-    def read_trajectories(self, consumer: str, count: int, block_ms: int, vocab_size: int,
-                          own_pending: bool = False, after: str = "0"
-                          ) -> tuple[list[tuple[str, Trajectory]], list[Rejected]]:
+    def read_trajectories(
+        self,
+        consumer: str,
+        count: int,
+        block_ms: int,
+        vocab_size: int,
+        own_pending: bool = False,
+        after: str = "0",
+    ) -> tuple[list[tuple[str, Trajectory]], list[Rejected]]:
         """Read and validate; invalid entries are dead-lettered, acked, and returned as Rejected.
         `own_pending` re-reads this consumer's unacknowledged entries with ids above `after`."""
         start = after if own_pending else ">"
         self.watch()
         try:
-            reply = self.r.xreadgroup(LEARNER_GROUP, consumer, {self.trajectories: start},
-                                      count=count, block=None if own_pending else block_ms)
+            reply = self.r.xreadgroup(
+                LEARNER_GROUP,
+                consumer,
+                {self.trajectories: start},
+                count=count,
+                block=None if own_pending else block_ms,
+            )
         except redis.ResponseError as e:
             if _is_nogroup(e):
-                raise _lost(self.prefix, f"the consumer group {LEARNER_GROUP!r} of "
-                                         f"{self.trajectories} is gone") from None
+                raise _lost(
+                    self.prefix,
+                    f"the consumer group {LEARNER_GROUP!r} of {self.trajectories} is gone",
+                ) from None
             raise
         good, bad = [], []
-        for entry_id, fields in (reply[0][1] if reply else []):
+        for entry_id, fields in reply[0][1] if reply else []:
             entry_id = _text(entry_id)
             try:
-                good.append((entry_id, decode_trajectory(fields or {}, self.max_payload_bytes,
-                                                         vocab_size)))
+                good.append(
+                    (entry_id, decode_trajectory(fields or {}, self.max_payload_bytes, vocab_size))
+                )
             except WireError as e:
                 self.dead_letter(self.trajectories, LEARNER_GROUP, entry_id, str(e), fields or {})
                 bad.append(Rejected(entry_id, str(e)))
@@ -458,8 +521,9 @@ class RunBroker:
         """Groups the learner ranks dropped and asked to replace, over the run's life."""
         return int(self.r.hget(self.run_key, "replaced") or 0)
 
-    def dead_letter(self, stream: str, group: str, entry_id: str, reason: str,
-                    fields: dict) -> None:
+    def dead_letter(
+        self, stream: str, group: str, entry_id: str, reason: str, fields: dict
+    ) -> None:
         """Copy a rejected entry to the dlq with its reason, then acknowledge the original."""
         log.warning("dead-lettering %s %s: %s", stream, entry_id, reason)
         entry = {"reason": reason, "source": stream, "original_id": entry_id}
@@ -479,8 +543,13 @@ class RunBroker:
 
     # --- weights and liveness ---------------------------------------------------------------------
     def announce_weights(self, version: int, path: str, sha256: str, zmq_endpoint: str) -> None:
-        self._announced = {"version": version, "path": path, "sha256": sha256,
-                           "published_at": time.time(), "zmq_endpoint": zmq_endpoint}
+        self._announced = {
+            "version": version,
+            "path": path,
+            "sha256": sha256,
+            "published_at": time.time(),
+            "zmq_endpoint": zmq_endpoint,
+        }
         self._busy(lambda: self.r.hset(self.weights_key, mapping=self._announced))
 
     def verify_weights(self) -> bool:
@@ -492,8 +561,11 @@ class RunBroker:
         have = _text(self.r.hget(self.weights_key, "version"))
         if have is not None and int(have) >= self._announced["version"]:
             return False
-        log.error("Redis forgot that weights v%d were published (it says v%s); announcing them "
-                  "again", self._announced["version"], have)
+        log.error(
+            "Redis forgot that weights v%d were published (it says v%s); announcing them again",
+            self._announced["version"],
+            have,
+        )
         self.lost["weights"] += 1
         self._busy(lambda: self.r.hset(self.weights_key, mapping=self._announced))
         return True
@@ -517,10 +589,13 @@ class RunBroker:
         for key in self.r.scan_iter(match=f"{self.prefix}gen:*", count=100):
             fields = {_text(k): _text(v) for k, v in self.r.hgetall(key).items()}
             if fields:
-                out[_text(key)[len(self.prefix) + 4:]] = fields
+                out[_text(key)[len(self.prefix) + 4 :]] = fields
         return out
 
     def loaded_versions(self) -> set[int]:
         """Versions live generators report as loaded; retention must keep these."""
-        return {int(g["loaded_version"]) for g in self.live_generators().values()
-                if g.get("loaded_version", "").lstrip("-").isdigit()}
+        return {
+            int(g["loaded_version"])
+            for g in self.live_generators().values()
+            if g.get("loaded_version", "").lstrip("-").isdigit()
+        }

@@ -108,8 +108,12 @@ class WeightStore:
         save_file(unique_tensors(state), str(model_path), metadata={"format": "pt"})
         _fsync_file(model_path)
         digest = sha256_file(model_path)
-        manifest = {"version": version, "step": step, "created_at": time.time(),
-                    "files": {MODEL_FILE: {"size": model_path.stat().st_size, "sha256": digest}}}
+        manifest = {
+            "version": version,
+            "step": step,
+            "created_at": time.time(),
+            "files": {MODEL_FILE: {"size": model_path.stat().st_size, "sha256": digest}},
+        }
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
         _fsync_file(tmp / MANIFEST)
         _fsync_dir(tmp)

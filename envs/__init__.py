@@ -1,10 +1,21 @@
 """Tasks: prompt sources and verifiable rewards (stdlib only; see envs/base.py), and multi-turn
 environments (envs/multiturn.py, envs/episode.py)."""
 
-from envs.base import Item, Task, response_text
-from envs.episode import Episode, chat_encoder, plain_encoder
-from envs.multiturn import EnvTask, StepResult, is_multi_turn
-from envs.registry import known_tasks, make_task
+from rollflash.envs.base import Item, Task, response_text
+from rollflash.envs.episode import Episode, chat_encoder, plain_encoder
+from rollflash.envs.multiturn import EnvTask, StepResult, is_multi_turn
+from rollflash.envs.registry import known_tasks, make_task
 
-__all__ = ["Episode", "EnvTask", "Item", "StepResult", "Task", "chat_encoder", "is_multi_turn",
-           "known_tasks", "make_task", "plain_encoder", "response_text"]
+__all__ = [
+    "Episode",
+    "EnvTask",
+    "Item",
+    "StepResult",
+    "Task",
+    "chat_encoder",
+    "is_multi_turn",
+    "known_tasks",
+    "make_task",
+    "plain_encoder",
+    "response_text",
+]

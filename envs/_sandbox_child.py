@@ -17,37 +17,100 @@ NOBODY = 65534
 PR_SET_PDEATHSIG = 1
 # imported before the privilege drop, so that code can use them even where the interpreter's own
 # files are not readable by the unprivileged user (e.g. a Python installed under /root)
-PRELOAD = ("math", "cmath", "json", "re", "collections", "itertools", "functools", "random",
-           "statistics", "string", "decimal", "fractions", "datetime", "heapq", "bisect", "operator",
-           "socket")  # socket: so that a connect attempt meets the hook and the empty namespace
+PRELOAD = (
+    "math",
+    "cmath",
+    "json",
+    "re",
+    "collections",
+    "itertools",
+    "functools",
+    "random",
+    "statistics",
+    "string",
+    "decimal",
+    "fractions",
+    "datetime",
+    "heapq",
+    "bisect",
+    "operator",
+    "socket",
+)  # socket: so that a connect attempt meets the hook and the empty namespace
 
 # audit events whose first argument is a path: reads may look at the scratch directory and the
 # interpreter's library directories, everything else at the scratch directory only
 _READ_EVENTS = {"open", "os.listdir", "os.scandir"}
 _PATH_EVENTS = _READ_EVENTS | {
-    "os.remove", "os.rename", "os.rmdir", "os.mkdir",
-    "os.chmod", "os.chown", "os.symlink", "os.link", "os.truncate", "os.utime", "os.chdir",
-    "shutil.rmtree", "shutil.copyfile", "shutil.move", "os.chflags", "os.setxattr", "os.removexattr",
+    "os.remove",
+    "os.rename",
+    "os.rmdir",
+    "os.mkdir",
+    "os.chmod",
+    "os.chown",
+    "os.symlink",
+    "os.link",
+    "os.truncate",
+    "os.utime",
+    "os.chdir",
+    "shutil.rmtree",
+    "shutil.copyfile",
+    "shutil.move",
+    "os.chflags",
+    "os.setxattr",
+    "os.removexattr",
 }
 # events that would leave the sandbox: new processes, sockets, foreign code, signals, hook removal
 _BLOCKED = {
-    "os.fork", "os.forkpty", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.startfile",
-    "subprocess.Popen", "socket.__new__", "socket.connect", "socket.bind", "socket.getaddrinfo",
-    "ctypes.dlopen", "ctypes.dlsym", "ctypes.cdata", "ctypes.call_function", "os.kill", "os.killpg",
-    "sys.setprofile", "sys.settrace", "os.add_dll_directory", "mmap.__new__", "os.putenv",
-    "pty.spawn", "resource.setrlimit", "resource.prlimit", "sys._current_frames",
+    "os.fork",
+    "os.forkpty",
+    "os.system",
+    "os.exec",
+    "os.posix_spawn",
+    "os.spawn",
+    "os.startfile",
+    "subprocess.Popen",
+    "socket.__new__",
+    "socket.connect",
+    "socket.bind",
+    "socket.getaddrinfo",
+    "ctypes.dlopen",
+    "ctypes.dlsym",
+    "ctypes.cdata",
+    "ctypes.call_function",
+    "os.kill",
+    "os.killpg",
+    "sys.setprofile",
+    "sys.settrace",
+    "os.add_dll_directory",
+    "mmap.__new__",
+    "os.putenv",
+    "pty.spawn",
+    "resource.setrlimit",
+    "resource.prlimit",
+    "sys._current_frames",
 }
 
 # modules that reach syscalls without raising an audit event (e.g. _posixsubprocess.fork_exec)
-_BLOCKED_MODULES = {"ctypes", "_ctypes", "_posixsubprocess", "_xxsubinterpreters", "_testcapi",
-                    "_testinternalcapi"}
+_BLOCKED_MODULES = {
+    "ctypes",
+    "_ctypes",
+    "_posixsubprocess",
+    "_xxsubinterpreters",
+    "_testcapi",
+    "_testinternalcapi",
+}
 
 
 def _set_limits(cfg: dict) -> None:
     mb = 1024 * 1024
-    for name, value in (("RLIMIT_CPU", cfg["cpu_s"]), ("RLIMIT_AS", cfg["memory_mb"] * mb),
-                        ("RLIMIT_FSIZE", cfg["file_mb"] * mb), ("RLIMIT_NPROC", cfg["nproc"]),
-                        ("RLIMIT_NOFILE", 64), ("RLIMIT_CORE", 0)):
+    for name, value in (
+        ("RLIMIT_CPU", cfg["cpu_s"]),
+        ("RLIMIT_AS", cfg["memory_mb"] * mb),
+        ("RLIMIT_FSIZE", cfg["file_mb"] * mb),
+        ("RLIMIT_NPROC", cfg["nproc"]),
+        ("RLIMIT_NOFILE", 64),
+        ("RLIMIT_CORE", 0),
+    ):
         resource.setrlimit(getattr(resource, name), (value, value))
 
 
@@ -104,7 +167,9 @@ def _opens_for_write(args: tuple) -> bool:
     mode, flags = (args + (None, None))[1:3]
     if isinstance(mode, str) and any(ch in mode for ch in "wax+"):
         return True
-    return isinstance(flags, int) and bool(flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC))
+    return isinstance(flags, int) and bool(
+        flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC)
+    )
 
 
 def main() -> None:

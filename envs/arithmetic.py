@@ -21,9 +21,9 @@ from __future__ import annotations
 import logging
 import random
 import re
-from typing import Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
-from envs.base import Item
+from rollflash.envs.base import Item
 
 logger = logging.getLogger(__name__)
 
@@ -127,5 +127,7 @@ class ArithmeticTask:
     def score(self, item: Item, response: str) -> float:
         """1.0 for an exact answer plus format_reward for a well-formed integer (module docstring)."""
         correct = response == item.answer
-        well_formed = _INTEGER.fullmatch(response) is not None and len(response) <= self.max_answer_len
+        well_formed = (
+            _INTEGER.fullmatch(response) is not None and len(response) <= self.max_answer_len
+        )
         return 1.0 * correct + self.format_reward * well_formed

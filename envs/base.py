@@ -10,8 +10,9 @@ Stdlib only: the generator and learner both import `envs/`, and neither should p
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Iterator, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 
 @dataclass(frozen=True)
@@ -47,5 +48,5 @@ def response_text(tokenizer: Any, ids: list[int], eos_id: int | None) -> str:
     written, so that "4<pad>2" is not read as "42" (skipping them would let a policy game the
     reward). `tokenizer` is anything with `decode(ids, skip_special_tokens=...)`."""
     if eos_id is not None and eos_id in ids:
-        ids = ids[:ids.index(eos_id)]
+        ids = ids[: ids.index(eos_id)]
     return tokenizer.decode(ids, skip_special_tokens=False)

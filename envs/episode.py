@@ -31,17 +31,20 @@ Stdlib only.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
-from envs.multiturn import Env
+from rollflash.envs.multiturn import Env
 
 Encode = Callable[[str, bool], list[int]]  # (observation text, is_first) -> token ids
 
 
 def state_key(observation: str) -> int:
     """A stable 63-bit hash of an observation (the same across processes, unlike hash())."""
-    return int.from_bytes(hashlib.blake2b(observation.encode(), digest_size=8).digest(), "little") >> 1
+    return (
+        int.from_bytes(hashlib.blake2b(observation.encode(), digest_size=8).digest(), "little") >> 1
+    )
 
 
 def plain_encoder(tokenizer: Any) -> Encode:
@@ -68,8 +71,10 @@ def chat_encoder(tokenizer: Any) -> Encode:
         cut = closed.rindex(eos_text) + len(eos_text)
         full = render(before + [user], True)
         if not full.startswith(closed[:cut]):
-            raise ValueError("the chat template does not extend a conversation by appending; "
-                             "use a model without a chat template or a plain encoder")
+            raise ValueError(
+                "the chat template does not extend a conversation by appending; "
+                "use a model without a chat template or a plain encoder"
+            )
         return list(tokenizer(full[cut:], add_special_tokens=False)["input_ids"])
 
     return encode

@@ -22,7 +22,7 @@ from __future__ import annotations
 import random
 from collections import deque
 
-from envs.multiturn import EnvTask, StepResult, TurnLimit, check_positive
+from rollflash.envs.multiturn import EnvTask, StepResult, TurnLimit, check_positive
 
 MOVES = {"u": (-1, 0), "d": (1, 0), "l": (0, -1), "r": (0, 1)}
 
@@ -66,14 +66,22 @@ def shortest_action(size: int, holes: set[tuple[int, int]], pos: tuple[int, int]
 class GridWorld(TurnLimit):
     """FrozenLake-like grid world; see the module docstring for observations, actions and rewards."""
 
-    def __init__(self, size: int = 4, holes: int = 3, max_turns: int = 8, slip: float = 0.0,
-                 step_reward: float = 0.0, invalid_reward: float = 0.0) -> None:
+    def __init__(
+        self,
+        size: int = 4,
+        holes: int = 3,
+        max_turns: int = 8,
+        slip: float = 0.0,
+        step_reward: float = 0.0,
+        invalid_reward: float = 0.0,
+    ) -> None:
         self.size = check_positive("size", size)
         if size < 2:
             raise ValueError(f"size must be >= 2, got {size}")
         if not 0 <= holes <= (size - 1) ** 2 // 2:  # dense enough maps are rarely solvable
-            raise ValueError(f"holes must be in [0, {(size - 1) ** 2 // 2}] for size {size}, "
-                             f"got {holes}")
+            raise ValueError(
+                f"holes must be in [0, {(size - 1) ** 2 // 2}] for size {size}, got {holes}"
+            )
         if not 0.0 <= slip < 1.0:
             raise ValueError(f"slip must be in [0, 1), got {slip}")
         self.n_holes, self.slip = holes, float(slip)
@@ -86,8 +94,12 @@ class GridWorld(TurnLimit):
     def reset(self, seed: int) -> str:
         self._start()
         self.rng = random.Random(seed)
-        cells = [(r, c) for r in range(self.size) for c in range(self.size)
-                 if (r, c) not in ((0, 0), (self.size - 1, self.size - 1))]
+        cells = [
+            (r, c)
+            for r in range(self.size)
+            for c in range(self.size)
+            if (r, c) not in ((0, 0), (self.size - 1, self.size - 1))
+        ]
         while True:
             self.holes = set(self.rng.sample(cells, self.n_holes))
             if solvable(self.size, self.holes):
@@ -100,15 +112,24 @@ class GridWorld(TurnLimit):
         for r in range(self.size):
             row = ""
             for c in range(self.size):
-                row += ("a" if (r, c) == self.pos else "h" if (r, c) in self.holes
-                        else "g" if (r, c) == (self.size - 1, self.size - 1) else ".")
+                row += (
+                    "a"
+                    if (r, c) == self.pos
+                    else "h"
+                    if (r, c) in self.holes
+                    else "g"
+                    if (r, c) == (self.size - 1, self.size - 1)
+                    else "."
+                )
             rows.append(row)
         return "/".join(rows) + "?"
 
     def step(self, action: str) -> StepResult:
         action = action.strip()
         if action not in MOVES:
-            return self._finish("invalid " + self.render(), self.invalid_reward, False, invalid=True)
+            return self._finish(
+                "invalid " + self.render(), self.invalid_reward, False, invalid=True
+            )
         if self.slip and self.rng.random() < self.slip:
             action = self.rng.choice(sorted(MOVES))
         dr, dc = MOVES[action]
@@ -122,9 +143,18 @@ class GridWorld(TurnLimit):
         return self._finish(self.render(), self.step_reward, False)
 
 
-def gridworld_task(size: int = 4, holes: int = 3, max_turns: int = 8, slip: float = 0.0,
-                   step_reward: float = 0.0, invalid_reward: float = 0.0,
-                   heldout_size: int = 64) -> EnvTask:
+def gridworld_task(
+    size: int = 4,
+    holes: int = 3,
+    max_turns: int = 8,
+    slip: float = 0.0,
+    step_reward: float = 0.0,
+    invalid_reward: float = 0.0,
+    heldout_size: int = 64,
+) -> EnvTask:
     """The grid world as a task (registry name "gridworld"); parameters as `GridWorld`."""
-    return EnvTask("gridworld", lambda: GridWorld(size, holes, max_turns, slip, step_reward,
-                                                  invalid_reward), heldout_size)
+    return EnvTask(
+        "gridworld",
+        lambda: GridWorld(size, holes, max_turns, slip, step_reward, invalid_reward),
+        heldout_size,
+    )

@@ -24,10 +24,11 @@ Stdlib only, like the rest of envs/.
 from __future__ import annotations
 
 import random
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
-from envs.base import Item
+from rollflash.envs.base import Item
 
 HELDOUT_SEED_BASE = 1_000_000_000  # held-out seeds are BASE, BASE+1, ...; train seeds lie below it
 
@@ -73,8 +74,9 @@ class TurnLimit:
         info.setdefault("success", False)
         if not done and self.turns >= self.max_turns:
             done, info["truncated"] = True, True
-        return StepResult(observation="" if done else observation, reward=float(reward), done=done,
-                          info=info)
+        return StepResult(
+            observation="" if done else observation, reward=float(reward), done=done, info=info
+        )
 
     def close(self) -> None:
         pass
@@ -116,12 +118,15 @@ class EnvTask:
             index += 1
 
     def heldout_items(self) -> list[Item]:
-        return [self._item(f"heldout-{i:04d}", HELDOUT_SEED_BASE + i)
-                for i in range(self.heldout_size)]
+        return [
+            self._item(f"heldout-{i:04d}", HELDOUT_SEED_BASE + i) for i in range(self.heldout_size)
+        ]
 
     def score(self, item: Item, response: str) -> float:
-        raise TypeError(f"task {self.name!r} is a multi-turn environment: run episodes "
-                        "(envs.episode.Episode) instead of scoring one response")
+        raise TypeError(
+            f"task {self.name!r} is a multi-turn environment: run episodes "
+            "(envs.episode.Episode) instead of scoring one response"
+        )
 
 
 def is_multi_turn(task: Any) -> bool:

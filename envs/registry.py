@@ -1,20 +1,21 @@
 """Task registry: config name -> task class.
 
-Configs name a task (or a multi-turn environment) and pass its constructor parameters as a dict; a typo in either is an error that
-names the culprit, never a silent default. Add a task by adding one entry to `_REGISTRY`.
-"""
+Configs name a task (or a multi-turn environment) and pass its constructor parameters as a dict;
+a typo in either is an error that names the culprit, never a silent default. Add a task by adding
+one entry to `_REGISTRY`."""
 
 from __future__ import annotations
 
 import inspect
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
-from envs.arithmetic import ArithmeticTask
-from envs.base import Task
-from envs.gridworld import gridworld_task
-from envs.simulated import simulated_task
-from envs.sokoban import sokoban_task
-from envs.tools import tool_use_task
+from rollflash.envs.arithmetic import ArithmeticTask
+from rollflash.envs.base import Task
+from rollflash.envs.gridworld import gridworld_task
+from rollflash.envs.simulated import simulated_task
+from rollflash.envs.sokoban import sokoban_task
+from rollflash.envs.tools import tool_use_task
 
 _REGISTRY: dict[str, Callable[..., Task]] = {
     "arithmetic": ArithmeticTask,

@@ -91,16 +91,29 @@ class Sandbox:
             raise RuntimeError("sandbox used after close()")
         lim = self.limits
         (self.scratch / "main.py").write_text(code)
-        cfg = {"scratch": str(self.scratch), "cpu_s": lim.cpu_s, "memory_mb": lim.memory_mb,
-               "file_mb": lim.file_mb, "nproc": lim.nproc, "isolate_network": lim.isolate_network, "audit_hook": self.audit_hook}
+        cfg = {
+            "scratch": str(self.scratch),
+            "cpu_s": lim.cpu_s,
+            "memory_mb": lim.memory_mb,
+            "file_mb": lim.file_mb,
+            "nproc": lim.nproc,
+            "isolate_network": lim.isolate_network,
+            "audit_hook": self.audit_hook,
+        }
         with tempfile.TemporaryDirectory(prefix="rollflash-sandbox-io-") as io_dir:
             out_path, err_path = Path(io_dir) / "out", Path(io_dir) / "err"
             started = time.monotonic()
             with open(out_path, "wb") as out, open(err_path, "wb") as err:
-                proc = subprocess.Popen([sys.executable, "-I", "-S", str(_CHILD), json.dumps(cfg)],
-                                        stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                                        cwd=self.scratch, env={"PATH": "/usr/bin:/bin"},
-                                        start_new_session=True, close_fds=True)
+                proc = subprocess.Popen(
+                    [sys.executable, "-I", "-S", str(_CHILD), json.dumps(cfg)],
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=err,
+                    cwd=self.scratch,
+                    env={"PATH": "/usr/bin:/bin"},
+                    start_new_session=True,
+                    close_fds=True,
+                )
                 timed_out = False
                 try:
                     proc.wait(timeout=lim.wall_s)
@@ -110,11 +123,17 @@ class Sandbox:
             wall = time.monotonic() - started
             stdout = _read_head(out_path, lim.max_output)
             stderr = _read_head(err_path, 64_000)
-        network = "namespace" if lim.isolate_network and network_namespace_available() \
-            else "audit-hook"
+        network = (
+            "namespace" if lim.isolate_network and network_namespace_available() else "audit-hook"
+        )
         error = _reason(proc.returncode, timed_out, lim, stderr)
-        return SandboxResult(ok=not error, output=stdout, error=error[:lim.max_output],
-                             network=network, wall_s=round(wall, 3))
+        return SandboxResult(
+            ok=not error,
+            output=stdout,
+            error=error[: lim.max_output],
+            network=network,
+            wall_s=round(wall, 3),
+        )
 
     def close(self) -> None:
         shutil.rmtree(self.scratch, ignore_errors=True)
@@ -124,12 +143,18 @@ class Sandbox:
 def network_namespace_available() -> bool:
     """Whether a child can enter a new network namespace here (probed once per process, with the
     same unshare(2) call the sandbox child makes)."""
-    probe = ("import ctypes, os; libc = ctypes.CDLL(None, use_errno=True); "
-             "flags = 0x40000000 if os.geteuid() == 0 else 0x50000000; "
-             "raise SystemExit(0 if libc.unshare(flags) == 0 else 1)")
+    probe = (
+        "import ctypes, os; libc = ctypes.CDLL(None, use_errno=True); "
+        "flags = 0x40000000 if os.geteuid() == 0 else 0x50000000; "
+        "raise SystemExit(0 if libc.unshare(flags) == 0 else 1)"
+    )
     try:
-        return subprocess.run([sys.executable, "-I", "-S", "-c", probe], timeout=30,
-                              capture_output=True).returncode == 0
+        return (
+            subprocess.run(
+                [sys.executable, "-I", "-S", "-c", probe], timeout=30, capture_output=True
+            ).returncode
+            == 0
+        )
     except (OSError, subprocess.TimeoutExpired):
         return False
 

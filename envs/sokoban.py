@@ -20,15 +20,22 @@ from __future__ import annotations
 
 import random
 
-from envs.gridworld import MOVES
-from envs.multiturn import EnvTask, StepResult, TurnLimit, check_positive
+from rollflash.envs.gridworld import MOVES
+from rollflash.envs.multiturn import EnvTask, StepResult, TurnLimit, check_positive
 
 Cell = tuple[int, int]
 
 
 class Sokoban(TurnLimit):
-    def __init__(self, width: int = 4, height: int = 4, pull_steps: int = 12, max_turns: int = 16,
-                 step_reward: float = -0.01, invalid_reward: float = -0.01) -> None:
+    def __init__(
+        self,
+        width: int = 4,
+        height: int = 4,
+        pull_steps: int = 12,
+        max_turns: int = 16,
+        step_reward: float = -0.01,
+        invalid_reward: float = -0.01,
+    ) -> None:
         self.width, self.height = check_positive("width", width), check_positive("height", height)
         if width * height < 4 or min(width, height) < 2:
             raise ValueError(f"the room must be at least 2 x 2, got {width} x {height}")
@@ -85,7 +92,9 @@ class Sokoban(TurnLimit):
     def step(self, action: str) -> StepResult:
         action = action.strip()
         if action not in MOVES:
-            return self._finish("invalid " + self.render(), self.invalid_reward, False, invalid=True)
+            return self._finish(
+                "invalid " + self.render(), self.invalid_reward, False, invalid=True
+            )
         dr, dc = MOVES[action]
         nxt = (self.player[0] + dr, self.player[1] + dc)
         if nxt == self.box:
@@ -99,9 +108,18 @@ class Sokoban(TurnLimit):
         return self._finish(self.render(), self.step_reward, False)
 
 
-def sokoban_task(width: int = 4, height: int = 4, pull_steps: int = 12, max_turns: int = 16,
-                 step_reward: float = -0.01, invalid_reward: float = -0.01,
-                 heldout_size: int = 64) -> EnvTask:
+def sokoban_task(
+    width: int = 4,
+    height: int = 4,
+    pull_steps: int = 12,
+    max_turns: int = 16,
+    step_reward: float = -0.01,
+    invalid_reward: float = -0.01,
+    heldout_size: int = 64,
+) -> EnvTask:
     """Sokoban as a task (registry name "sokoban"); parameters as `Sokoban`."""
-    return EnvTask("sokoban", lambda: Sokoban(width, height, pull_steps, max_turns, step_reward,
-                                              invalid_reward), heldout_size)
+    return EnvTask(
+        "sokoban",
+        lambda: Sokoban(width, height, pull_steps, max_turns, step_reward, invalid_reward),
+        heldout_size,
+    )

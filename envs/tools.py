@@ -24,11 +24,17 @@ import ast
 import operator
 import random
 
-from envs.multiturn import EnvTask, StepResult, TurnLimit, check_positive
-from envs.sandbox import Sandbox, SandboxLimits
+from rollflash.envs.multiturn import EnvTask, StepResult, TurnLimit, check_positive
+from rollflash.envs.sandbox import Sandbox, SandboxLimits
 
-_BINOPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
-           ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow}
+_BINOPS = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
+    ast.Pow: operator.pow,
+}
 MAX_EXPONENT = 64
 MAX_BITS = 4096  # bounds every intermediate result, so nested powers cannot hang the generator
 
@@ -73,17 +79,27 @@ def draw_question(rng: random.Random) -> tuple[str, int]:
     if kind == 1:
         n = rng.randint(10, 60)
         return f"what is the sum of the squares of 1..{n}?", sum(i * i for i in range(1, n + 1))
-    a, m = rng.randint(10 ** 5, 10 ** 7), rng.randint(7, 997)
+    a, m = rng.randint(10**5, 10**7), rng.randint(7, 997)
     return f"what is {a} mod {m}?", a % m
 
 
 class ToolUse(TurnLimit):
-    def __init__(self, max_turns: int = 4, tool_reward: float = 0.0, invalid_reward: float = 0.0,
-                 cpu_s: int = 2, wall_s: float = 5.0, memory_mb: int = 256) -> None:
+    def __init__(
+        self,
+        max_turns: int = 4,
+        tool_reward: float = 0.0,
+        invalid_reward: float = 0.0,
+        cpu_s: int = 2,
+        wall_s: float = 5.0,
+        memory_mb: int = 256,
+    ) -> None:
         self.max_turns = check_positive("max_turns", max_turns)
         self.tool_reward, self.invalid_reward = float(tool_reward), float(invalid_reward)
-        self.limits = SandboxLimits(cpu_s=check_positive("cpu_s", cpu_s), wall_s=float(wall_s),
-                                    memory_mb=check_positive("memory_mb", memory_mb))
+        self.limits = SandboxLimits(
+            cpu_s=check_positive("cpu_s", cpu_s),
+            wall_s=float(wall_s),
+            memory_mb=check_positive("memory_mb", memory_mb),
+        )
         if not wall_s > 0:
             raise ValueError(f"wall_s must be > 0, got {wall_s}")
         self.question, self.answer = "", 0
@@ -112,9 +128,12 @@ class ToolUse(TurnLimit):
         if self.sandbox is None:
             self.sandbox = Sandbox(self.limits)
         result = self.sandbox.run(arg)
-        observation = f"output: {result.output.strip()}\n" if result.ok else f"error: {result.error}\n"
-        return self._finish(observation, self.tool_reward, False, tool="python",
-                            tool_error=result.error)
+        observation = (
+            f"output: {result.output.strip()}\n" if result.ok else f"error: {result.error}\n"
+        )
+        return self._finish(
+            observation, self.tool_reward, False, tool="python", tool_error=result.error
+        )
 
     def close(self) -> None:
         if self.sandbox is not None:
@@ -122,9 +141,18 @@ class ToolUse(TurnLimit):
             self.sandbox = None
 
 
-def tool_use_task(max_turns: int = 4, tool_reward: float = 0.0, invalid_reward: float = 0.0,
-                  cpu_s: int = 2, wall_s: float = 5.0, memory_mb: int = 256,
-                  heldout_size: int = 64) -> EnvTask:
+def tool_use_task(
+    max_turns: int = 4,
+    tool_reward: float = 0.0,
+    invalid_reward: float = 0.0,
+    cpu_s: int = 2,
+    wall_s: float = 5.0,
+    memory_mb: int = 256,
+    heldout_size: int = 64,
+) -> EnvTask:
     """The tool-use environment as a task (registry name "tool_use"); parameters as `ToolUse`."""
-    return EnvTask("tool_use", lambda: ToolUse(max_turns, tool_reward, invalid_reward, cpu_s,
-                                               wall_s, memory_mb), heldout_size)
+    return EnvTask(
+        "tool_use",
+        lambda: ToolUse(max_turns, tool_reward, invalid_reward, cpu_s, wall_s, memory_mb),
+        heldout_size,
+    )

@@ -3,6 +3,6 @@
 
 def run(cfg, generator_id: str) -> None:
     """Serve prompts until the learner marks the run done, or SIGTERM / SIGINT."""
-    from generators.rollout import run as _run
+    from rollflash.generators.rollout import run as _run
 
     _run(cfg, generator_id)

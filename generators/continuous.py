@@ -28,14 +28,15 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import Protocol
 
-from broker.config import Config
-from broker.schema import PromptWork
-from broker.streams import RunBroker
-from generators.engine import GeneratedSample, SamplingParams, StreamingEngine
-from generators.reload import WeightFollower
+from rollflash.broker.config import Config
+from rollflash.broker.schema import PromptWork
+from rollflash.broker.streams import RunBroker
+from rollflash.generators.engine import GeneratedSample, SamplingParams, StreamingEngine
+from rollflash.generators.reload import WeightFollower
 
 log = logging.getLogger(__name__)
 
@@ -65,18 +66,26 @@ class ContinuousRollout:
     streams one finished group, `beat()` heartbeats and returns False once the run is done or the
     process was asked to stop."""
 
-    def __init__(self, cfg: Config, engine: StreamingEngine, follower: WeightFollower,
-                 broker: RunBroker, generator_id: str,
-                 stream: Callable[[str, PromptWork, list[GeneratedSample], int], None],
-                 beat: Callable[[], bool], usage: Usage) -> None:
+    def __init__(
+        self,
+        cfg: Config,
+        engine: StreamingEngine,
+        follower: WeightFollower,
+        broker: RunBroker,
+        generator_id: str,
+        stream: Callable[[str, PromptWork, list[GeneratedSample], int], None],
+        beat: Callable[[], bool],
+        usage: Usage,
+    ) -> None:
         self.cfg, self.engine, self.follower = cfg, engine, follower
         self.broker, self.id = broker, generator_id
         self.stream, self.beat, self.usage = stream, beat, usage
         self.slots = cfg.rollout.inflight_samples
         self.extra = 0 if cfg.rollout.replicate_prompts else cfg.rollout.redundant_samples
         # samples one claimed prompt starts (an entry holds one sample with prompt replication)
-        self.per_prompt = 1 if cfg.rollout.replicate_prompts else \
-            cfg.rollout.num_return_sequences + self.extra
+        self.per_prompt = (
+            1 if cfg.rollout.replicate_prompts else cfg.rollout.num_return_sequences + self.extra
+        )
         self.inflight: dict[str, _Group] = {}
         self.held: list[tuple[str, PromptWork]] = []  # claimed, waiting for newer weights
         self.worked = False  # idle time counts from the first piece of work, not from start-up
@@ -118,14 +127,18 @@ class ContinuousRollout:
             if loaded - group.version > self.cfg.trainer.max_staleness:
                 self.engine.abort(entry_id)
                 self.inflight[entry_id] = _Group(group.work, loaded)
-                self.engine.add_request(entry_id, group.work.item["prompt"],
-                                        self._params(group.work))
+                self.engine.add_request(
+                    entry_id, group.work.item["prompt"], self._params(group.work)
+                )
                 self.usage.restarted += 1
 
     def _params(self, work: PromptWork) -> SamplingParams:
-        return SamplingParams(n=work.n + self.extra, temperature=self.cfg.rollout.temperature,
-                              top_p=self.cfg.rollout.top_p,
-                              max_new_tokens=self.cfg.rollout.max_new_tokens)
+        return SamplingParams(
+            n=work.n + self.extra,
+            temperature=self.cfg.rollout.temperature,
+            top_p=self.cfg.rollout.top_p,
+            max_new_tokens=self.cfg.rollout.max_new_tokens,
+        )
 
     def _admit(self, full: bool) -> None:
         loaded = self.follower.loaded_version
@@ -134,8 +147,11 @@ class ContinuousRollout:
         for entry_id, work in ready:
             self._start(entry_id, work)
         active = self.engine.num_active
-        free = (self.slots - active) // self.per_prompt if active else \
-            max(1, self.slots // self.per_prompt)
+        free = (
+            (self.slots - active) // self.per_prompt
+            if active
+            else max(1, self.slots // self.per_prompt)
+        )
         if self.held or free <= 0:
             return
         block_ms = None if self.inflight else IDLE_BLOCK_MS
@@ -145,19 +161,24 @@ class ContinuousRollout:
             else:
                 self._start(entry_id, work)
 
-    def _claim(self, count: int, full: bool,
-               block_ms: int | None) -> list[tuple[str, PromptWork]]:
+    def _claim(self, count: int, full: bool, block_ms: int | None) -> list[tuple[str, PromptWork]]:
         """New prompts; with `full`, first our own pending entries that are not in flight here
         and then prompts another generator abandoned (as `Generator.claim` does per pull)."""
         if full:
             taken = set(self.inflight) | {e for e, _ in self.held}  # pending for us, being handled
-            own = self.broker.claim_prompts(self.id, count + len(taken), block_ms=None,
-                                            own_pending=True)
+            own = self.broker.claim_prompts(
+                self.id, count + len(taken), block_ms=None, own_pending=True
+            )
             own = [(e, w) for e, w in own if e not in taken]
             if own:
                 return own
-            reclaimed = [(e, w) for e, w in self.broker.reclaim_prompts(
-                self.id, int(self.cfg.rollout.reclaim_idle_s * 1000), count) if e not in taken]
+            reclaimed = [
+                (e, w)
+                for e, w in self.broker.reclaim_prompts(
+                    self.id, int(self.cfg.rollout.reclaim_idle_s * 1000), count
+                )
+                if e not in taken
+            ]
             if reclaimed:
                 log.warning("took over %d prompts abandoned by another generator", len(reclaimed))
                 return reclaimed
@@ -173,8 +194,9 @@ class ContinuousRollout:
         started = time.monotonic()
         if not self.engine.num_active:
             if self.held:  # nothing to drain: wait for the weights the held prompts need
-                self.follower.wait_for(max(w.issued_version for _, w in self.held),
-                                       self.cfg.trainer.wait_timeout_s)
+                self.follower.wait_for(
+                    max(w.issued_version for _, w in self.held), self.cfg.trainer.wait_timeout_s
+                )
             if self.worked:
                 self.usage.idle_s += time.monotonic() - turn_started
             return

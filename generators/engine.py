@@ -10,11 +10,12 @@ scheduling benchmarks) and `vllm` (vLLM, GPU or its CPU build; `make test-vllm`)
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Protocol
+from typing import Protocol
 
-from broker.config import Config
+from rollflash.broker.config import Config
 
 
 @dataclass(frozen=True)
@@ -38,8 +39,9 @@ class GeneratedSample:
 class Engine(Protocol):
     vocab_size: int
 
-    def generate(self, prompts: list[str], params: SamplingParams,
-                 on_step: Callable[[], None] | None = None) -> list[list[GeneratedSample]]:
+    def generate(
+        self, prompts: list[str], params: SamplingParams, on_step: Callable[[], None] | None = None
+    ) -> list[list[GeneratedSample]]:
         """Return, for each prompt, its `params.n` samples. An engine that can swap weights
         mid-generation calls `on_step` between decode steps (interrupt mode)."""
         ...
@@ -71,8 +73,12 @@ class StreamingEngine(Engine, Protocol):
 class EpisodeEngine(Engine, Protocol):
     """What multi-turn environments need besides `generate` (engines `hf` and `sim`)."""
 
-    def generate_ids(self, prompts: list[list[int]], params: SamplingParams,
-                     on_step: Callable[[], None] | None = None) -> list[list[GeneratedSample]]:
+    def generate_ids(
+        self,
+        prompts: list[list[int]],
+        params: SamplingParams,
+        on_step: Callable[[], None] | None = None,
+    ) -> list[list[GeneratedSample]]:
         """As `generate`, from token ids: each episode continues from its exact token context."""
         ...
 
@@ -84,11 +90,11 @@ class EpisodeEngine(Engine, Protocol):
 def make_engine(cfg: Config, seed: int) -> Engine:
     name = cfg.rollout.engine
     if name == "hf":
-        from generators.hf_engine import HFEngine
+        from rollflash.generators.hf_engine import HFEngine
 
         return HFEngine(cfg.model.path, dtype=cfg.model.dtype)
     if name == "sim":
-        from generators.sim_engine import SimEngine
+        from rollflash.generators.sim_engine import SimEngine
 
         return SimEngine(cfg.sim, seed)
     if name == "vllm":
@@ -98,7 +104,7 @@ def make_engine(cfg: Config, seed: int) -> Engine:
         # machine), a 1 GiB KV cache; set before vllm is imported, a user's own values win
         os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-        from generators.vllm_engine import VLLMEngine
+        from rollflash.generators.vllm_engine import VLLMEngine
 
         return VLLMEngine(cfg.model.path, dtype=cfg.model.dtype, seed=seed)
     raise NotImplementedError(f"rollout.engine: {name!r} is not available yet; use 'hf' or 'sim'")

@@ -21,9 +21,10 @@ With `rollout.interrupt`, there is no barrier between pulls either: each time a 
 streamed, `refill` claims a new prompt and its episodes join the running ones (for up to a third
 of the heartbeat TTL; then the pull drains and the generator heartbeats). Without `interrupt` a
 pull is the unit between weight loads: a refilled episode would have to finish before newer
-weights could be loaded, which lengthens every drain (measured: slower), so pulls stay whole. A new prompt issued for a newer weight version than the
-one loaded cannot start under the current weights (that would break a = 0's on-policy rule), so it
-stays claimed, pending, and opens the next pull after the reload.
+weights could be loaded, which lengthens every drain, so pulls stay whole. A new prompt issued
+for a newer weight version than the one loaded cannot start under the current weights (that would
+break a = 0's on-policy rule), so it stays claimed, pending, and opens the next pull after the
+reload.
 
 Weight versions: without `rollout.interrupt` the weights never change during a pull. With it,
 the main loop calls the weight follower between engine batches, so later turns of an episode may
@@ -37,16 +38,16 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
 
-from broker.config import Config
-from broker.schema import PromptWork, Sample, Trajectory
-from broker.streams import RunBroker
-from envs import Episode, EnvTask
-from generators.engine import EpisodeEngine, GeneratedSample, SamplingParams
+from rollflash.broker.config import Config
+from rollflash.broker.schema import PromptWork, Sample, Trajectory
+from rollflash.broker.streams import RunBroker
+from rollflash.envs import EnvTask, Episode
+from rollflash.generators.engine import EpisodeEngine, GeneratedSample, SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +62,7 @@ class _Run:
     seed: int
     episode: Episode | None = None
     cancelled: bool = False
-    reply: "queue.Queue[GeneratedSample | None]" = field(default_factory=lambda: queue.Queue(1))
+    reply: queue.Queue[GeneratedSample | None] = field(default_factory=lambda: queue.Queue(1))
 
 
 @dataclass
@@ -75,8 +76,14 @@ class GroupSpec:
 class EpisodeRunner:
     """Runs the episodes of one pull; see the module docstring."""
 
-    def __init__(self, engine: EpisodeEngine, params: SamplingParams, max_episode_tokens: int,
-                 version: Callable[[], int], on_step: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        engine: EpisodeEngine,
+        params: SamplingParams,
+        max_episode_tokens: int,
+        version: Callable[[], int],
+        on_step: Callable[[], None] | None = None,
+    ) -> None:
         self.engine, self.params = engine, params
         self.max_tokens = max_episode_tokens
         self.version, self.on_step = version, on_step
@@ -92,8 +99,13 @@ class EpisodeRunner:
     def _play(self, run: _Run, spec: GroupSpec) -> None:
         """Episode thread: alternate between asking for an action and stepping the environment."""
         try:
-            ep = Episode(env=spec.make_env(), seed=spec.seed, encode=self.encode,
-                         max_tokens=self.max_tokens, action_tokens=self.params.max_new_tokens)
+            ep = Episode(
+                env=spec.make_env(),
+                seed=spec.seed,
+                encode=self.encode,
+                max_tokens=self.max_tokens,
+                action_tokens=self.params.max_new_tokens,
+            )
             run.episode = ep
             try:
                 while not ep.done and not run.cancelled:
@@ -112,8 +124,12 @@ class EpisodeRunner:
         finally:
             self.events.put(("exit", run))
 
-    def run(self, specs: list[GroupSpec], on_group: Callable[[int, list[Episode]], None],
-            refill: Callable[[], list[GroupSpec]] | None = None) -> None:
+    def run(
+        self,
+        specs: list[GroupSpec],
+        on_group: Callable[[int, list[Episode]], None],
+        refill: Callable[[], list[GroupSpec]] | None = None,
+    ) -> None:
         """Play every group; `on_group(index, episodes)` is called (in this thread) as soon as a
         group's first `keep` episodes have finished. After that, `refill()` may return new groups
         (indexed after the earlier ones), which start at once."""
@@ -142,13 +158,18 @@ class EpisodeRunner:
         first = len(self.specs)
         self.specs += specs
         self.finished += [[] for _ in specs]
-        new = [_Run(group=first + g, seed=s.seed) for g, s in enumerate(specs)
-               for _ in range(s.start)]
+        new = [
+            _Run(group=first + g, seed=s.seed) for g, s in enumerate(specs) for _ in range(s.start)
+        ]
         self.runs += new
         self.live += len(new)
         for run in new:
-            threading.Thread(target=self._play, args=(run, self.specs[run.group]), daemon=True,
-                             name=f"episode-{run.group}").start()
+            threading.Thread(
+                target=self._play,
+                args=(run, self.specs[run.group]),
+                daemon=True,
+                name=f"episode-{run.group}",
+            ).start()
         return len(specs)
 
     def _loop(self, on_group: Callable[[int, list[Episode]], None]) -> None:
@@ -174,8 +195,9 @@ class EpisodeRunner:
             for event in events:
                 kind, run = event[0], event[1]
                 if kind == "error":
-                    raise RuntimeError(f"environment failed in episode seed {run.seed}: "
-                                       f"{event[2]!r}") from event[2]
+                    raise RuntimeError(
+                        f"environment failed in episode seed {run.seed}: {event[2]!r}"
+                    ) from event[2]
                 if kind == "exit":
                     self.live -= 1
                 elif kind == "generate":
@@ -225,48 +247,80 @@ def _release(run: _Run) -> None:
         pass
 
 
-def episodes_to_trajectory(work: PromptWork, episodes: list[Episode],
-                           generator_id: str) -> Trajectory:
+def episodes_to_trajectory(
+    work: PromptWork, episodes: list[Episode], generator_id: str
+) -> Trajectory:
     samples = []
     for ep in episodes:
-        samples.append(Sample(
-            response_ids=np.asarray(ep.response_ids, dtype=np.int32),
-            logprobs=np.asarray(ep.logprobs, dtype=np.float32),
-            token_versions=np.asarray(ep.versions, dtype=np.int32),
-            reward=ep.reward, finished=not ep.truncated, text=" | ".join(ep.actions),
-            loss_mask=np.asarray(ep.loss_mask, dtype=np.uint8),
-            turn_starts=np.asarray(ep.turn_starts, dtype=np.int32),
-            turn_rewards=np.asarray(ep.turn_rewards, dtype=np.float32),
-            turn_states=np.asarray(ep.turn_states, dtype=np.int64)))
-    return Trajectory.for_work(work, samples, episodes[0].prompt_ids, generator_id,
-                               version=int(samples[0].token_versions.min()))
+        samples.append(
+            Sample(
+                response_ids=np.asarray(ep.response_ids, dtype=np.int32),
+                logprobs=np.asarray(ep.logprobs, dtype=np.float32),
+                token_versions=np.asarray(ep.versions, dtype=np.int32),
+                reward=ep.reward,
+                finished=not ep.truncated,
+                text=" | ".join(ep.actions),
+                loss_mask=np.asarray(ep.loss_mask, dtype=np.uint8),
+                turn_starts=np.asarray(ep.turn_starts, dtype=np.int32),
+                turn_rewards=np.asarray(ep.turn_rewards, dtype=np.float32),
+                turn_states=np.asarray(ep.turn_states, dtype=np.int64),
+            )
+        )
+    return Trajectory.for_work(
+        work,
+        samples,
+        episodes[0].prompt_ids,
+        generator_id,
+        version=int(samples[0].token_versions.min()),
+    )
 
 
-def rollout_episodes(claimed: list[tuple[str, PromptWork]], engine: EpisodeEngine, task: EnvTask,
-                     cfg: Config, broker: RunBroker, generator_id: str,
-                     follower) -> tuple[int, int]:
+def rollout_episodes(
+    claimed: list[tuple[str, PromptWork]],
+    engine: EpisodeEngine,
+    task: EnvTask,
+    cfg: Config,
+    broker: RunBroker,
+    generator_id: str,
+    follower,
+) -> tuple[int, int]:
     """Play and stream one pull of multi-turn prompts; returns (episodes, tokens) streamed."""
     if not hasattr(engine, "generate_ids"):
-        raise NotImplementedError(f"rollout.engine {cfg.rollout.engine!r} cannot run multi-turn "
-                                  f"environments (task {task.name!r}); use 'hf' or 'sim'")
+        raise NotImplementedError(
+            f"rollout.engine {cfg.rollout.engine!r} cannot run multi-turn "
+            f"environments (task {task.name!r}); use 'hf' or 'sim'"
+        )
     reward = getattr(cfg, "reward", None)
     if reward is not None and reward.type != "rule":
-        raise NotImplementedError(f"reward.type {reward.type!r} is not applied to multi-turn "
-                                  f"environments (task {task.name!r}); use reward.type: rule")
+        raise NotImplementedError(
+            f"reward.type {reward.type!r} is not applied to multi-turn "
+            f"environments (task {task.name!r}); use reward.type: rule"
+        )
     extra = 0 if cfg.rollout.replicate_prompts else cfg.rollout.redundant_samples
-    params = SamplingParams(n=1, temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
-                            max_new_tokens=cfg.rollout.max_new_tokens)
-    runner = EpisodeRunner(engine, params, cfg.rollout.max_episode_tokens,
-                           version=lambda: follower.loaded_version,
-                           on_step=follower.maybe_reload if cfg.rollout.interrupt else None)
-    specs = [GroupSpec(make_env=task.make_env, seed=int(w.item["answer"]), keep=w.n,
-                       start=w.n + extra) for _, w in claimed]
+    params = SamplingParams(
+        n=1,
+        temperature=cfg.rollout.temperature,
+        top_p=cfg.rollout.top_p,
+        max_new_tokens=cfg.rollout.max_new_tokens,
+    )
+    runner = EpisodeRunner(
+        engine,
+        params,
+        cfg.rollout.max_episode_tokens,
+        version=lambda: follower.loaded_version,
+        on_step=follower.maybe_reload if cfg.rollout.interrupt else None,
+    )
+    specs = [
+        GroupSpec(make_env=task.make_env, seed=int(w.item["answer"]), keep=w.n, start=w.n + extra)
+        for _, w in claimed
+    ]
     totals = [0, 0]
 
     def stream(index: int, episodes: list[Episode]) -> None:
         entry_id, work = claimed[index]
-        broker.add_trajectory(episodes_to_trajectory(work, episodes, generator_id),
-                              prompt_entry_id=entry_id)
+        broker.add_trajectory(
+            episodes_to_trajectory(work, episodes, generator_id), prompt_entry_id=entry_id
+        )
         totals[0] += len(episodes)
         totals[1] += sum(len(ep.response_ids) for ep in episodes)
 
@@ -281,8 +335,12 @@ def rollout_episodes(claimed: list[tuple[str, PromptWork]], engine: EpisodeEngin
         new = broker.claim_prompts(generator_id, 1, block_ms=None)
         ready = [(e, w) for e, w in new if w.issued_version <= follower.loaded_version]
         claimed.extend(ready)  # the rest stay pending: the next pull starts with them
-        return [GroupSpec(make_env=task.make_env, seed=int(w.item["answer"]), keep=w.n,
-                          start=w.n + extra) for _, w in ready]
+        return [
+            GroupSpec(
+                make_env=task.make_env, seed=int(w.item["answer"]), keep=w.n, start=w.n + extra
+            )
+            for _, w in ready
+        ]
 
     runner.run(specs, stream, refill=refill if cfg.rollout.interrupt else None)
     return totals[0], totals[1]

@@ -16,9 +16,9 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from envs import chat_encoder, plain_encoder, response_text
-from envs.episode import Encode
-from generators.engine import GeneratedSample, SamplingParams
+from rollflash.envs import chat_encoder, plain_encoder, response_text
+from rollflash.envs.episode import Encode
+from rollflash.generators.engine import GeneratedSample, SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -28,43 +28,50 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 class HFEngine:
     def __init__(self, model_path: str, dtype: str = "float32"):
         if not (Path(model_path) / "config.json").is_file():
-            raise FileNotFoundError(f"model.path: no Hugging Face model directory at {model_path} "
-                                    "(build one with scripts/make_tiny_model.py)")
+            raise FileNotFoundError(
+                f"model.path: no Hugging Face model directory at {model_path} "
+                "(build one with scripts/make_tiny_model.py)"
+            )
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         self.tokenizer.padding_side = "left"
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=_DTYPES[dtype])
         self.model.eval()
         self.vocab_size = self.model.config.vocab_size
         self.eos_id = self.tokenizer.eos_token_id
-        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None \
-            else self.eos_id
+        self.pad_id = (
+            self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos_id
+        )
 
     def load_weights(self, model_file: Path, version: int) -> None:
         state = load_file(str(model_file))
         missing, unexpected = self.model.load_state_dict(state, strict=False)
         tied = {"lm_head.weight"} if self.model.config.tie_word_embeddings else set()
         if unexpected or set(missing) - tied:
-            raise ValueError(f"weights {model_file} do not fit the model: missing {missing}, "
-                             f"unexpected {unexpected}")
+            raise ValueError(
+                f"weights {model_file} do not fit the model: missing {missing}, "
+                f"unexpected {unexpected}"
+            )
         self.model.tie_weights()
 
     @torch.no_grad()
-    def generate(self, prompts: list[str], params: SamplingParams,
-                 on_step=None) -> list[list[GeneratedSample]]:
+    def generate(
+        self, prompts: list[str], params: SamplingParams, on_step=None
+    ) -> list[list[GeneratedSample]]:
         """Sample a batch; `on_step` is ignored: the batch always finishes on the loaded weights."""
         enc = self.tokenizer(prompts, return_tensors="pt", padding=True)
         return self._sample_batch(enc["input_ids"], enc["attention_mask"], params)
 
     @torch.no_grad()
-    def generate_ids(self, prompts: list[list[int]], params: SamplingParams,
-                     on_step=None) -> list[list[GeneratedSample]]:
+    def generate_ids(
+        self, prompts: list[list[int]], params: SamplingParams, on_step=None
+    ) -> list[list[GeneratedSample]]:
         """As `generate`, from token ids (multi-turn episodes continue from their exact tokens)."""
         width = max(len(p) for p in prompts)
         input_ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
         attention = torch.zeros((len(prompts), width), dtype=torch.long)
         for i, ids in enumerate(prompts):  # left padding, as the tokenizer does for `generate`
-            input_ids[i, width - len(ids):] = torch.tensor(ids)
-            attention[i, width - len(ids):] = 1
+            input_ids[i, width - len(ids) :] = torch.tensor(ids)
+            attention[i, width - len(ids) :] = 1
         return self._sample_batch(input_ids, attention, params)
 
     def observation_encoder(self) -> Encode:
@@ -73,17 +80,26 @@ class HFEngine:
             return chat_encoder(self.tokenizer)
         return plain_encoder(self.tokenizer)
 
-    def _sample_batch(self, input_ids: torch.Tensor, attention: torch.Tensor,
-                      params: SamplingParams) -> list[list[GeneratedSample]]:
+    def _sample_batch(
+        self, input_ids: torch.Tensor, attention: torch.Tensor, params: SamplingParams
+    ) -> list[list[GeneratedSample]]:
         """input_ids, attention: [P, W] int64, left-padded prompts -> P lists of params.n samples."""
         n_prompts = input_ids.shape[0]
         input_ids = input_ids.repeat_interleave(params.n, dim=0)
         attention = attention.repeat_interleave(params.n, dim=0)
         out = self.model.generate(
-            input_ids=input_ids, attention_mask=attention, do_sample=True,
-            temperature=params.temperature, top_p=params.top_p, top_k=0,
-            max_new_tokens=params.max_new_tokens, output_logits=True,
-            return_dict_in_generate=True, pad_token_id=self.pad_id, eos_token_id=self.eos_id)
+            input_ids=input_ids,
+            attention_mask=attention,
+            do_sample=True,
+            temperature=params.temperature,
+            top_p=params.top_p,
+            top_k=0,
+            max_new_tokens=params.max_new_tokens,
+            output_logits=True,
+            return_dict_in_generate=True,
+            pad_token_id=self.pad_id,
+            eos_token_id=self.eos_id,
+        )
         width = input_ids.shape[1]
         new_tokens = out.sequences[:, width:]  # [N, S]
         logits = torch.stack(out.logits, dim=1).float()  # [N, S, V]
@@ -92,16 +108,21 @@ class HFEngine:
         results: list[list[GeneratedSample]] = [[] for _ in range(n_prompts)]
         for row in range(new_tokens.shape[0]):
             prompt_ids = input_ids[row][attention[row].bool()].tolist()
-            results[row // params.n].append(self._sample(prompt_ids, new_tokens[row],
-                                                         token_logp[row]))
+            results[row // params.n].append(
+                self._sample(prompt_ids, new_tokens[row], token_logp[row])
+            )
         return results
 
-    def _sample(self, prompt_ids: list[int], tokens: torch.Tensor,
-                logp: torch.Tensor) -> GeneratedSample:
+    def _sample(
+        self, prompt_ids: list[int], tokens: torch.Tensor, logp: torch.Tensor
+    ) -> GeneratedSample:
         ids = tokens.tolist()
         finished = self.eos_id in ids
         length = ids.index(self.eos_id) + 1 if finished else len(ids)
         return GeneratedSample(
-            prompt_ids=prompt_ids, response_ids=ids[:length], logprobs=logp[:length].tolist(),
+            prompt_ids=prompt_ids,
+            response_ids=ids[:length],
+            logprobs=logp[:length].tolist(),
             finished=finished,
-            text=response_text(self.tokenizer, ids[:length], self.eos_id))
+            text=response_text(self.tokenizer, ids[:length], self.eos_id),
+        )

@@ -11,17 +11,18 @@ from __future__ import annotations
 import logging
 import time
 
-from broker.notify import VersionSubscriber
-from broker.streams import RunBroker
-from broker.weights import CorruptWeights, WeightStore
-from generators.engine import Engine
+from rollflash.broker.notify import VersionSubscriber
+from rollflash.broker.streams import RunBroker
+from rollflash.broker.weights import CorruptWeights, WeightStore
+from rollflash.generators.engine import Engine
 
 log = logging.getLogger(__name__)
 
 
 class WeightFollower:
-    def __init__(self, broker: RunBroker, store: WeightStore, engine: Engine,
-                 poll_interval_s: float = 2.0):
+    def __init__(
+        self, broker: RunBroker, store: WeightStore, engine: Engine, poll_interval_s: float = 2.0
+    ):
         self.broker, self.store, self.engine = broker, store, engine
         self.poll_interval_s = poll_interval_s
         self.loaded_version = 0  # v0 is the model at model.path, which the engine started from

@@ -24,9 +24,9 @@ from typing import Any, Protocol
 
 import torch
 
-from broker.config import Config
-from broker.rm_input import reward_model_input_ids
-from envs import Item, Task, is_multi_turn
+from rollflash.broker.config import Config
+from rollflash.broker.rm_input import reward_model_input_ids
+from rollflash.envs import Item, Task, is_multi_turn
 
 log = logging.getLogger(__name__)
 
@@ -36,23 +36,36 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 class RewardModelScorer:
     """A frozen scalar-head model that scores (prompt, response) texts in batches."""
 
-    def __init__(self, path: str | Path, dtype: str = "float32", micro_batch_size: int = 64,
-                 max_len: int = 512, device: str | torch.device = "cpu"):
+    def __init__(
+        self,
+        path: str | Path,
+        dtype: str = "float32",
+        micro_batch_size: int = 64,
+        max_len: int = 512,
+        device: str | torch.device = "cpu",
+    ):
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
         path = Path(path)
         if not (path / "config.json").is_file():
-            raise FileNotFoundError(f"reward.model_path: no Hugging Face model directory at {path} "
-                                    "(train one with `rollctl train-rm`)")
+            raise FileNotFoundError(
+                f"reward.model_path: no Hugging Face model directory at {path} "
+                "(train one with `rollctl train-rm`)"
+            )
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         self.model = AutoModelForSequenceClassification.from_pretrained(path, dtype=_DTYPES[dtype])
         if self.model.config.num_labels != 1:
-            raise ValueError(f"reward.model_path: {path} has {self.model.config.num_labels} labels; "
-                             "a reward model needs a scalar head (num_labels 1)")
+            raise ValueError(
+                f"reward.model_path: {path} has {self.model.config.num_labels} labels; "
+                "a reward model needs a scalar head (num_labels 1)"
+            )
         self.pad_id = self.model.config.pad_token_id
         if self.pad_id is None:
-            self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None \
+            self.pad_id = (
+                self.tokenizer.pad_token_id
+                if self.tokenizer.pad_token_id is not None
                 else self.tokenizer.eos_token_id
+            )
             self.model.config.pad_token_id = self.pad_id
         self.model.to(device).eval().requires_grad_(False)
         self.device, self.micro_batch_size, self.max_len = device, micro_batch_size, max_len
@@ -62,17 +75,22 @@ class RewardModelScorer:
         """One float per (prompt, response) pair, in order."""
         out: list[float] = []
         for start in range(0, len(prompts), self.micro_batch_size):
-            rows = [reward_model_input_ids(self.tokenizer, p, r, self.max_len)
-                    for p, r in zip(prompts[start:start + self.micro_batch_size],
-                                    responses[start:start + self.micro_batch_size])]
+            rows = [
+                reward_model_input_ids(self.tokenizer, p, r, self.max_len)
+                for p, r in zip(
+                    prompts[start : start + self.micro_batch_size],
+                    responses[start : start + self.micro_batch_size],
+                )
+            ]
             width = max(len(r) for r in rows)
             ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
             mask = torch.zeros((len(rows), width), dtype=torch.long)
             for i, row in enumerate(rows):
-                ids[i, :len(row)] = torch.tensor(row)
-                mask[i, :len(row)] = 1
-            logits = self.model(input_ids=ids.to(self.device),
-                                attention_mask=mask.to(self.device)).logits
+                ids[i, : len(row)] = torch.tensor(row)
+                mask[i, : len(row)] = 1
+            logits = self.model(
+                input_ids=ids.to(self.device), attention_mask=mask.to(self.device)
+            ).logits
             out.extend(logits[:, 0].float().cpu().tolist())
         return out
 
@@ -123,9 +141,16 @@ def make_rewarder(cfg: Config, task: Task, device: str | torch.device = "cpu") -
     if r.type == "rule":
         return RuleRewarder(task)
     if is_multi_turn(task):
-        raise ValueError(f"reward.type: {r.type!r} scores single responses; multi-turn task "
-                         f"{cfg.task.name!r} is scored by its environment (use 'rule')")
+        raise ValueError(
+            f"reward.type: {r.type!r} scores single responses; multi-turn task "
+            f"{cfg.task.name!r} is scored by its environment (use 'rule')"
+        )
     scorer = RewardModelScorer(r.model_path, cfg.model.dtype, r.micro_batch_size, r.max_len, device)
-    log.info("reward: %s, reward model %s (weight_model %g, weight_rule %g)", r.type, r.model_path,
-             r.weight_model, r.weight_rule if r.type == "mixed" else 0.0)
+    log.info(
+        "reward: %s, reward model %s (weight_model %g, weight_rule %g)",
+        r.type,
+        r.model_path,
+        r.weight_model,
+        r.weight_rule if r.type == "mixed" else 0.0,
+    )
     return ModelRewarder(task, scorer, r.weight_model, r.weight_rule if r.type == "mixed" else 0.0)

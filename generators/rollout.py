@@ -26,18 +26,18 @@ from dataclasses import dataclass
 import numpy as np
 import redis
 
-from broker.config import Config, ConfigError
-from broker.connection import BrokerUnavailable, connect, redact
-from broker.process import setup_process
-from broker.schema import PromptWork, Sample, Trajectory
-from broker.streams import RunBroker, is_oom
-from broker.weights import WeightStore
-from envs import Item, Task, is_multi_turn, make_task
-from generators.continuous import ContinuousRollout
-from generators.engine import Engine, GeneratedSample, SamplingParams, make_engine
-from generators.episodes import rollout_episodes
-from generators.reload import WeightFollower
-from generators.reward_model import Rewarder, make_rewarder
+from rollflash.broker.config import Config, ConfigError
+from rollflash.broker.connection import BrokerUnavailable, connect, redact
+from rollflash.broker.process import setup_process
+from rollflash.broker.schema import PromptWork, Sample, Trajectory
+from rollflash.broker.streams import RunBroker, is_oom
+from rollflash.broker.weights import WeightStore
+from rollflash.envs import Item, Task, is_multi_turn, make_task
+from rollflash.generators.continuous import ContinuousRollout
+from rollflash.generators.engine import Engine, GeneratedSample, SamplingParams, make_engine
+from rollflash.generators.episodes import rollout_episodes
+from rollflash.generators.reload import WeightFollower
+from rollflash.generators.reward_model import Rewarder, make_rewarder
 
 log = logging.getLogger(__name__)
 
@@ -54,9 +54,13 @@ class Counters:
 
     def as_fields(self) -> dict[str, str | int | float]:
         total = self.busy_s + self.idle_s
-        fields = {"groups": self.groups, "samples": self.samples, "tokens": self.tokens,
-                  "busy_s": round(self.busy_s, 2),
-                  "idle_frac": round(self.idle_s / total, 3) if total else 0.0}
+        fields = {
+            "groups": self.groups,
+            "samples": self.samples,
+            "tokens": self.tokens,
+            "busy_s": round(self.busy_s, 2),
+            "idle_frac": round(self.idle_s / total, 3) if total else 0.0,
+        }
         if self.seq_s:  # mean sequences in flight while busy
             fields["mean_batch"] = round(self.seq_s / self.busy_s, 1)
             fields["restarted"] = self.restarted
@@ -83,52 +87,87 @@ def first_finished(samples: list[GeneratedSample], n: int) -> list[GeneratedSamp
     return [samples[i] for i in sorted(order[:n])]
 
 
-def to_trajectory(work: PromptWork, samples: list[GeneratedSample], task: Task,
-                  generator_id: str, version: int, rewards: list[float] | None = None) -> Trajectory:
+def to_trajectory(
+    work: PromptWork,
+    samples: list[GeneratedSample],
+    task: Task,
+    generator_id: str,
+    version: int,
+    rewards: list[float] | None = None,
+) -> Trajectory:
     """`rewards`: one per sample, from the configured rewarder (None: the task's own score)."""
     item = Item(**work.item)
     out = []
     for k, s in enumerate(samples):
-        versions = s.token_versions if s.token_versions is not None else [version] * len(s.response_ids)
-        out.append(Sample(response_ids=np.asarray(s.response_ids, dtype=np.int32),
-                          logprobs=np.asarray(s.logprobs, dtype=np.float32),
-                          token_versions=np.asarray(versions, dtype=np.int32),
-                          reward=task.score(item, s.text) if rewards is None else rewards[k],
-                          finished=s.finished, text=s.text))
+        versions = (
+            s.token_versions if s.token_versions is not None else [version] * len(s.response_ids)
+        )
+        out.append(
+            Sample(
+                response_ids=np.asarray(s.response_ids, dtype=np.int32),
+                logprobs=np.asarray(s.logprobs, dtype=np.float32),
+                token_versions=np.asarray(versions, dtype=np.int32),
+                reward=task.score(item, s.text) if rewards is None else rewards[k],
+                finished=s.finished,
+                text=s.text,
+            )
+        )
     return Trajectory.for_work(work, out, samples[0].prompt_ids, generator_id, version)
 
 
-def rollout_batch(claimed: list[tuple[str, PromptWork]], engine: Engine, task: Task,
-                  cfg: Config, broker: RunBroker, generator_id: str,
-                  follower: WeightFollower, rewarder: Rewarder | None = None) -> tuple[int, int]:
+def rollout_batch(
+    claimed: list[tuple[str, PromptWork]],
+    engine: Engine,
+    task: Task,
+    cfg: Config,
+    broker: RunBroker,
+    generator_id: str,
+    follower: WeightFollower,
+    rewarder: Rewarder | None = None,
+) -> tuple[int, int]:
     """Sample, score and stream one batch; returns (samples, tokens) produced."""
     if is_multi_turn(task):  # environment episodes (generators/episodes.py)
         return rollout_episodes(claimed, engine, task, cfg, broker, generator_id, follower)
     n = claimed[0][1].n
     # with prompt replication the learner issued the redundant samples as extra entries
     extra = 0 if cfg.rollout.replicate_prompts else cfg.rollout.redundant_samples
-    params = SamplingParams(n=n + extra,
-                            temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
-                            max_new_tokens=cfg.rollout.max_new_tokens)
+    params = SamplingParams(
+        n=n + extra,
+        temperature=cfg.rollout.temperature,
+        top_p=cfg.rollout.top_p,
+        max_new_tokens=cfg.rollout.max_new_tokens,
+    )
     version = follower.loaded_version
     on_step = follower.maybe_reload if cfg.rollout.interrupt else None
     groups = engine.generate([w.item["prompt"] for _, w in claimed], params, on_step=on_step)
     kept_groups = [first_finished(samples, w.n) for (_, w), samples in zip(claimed, groups)]
-    return stream_groups(claimed, kept_groups, [version] * len(claimed), task, broker,
-                         generator_id, rewarder)
+    return stream_groups(
+        claimed, kept_groups, [version] * len(claimed), task, broker, generator_id, rewarder
+    )
 
 
-def stream_groups(claimed: list[tuple[str, PromptWork]], kept_groups: list[list[GeneratedSample]],
-                  versions: list[int], task: Task, broker: RunBroker, generator_id: str,
-                  rewarder: Rewarder | None) -> tuple[int, int]:
+def stream_groups(
+    claimed: list[tuple[str, PromptWork]],
+    kept_groups: list[list[GeneratedSample]],
+    versions: list[int],
+    task: Task,
+    broker: RunBroker,
+    generator_id: str,
+    rewarder: Rewarder | None,
+) -> tuple[int, int]:
     """Score finished groups (one batched rewarder call) and stream each with its prompt's XACK;
     `versions`: the weights each group started with. Returns (samples, tokens) streamed."""
     n_samples = n_tokens = 0
-    rewards = rewarder.score_groups([Item(**w.item) for _, w in claimed],
-                                    [[s.text for s in kept] for kept in kept_groups]) \
-        if rewarder is not None else [None] * len(claimed)
-    for (entry_id, work), kept, version, group_rewards in zip(claimed, kept_groups, versions,
-                                                              rewards):
+    rewards = (
+        rewarder.score_groups(
+            [Item(**w.item) for _, w in claimed], [[s.text for s in kept] for kept in kept_groups]
+        )
+        if rewarder is not None
+        else [None] * len(claimed)
+    )
+    for (entry_id, work), kept, version, group_rewards in zip(
+        claimed, kept_groups, versions, rewards
+    ):
         traj = to_trajectory(work, kept, task, generator_id, version, group_rewards)
         broker.add_trajectory(traj, prompt_entry_id=entry_id, sample_index=work.sample_index)
         n_samples += len(kept)
@@ -143,12 +182,17 @@ class Generator:
         self.cfg, self.id = cfg, generator_id
         self.task = make_task(cfg.task.name, cfg.task.params)
         if cfg.rollout.inflight_samples and is_multi_turn(self.task):  # before waiting on Redis
-            raise ConfigError(f"rollout.inflight_samples: task {cfg.task.name!r} is multi-turn "
-                              "and runs its own episode runner; set it to 0 (rollout.interrupt "
-                              "refills that runner)")
-        self.broker = RunBroker(connect(cfg.redis.url, cfg.redis.connect_timeout_s),
-                                cfg.run.run_id, cfg.redis.max_payload_bytes,
-                                busy_timeout_s=cfg.redis.connect_timeout_s)
+            raise ConfigError(
+                f"rollout.inflight_samples: task {cfg.task.name!r} is multi-turn "
+                "and runs its own episode runner; set it to 0 (rollout.interrupt "
+                "refills that runner)"
+            )
+        self.broker = RunBroker(
+            connect(cfg.redis.url, cfg.redis.connect_timeout_s),
+            cfg.run.run_id,
+            cfg.redis.max_payload_bytes,
+            busy_timeout_s=cfg.redis.connect_timeout_s,
+        )
         # read-only: the learner creates the run and its consumer groups (least privilege)
         self.broker.join_run(cfg.fingerprint(), timeout_s=cfg.trainer.wait_timeout_s)
         self.engine = make_engine(cfg, seed=cfg.run.seed + sum(map(ord, generator_id)))
@@ -157,12 +201,18 @@ class Generator:
         self.counters = Counters()
 
     def heartbeat(self, state: str) -> None:
-        self.broker.heartbeat(self.id, {"loaded_version": self.follower.loaded_version,
-                                        "state": state, "reloads": self.follower.reloads,
-                                        "redis_lost": self.broker.lost["trajectories"],
-                                        "dead_letters": self.broker.dead_lettered,
-                                        **self.counters.as_fields()},
-                              self.cfg.rollout.heartbeat_ttl_s)
+        self.broker.heartbeat(
+            self.id,
+            {
+                "loaded_version": self.follower.loaded_version,
+                "state": state,
+                "reloads": self.follower.reloads,
+                "redis_lost": self.broker.lost["trajectories"],
+                "dead_letters": self.broker.dead_lettered,
+                **self.counters.as_fields(),
+            },
+            self.cfg.rollout.heartbeat_ttl_s,
+        )
 
     def claim(self) -> list[tuple[str, PromptWork]]:
         count = self.cfg.rollout.prompts_per_pull
@@ -172,7 +222,8 @@ class Generator:
         if own:
             return own
         reclaimed = self.broker.reclaim_prompts(
-            self.id, int(self.cfg.rollout.reclaim_idle_s * 1000), count)
+            self.id, int(self.cfg.rollout.reclaim_idle_s * 1000), count
+        )
         if reclaimed:
             log.warning("took over %d prompts abandoned by another generator", len(reclaimed))
             return reclaimed
@@ -185,15 +236,24 @@ class Generator:
         waited = time.monotonic()
         claimed = self.claim()
         if claimed:
-            self.follower.wait_for(max(w.issued_version for _, w in claimed),
-                                   self.cfg.trainer.wait_timeout_s)
+            self.follower.wait_for(
+                max(w.issued_version for _, w in claimed), self.cfg.trainer.wait_timeout_s
+            )
         if c.groups:  # idle time counts from the first piece of work, not from start-up
             c.idle_s += time.monotonic() - waited
         if not claimed:
             return
         started = time.monotonic()
-        samples, tokens = rollout_batch(claimed, self.engine, self.task, self.cfg, self.broker,
-                                        self.id, self.follower, self.rewarder)
+        samples, tokens = rollout_batch(
+            claimed,
+            self.engine,
+            self.task,
+            self.cfg,
+            self.broker,
+            self.id,
+            self.follower,
+            self.rewarder,
+        )
         c.busy_s += time.monotonic() - started
         c.groups += len(claimed)
         c.samples += samples
@@ -210,16 +270,25 @@ class Generator:
             self.heartbeat("up")
             return not (stop.requested or self.finished())
 
-        def stream(entry_id: str, work: PromptWork, samples: list[GeneratedSample],
-                   version: int) -> None:
-            n_samples, n_tokens = stream_groups([(entry_id, work)], [samples], [version],
-                                                self.task, self.broker, self.id, self.rewarder)
+        def stream(
+            entry_id: str, work: PromptWork, samples: list[GeneratedSample], version: int
+        ) -> None:
+            n_samples, n_tokens = stream_groups(
+                [(entry_id, work)],
+                [samples],
+                [version],
+                self.task,
+                self.broker,
+                self.id,
+                self.rewarder,
+            )
             c.groups += 1
             c.samples += n_samples
             c.tokens += n_tokens
 
-        ContinuousRollout(self.cfg, self.engine, self.follower, self.broker, self.id,
-                          stream, beat, c).run()
+        ContinuousRollout(
+            self.cfg, self.engine, self.follower, self.broker, self.id, stream, beat, c
+        ).run()
 
 
 def _redis_trouble(e: Exception) -> bool:
@@ -228,8 +297,11 @@ def _redis_trouble(e: Exception) -> bool:
 
 
 def run(cfg: Config, generator_id: str) -> None:
-    setup_process(f"gen:{generator_id}", seed=cfg.run.seed + 1000 + sum(map(ord, generator_id)),
-                  torch_threads=cfg.run.torch_threads)
+    setup_process(
+        f"gen:{generator_id}",
+        seed=cfg.run.seed + 1000 + sum(map(ord, generator_id)),
+        torch_threads=cfg.run.torch_threads,
+    )
     stop = _Stop()
     gen = Generator(cfg, generator_id)
     log.info("generator %s ready (engine %s)", generator_id, cfg.rollout.engine)
@@ -249,8 +321,10 @@ def run(cfg: Config, generator_id: str) -> None:
             # claimed prompts stay pending and are re-read (or reclaimed) once Redis is back
             trouble_since = trouble_since or time.monotonic()
             if time.monotonic() - trouble_since > cfg.redis.connect_timeout_s:
-                raise BrokerUnavailable(f"Redis at {redact(cfg.redis.url)} unusable for "
-                                        f"{cfg.redis.connect_timeout_s:.0f}s: {e}") from None
+                raise BrokerUnavailable(
+                    f"Redis at {redact(cfg.redis.url)} unusable for "
+                    f"{cfg.redis.connect_timeout_s:.0f}s: {e}"
+                ) from None
             log.warning("Redis trouble (%s); retrying in %.1fs", e, delay)
             time.sleep(delay)
             delay = min(delay * 2, 5.0)

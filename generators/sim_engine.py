@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
-from broker.config import SimConfig
-from generators.engine import GeneratedSample, SamplingParams
+from rollflash.broker.config import SimConfig
+from rollflash.generators.engine import GeneratedSample, SamplingParams
 
 
 @dataclass
@@ -52,9 +52,15 @@ class SimEngine:
     def add_request(self, key: str, prompt: str, params: SamplingParams) -> None:
         """Start `params.n` samples of `prompt`; they come back from `step` under `key`."""
         for _ in range(params.n):
-            length = max(1, min(params.max_new_tokens,
-                                round(self.rng.lognormvariate(0.0, self.sim.length_sigma)
-                                      * self.sim.length_median)))
+            length = max(
+                1,
+                min(
+                    params.max_new_tokens,
+                    round(
+                        self.rng.lognormvariate(0.0, self.sim.length_sigma) * self.sim.length_median
+                    ),
+                ),
+            )
             self._active.append(_Seq(key, length, params.max_new_tokens))
 
     def abort(self, key: str) -> None:
@@ -75,17 +81,32 @@ class SimEngine:
             s.versions.append(self.version)
         for s in [s for s in self._active if len(s.versions) >= s.length]:
             ids = [self.rng.randrange(3, self.vocab_size) for _ in range(s.length)]
-            done.append((s.key, GeneratedSample(
-                prompt_ids=[1, 3], response_ids=ids, logprobs=[-1.0] * s.length,
-                finished=s.length < s.cap, text="", token_versions=s.versions)))
+            done.append(
+                (
+                    s.key,
+                    GeneratedSample(
+                        prompt_ids=[1, 3],
+                        response_ids=ids,
+                        logprobs=[-1.0] * s.length,
+                        finished=s.length < s.cap,
+                        text="",
+                        token_versions=s.versions,
+                    ),
+                )
+            )
         self._active = [s for s in self._active if len(s.versions) < s.length]
         return done
 
     # --- whole batches --------------------------------------------------------------------------
-    def generate(self, prompts: list[str], params: SamplingParams,
-                 on_step: Callable[[], None] | None = None) -> list[list[GeneratedSample]]:
-        one = SamplingParams(n=1, temperature=params.temperature, top_p=params.top_p,
-                             max_new_tokens=params.max_new_tokens)
+    def generate(
+        self, prompts: list[str], params: SamplingParams, on_step: Callable[[], None] | None = None
+    ) -> list[list[GeneratedSample]]:
+        one = SamplingParams(
+            n=1,
+            temperature=params.temperature,
+            top_p=params.top_p,
+            max_new_tokens=params.max_new_tokens,
+        )
         for i, prompt in enumerate(prompts):
             for k in range(params.n):
                 self.add_request(f"{i}/{k}", prompt, one)
@@ -96,8 +117,12 @@ class SimEngine:
                 on_step()  # may swap weights in (interrupt mode): later tokens get the new version
         return [[slots[f"{i}/{k}"] for k in range(params.n)] for i in range(len(prompts))]
 
-    def generate_ids(self, prompts: list[list[int]], params: SamplingParams,
-                     on_step: Callable[[], None] | None = None) -> list[list[GeneratedSample]]:
+    def generate_ids(
+        self,
+        prompts: list[list[int]],
+        params: SamplingParams,
+        on_step: Callable[[], None] | None = None,
+    ) -> list[list[GeneratedSample]]:
         """Multi-turn episodes: the same timing model; the context's length is not simulated
         (decode steps dominate, prefill is ignored, as in `generate`)."""
         groups = self.generate([""] * len(prompts), params, on_step)

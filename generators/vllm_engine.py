@@ -41,19 +41,19 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 from safetensors import safe_open
 from transformers import AutoTokenizer
 
-from envs import response_text
-from generators.engine import GeneratedSample, SamplingParams
+from rollflash.envs import response_text
+from rollflash.generators.engine import GeneratedSample, SamplingParams
 
 log = logging.getLogger(__name__)
 
-_EXTENSION = "generators.vllm_engine.WeightReloadExtension"
+_EXTENSION = "rollflash.generators.vllm_engine.WeightReloadExtension"
 
 
 def refresh_tied_heads(model: torch.nn.Module) -> int:
@@ -64,8 +64,11 @@ def refresh_tied_heads(model: torch.nn.Module) -> int:
     groups: dict[int, list[torch.nn.Module]] = {}
     for module in model.modules():
         weight = getattr(module, "weight", None)
-        if isinstance(getattr(module, "quant_method", None), UnquantizedEmbeddingMethod) \
-                and isinstance(weight, torch.Tensor) and weight.numel():
+        if (
+            isinstance(getattr(module, "quant_method", None), UnquantizedEmbeddingMethod)
+            and isinstance(weight, torch.Tensor)
+            and weight.numel()
+        ):
             groups.setdefault(weight.data_ptr(), []).append(module)
     refreshed = 0
     for modules in groups.values():
@@ -116,12 +119,20 @@ class VLLMEngine:
     (there VLLM_CPU_KVCACHE_SPACE, in GiB, fixes the KV cache instead when set).
     """
 
-    def __init__(self, model_path: str, dtype: str = "float32", seed: int = 0,
-                 memory_fraction: float | None = None, max_model_len: int | None = None):
+    def __init__(
+        self,
+        model_path: str,
+        dtype: str = "float32",
+        seed: int = 0,
+        memory_fraction: float | None = None,
+        max_model_len: int | None = None,
+    ):
         model_dir = Path(model_path)
         if not (model_dir / "config.json").is_file():
-            raise FileNotFoundError(f"model.path: no Hugging Face model directory at {model_path} "
-                                    "(build one with scripts/make_tiny_model.py)")
+            raise FileNotFoundError(
+                f"model.path: no Hugging Face model directory at {model_path} "
+                "(build one with scripts/make_tiny_model.py)"
+            )
         # in-process engine core: a step() is one forward pass, so reloads land between tokens
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         # a worker forked from a process that already ran torch ops decoded 2-3x slower on CPU
@@ -135,11 +146,20 @@ class VLLMEngine:
             memory_fraction = 0.1  # of host RAM (vLLM's default 0.9 would claim it for KV cache)
         kwargs = {"gpu_memory_utilization": memory_fraction} if memory_fraction else {}
         self.llm = LLM(
-            model=str(model_dir), dtype=dtype, seed=seed, max_model_len=max_model_len,
-            enforce_eager=on_cpu, generation_config="vllm", logprobs_mode="processed_logprobs",
-            worker_extension_cls=_EXTENSION, disable_log_stats=True, async_scheduling=False,
+            model=str(model_dir),
+            dtype=dtype,
+            seed=seed,
+            max_model_len=max_model_len,
+            enforce_eager=on_cpu,
+            generation_config="vllm",
+            logprobs_mode="processed_logprobs",
+            worker_extension_cls=_EXTENSION,
+            disable_log_stats=True,
+            async_scheduling=False,
             # vLLM's CPU backend needs its multiprocessing executor to set up OpenMP threads
-            distributed_executor_backend="mp" if on_cpu else None, **kwargs)
+            distributed_executor_backend="mp" if on_cpu else None,
+            **kwargs,
+        )
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         self.eos_id = self.tokenizer.eos_token_id
         self.vocab_size = self.llm.llm_engine.model_config.get_vocab_size()
@@ -161,10 +181,13 @@ class VLLMEngine:
         if shapes != self._shapes:
             missing = sorted(set(self._shapes) - set(shapes))
             unexpected = sorted(set(shapes) - set(self._shapes))
-            wrong = sorted(n for n in set(shapes) & set(self._shapes)
-                           if shapes[n] != self._shapes[n])
-            raise ValueError(f"weights {model_file} do not fit the model: missing {missing}, "
-                             f"unexpected {unexpected}, wrong shape {wrong}")
+            wrong = sorted(
+                n for n in set(shapes) & set(self._shapes) if shapes[n] != self._shapes[n]
+            )
+            raise ValueError(
+                f"weights {model_file} do not fit the model: missing {missing}, "
+                f"unexpected {unexpected}, wrong shape {wrong}"
+            )
         engine = self.llm.llm_engine
         engine.collective_rpc("rl_load_file", args=(str(model_file),))
         # running requests are preempted and recomputed with the new weights (their KV is stale)
@@ -182,8 +205,12 @@ class VLLMEngine:
                         shapes[name] = tuple(st.get_slice(name).get_shape())
         return shapes
 
-    def generate(self, prompts: list[str], params: SamplingParams,
-                 on_step: Callable[[], object] | None = None) -> list[list[GeneratedSample]]:
+    def generate(
+        self,
+        prompts: list[str],
+        params: SamplingParams,
+        on_step: Callable[[], object] | None = None,
+    ) -> list[list[GeneratedSample]]:
         """Sample `params.n` responses per prompt; `on_step` runs between decode steps and may
         call `load_weights` (interrupt mode)."""
         prompt_ids = self.tokenizer(prompts)["input_ids"]
@@ -204,8 +231,10 @@ class VLLMEngine:
         except BaseException:
             engine.abort_request([r for r in request_ids if r not in finished])
             raise
-        return [[self._sample(ids, c) for c in sorted(finished[r].outputs, key=lambda c: c.index)]
-                for ids, r in zip(prompt_ids, request_ids)]
+        return [
+            [self._sample(ids, c) for c in sorted(finished[r].outputs, key=lambda c: c.index)]
+            for ids, r in zip(prompt_ids, request_ids)
+        ]
 
     def _sampling(self, params: SamplingParams, n: int):
         """vLLM sampling parameters for `n` samples, reported once all have finished."""
@@ -213,14 +242,22 @@ class VLLMEngine:
         from vllm.sampling_params import RequestOutputKind
 
         if params.temperature <= 0:
-            raise ValueError("rollout.temperature must be > 0: behaviour log-probabilities are "
-                             "log_softmax(logits / temperature)")
+            raise ValueError(
+                "rollout.temperature must be > 0: behaviour log-probabilities are "
+                "log_softmax(logits / temperature)"
+            )
         if params.top_p < 1.0:
             self._use_pre_truncation_logprobs()
         return VSamplingParams(
-            n=n, temperature=params.temperature, top_p=params.top_p, top_k=0,
-            max_tokens=params.max_new_tokens, logprobs=0, detokenize=False,
-            output_kind=RequestOutputKind.FINAL_ONLY)
+            n=n,
+            temperature=params.temperature,
+            top_p=params.top_p,
+            top_k=0,
+            max_tokens=params.max_new_tokens,
+            logprobs=0,
+            detokenize=False,
+            output_kind=RequestOutputKind.FINAL_ONLY,
+        )
 
     # --- continuous batching (generators/continuous.py) -----------------------------------------
     def add_request(self, key: str, prompt: str, params: SamplingParams) -> None:
@@ -264,11 +301,15 @@ class VLLMEngine:
         logprobs = [float(lp[t].logprob) for t, lp in zip(ids, completion.logprobs)]
         versions = [self.version] * len(ids)
         for span in completion.weight_versions or []:
-            versions[span.start:span.end] = [int(span.version)] * (span.end - span.start)
+            versions[span.start : span.end] = [int(span.version)] * (span.end - span.start)
         return GeneratedSample(
-            prompt_ids=list(prompt_ids), response_ids=ids, logprobs=logprobs,
+            prompt_ids=list(prompt_ids),
+            response_ids=ids,
+            logprobs=logprobs,
             finished=bool(ids) and ids[-1] == self.eos_id,
-            text=response_text(self.tokenizer, ids, self.eos_id), token_versions=versions)
+            text=response_text(self.tokenizer, ids, self.eos_id),
+            token_versions=versions,
+        )
 
     def _use_pre_truncation_logprobs(self) -> None:
         if self._pre_truncation:
@@ -276,7 +317,8 @@ class VLLMEngine:
         if not all(self.llm.collective_rpc("rl_use_pre_truncation_logprobs")):
             raise NotImplementedError(
                 "rollout.top_p < 1 with the vllm engine: this vLLM's sampler has no "
-                "topk_topp_sampler to report pre-truncation log-probabilities; use top_p: 1.0")
+                "topk_topp_sampler to report pre-truncation log-probabilities; use top_p: 1.0"
+            )
         self._pre_truncation = True
 
     def close(self) -> None:

@@ -4,6 +4,6 @@
 def run(cfg, resume=None):
     """Train until `trainer.total_steps`; returns the summary dict (also in summary.json).
     `resume`: None resumes from the latest checkpoint when there is one (learner/loop.py)."""
-    from learner.loop import run as _run
+    from rollflash.learner.loop import run as _run
 
     return _run(cfg, resume)

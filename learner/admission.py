@@ -22,16 +22,24 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Iterator
+from collections.abc import Iterator
 
-from broker.schema import PromptWork
-from broker.streams import RunBroker
-from envs import Item
+from rollflash.broker.schema import PromptWork
+from rollflash.broker.streams import RunBroker
+from rollflash.envs import Item
 
 
 class Admission:
-    def __init__(self, items: Iterator[Item], batch_size: int, async_ratio: float,
-                 group_size: int, replicas: int = 0, issued: int = 0, replaced: int = 0):
+    def __init__(
+        self,
+        items: Iterator[Item],
+        batch_size: int,
+        async_ratio: float,
+        group_size: int,
+        replicas: int = 0,
+        issued: int = 0,
+        replaced: int = 0,
+    ):
         self.items = items
         self.batch_size = batch_size
         self.async_ratio = async_ratio
@@ -56,12 +64,27 @@ class Admission:
             item = dataclasses.asdict(next(self.items))
             group_id = f"g{self.issued + i:09d}"
             if self.replicas:
-                works += [PromptWork(prompt_id=item["id"], group_id=group_id, n=1,
-                                     issued_version=version, item=item, sample_index=k)
-                          for k in range(self.replicas)]
+                works += [
+                    PromptWork(
+                        prompt_id=item["id"],
+                        group_id=group_id,
+                        n=1,
+                        issued_version=version,
+                        item=item,
+                        sample_index=k,
+                    )
+                    for k in range(self.replicas)
+                ]
             else:
-                works.append(PromptWork(prompt_id=item["id"], group_id=group_id,
-                                        n=self.group_size, issued_version=version, item=item))
+                works.append(
+                    PromptWork(
+                        prompt_id=item["id"],
+                        group_id=group_id,
+                        n=self.group_size,
+                        issued_version=version,
+                        item=item,
+                    )
+                )
         broker.add_prompts(works, issued=self.issued + room)
         self.issued += room
         return room

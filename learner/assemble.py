@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from broker.schema import Trajectory
+from rollflash.broker.schema import Trajectory
 
 
 @dataclass
@@ -52,13 +52,18 @@ class GroupAssembler:
             return None
         del self.partial[traj.group_id]
         self.completed.add(traj.group_id)
-        samples = [s for part in p.parts for s in part.samples][:self.group_size]
+        samples = [s for part in p.parts for s in part.samples][: self.group_size]
         first = p.parts[0]
         merged = dataclasses.replace(
-            first, traj_id=first.group_id, samples=samples,
-            behavior_version=min((int(s.token_versions.min()) for s in samples
-                                  if s.token_versions.size), default=first.behavior_version),
-            generator=",".join(sorted({part.generator for part in p.parts})))
+            first,
+            traj_id=first.group_id,
+            samples=samples,
+            behavior_version=min(
+                (int(s.token_versions.min()) for s in samples if s.token_versions.size),
+                default=first.behavior_version,
+            ),
+            generator=",".join(sorted({part.generator for part in p.parts})),
+        )
         return Completed(group=merged, entry_ids=p.entry_ids)
 
     @property

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
-from algos import TurnInputs
-from broker.schema import Trajectory
+from rollflash.algos import TurnInputs
+from rollflash.broker.schema import Trajectory
 
 
 @dataclass
@@ -101,7 +101,7 @@ def turn_inputs(groups: list[Trajectory], mask: torch.Tensor) -> TurnInputs | No
         starts = torch.from_numpy(s.turn_starts.astype("int64"))
         positions = torch.arange(len(s.response_ids))
         turn_of = torch.searchsorted(starts, positions, right=True) - 1  # [T_i]
-        token_turn[i, plen - 1:plen - 1 + len(positions)] = turn_of
+        token_turn[i, plen - 1 : plen - 1 + len(positions)] = turn_of
     token_turn[~mask] = -1
     return TurnInputs(token_turn=token_turn, rewards=rewards, mask=turn_mask, state_ids=states)
 
@@ -120,11 +120,10 @@ def take(batch: MicroBatch, rows: torch.Tensor) -> MicroBatch:
 
 def put(full: torch.Tensor, rows: torch.Tensor, part: torch.Tensor) -> None:
     """Write a micro-batch's [k, w] tensor back into the rows of a [B, L-1] one (w <= L-1)."""
-    full[rows, :part.shape[1]] = part
+    full[rows, : part.shape[1]] = part
 
 
 def length_sorted_chunks(batch: MicroBatch, size: int) -> list[torch.Tensor]:
     """Row indices of the micro-batches: at most `size` rows each, sorted by length."""
     order = torch.argsort(batch.lengths, stable=True)
-    return [order[i:i + size] for i in range(0, len(order), size)]
-
+    return [order[i : i + size] for i in range(0, len(order), size)]

@@ -34,7 +34,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from broker.weights import _fsync_dir, _fsync_file, unique_tensors
+from rollflash.broker.weights import _fsync_dir, _fsync_file, unique_tensors
 
 log = logging.getLogger(__name__)
 
@@ -94,25 +94,45 @@ class LearnerState:
     guards: dict[str, Any] = field(default_factory=dict)  # adaptive kl_coef, guard streaks
 
     def to_json(self) -> dict[str, Any]:
-        return {"step": self.step, "version": self.version, "lineage": self.lineage.offsets,
-                "issued": self.issued, "replaced": self.replaced,
-                "heldout_acc_before": self.heldout_acc_before, "reward_norm": self.reward_norm,
-                "seen": self.seen, "ranks": self.ranks, "rng": self.rng, "guards": self.guards}
+        return {
+            "step": self.step,
+            "version": self.version,
+            "lineage": self.lineage.offsets,
+            "issued": self.issued,
+            "replaced": self.replaced,
+            "heldout_acc_before": self.heldout_acc_before,
+            "reward_norm": self.reward_norm,
+            "seen": self.seen,
+            "ranks": self.ranks,
+            "rng": self.rng,
+            "guards": self.guards,
+        }
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> "LearnerState":
-        return cls(step=d["step"], version=d["version"], lineage=Lineage(d["lineage"]),
-                   issued=d["issued"], replaced=d["replaced"],
-                   heldout_acc_before=d["heldout_acc_before"], reward_norm=d["reward_norm"],
-                   seen=d["seen"], ranks=d["ranks"], rng=d["rng"], guards=d.get("guards", {}))
+    def from_json(cls, d: dict[str, Any]) -> LearnerState:
+        return cls(
+            step=d["step"],
+            version=d["version"],
+            lineage=Lineage(d["lineage"]),
+            issued=d["issued"],
+            replaced=d["replaced"],
+            heldout_acc_before=d["heldout_acc_before"],
+            reward_norm=d["reward_norm"],
+            seen=d["seen"],
+            ranks=d["ranks"],
+            rng=d["rng"],
+            guards=d.get("guards", {}),
+        )
 
 
 def rng_state() -> dict[str, Any]:
     py = random.getstate()
     np_state = np.random.get_state()
-    return {"python": [py[0], list(py[1]), py[2]],
-            "numpy": [np_state[0], np_state[1].tolist(), *np_state[2:]],
-            "torch": torch.get_rng_state().tolist()}
+    return {
+        "python": [py[0], list(py[1]), py[2]],
+        "numpy": [np_state[0], np_state[1].tolist(), *np_state[2:]],
+        "torch": torch.get_rng_state().tolist(),
+    }
 
 
 def restore_rng(state: dict[str, Any]) -> None:
@@ -143,8 +163,13 @@ class CheckpointStore:
         complete = sorted(d for d in self.root.glob("step*") if (d / STATE).is_file())
         return complete[-1] if complete else None
 
-    def save(self, state: LearnerState, weights: dict[str, torch.Tensor] | torch.nn.Module,
-             optim_states: dict[str, Any], critic: torch.nn.Module | None = None) -> Path:
+    def save(
+        self,
+        state: LearnerState,
+        weights: dict[str, torch.Tensor] | torch.nn.Module,
+        optim_states: dict[str, Any],
+        critic: torch.nn.Module | None = None,
+    ) -> Path:
         """Write the checkpoint of `state.step` durably; returns its directory. `weights`: the
         policy's full state dict (or the module itself)."""
         self.root.mkdir(parents=True, exist_ok=True)
@@ -187,8 +212,9 @@ class CheckpointStore:
         return len(stale)
 
     @staticmethod
-    def load(path: Path, model: torch.nn.Module, critic: torch.nn.Module | None = None
-             ) -> tuple[LearnerState, dict[str, Any]]:
+    def load(
+        path: Path, model: torch.nn.Module, critic: torch.nn.Module | None = None
+    ) -> tuple[LearnerState, dict[str, Any]]:
         """Load weights into `model` (and `critic`); returns the state and the optimiser states."""
         state = LearnerState.from_json(json.loads((path / STATE).read_text()))
         load_weights(model, path / "model.safetensors")
@@ -206,5 +232,6 @@ def load_weights(module: torch.nn.Module, path: Path) -> None:
     stored = {params[k].untyped_storage().data_ptr() for k in params if k not in missing}
     untied = [k for k in missing if params[k].untyped_storage().data_ptr() not in stored]
     if unexpected or untied:
-        raise RuntimeError(f"checkpoint {path} does not match the model: missing {untied}, "
-                           f"unexpected {unexpected}")
+        raise RuntimeError(
+            f"checkpoint {path} does not match the model: missing {untied}, unexpected {unexpected}"
+        )

@@ -31,15 +31,15 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
-from broker.schema import Trajectory
-from broker.streams import RunBroker
-from learner.admission import Admission
-from learner.assemble import GroupAssembler
-from learner.checkpoint import Lineage
-from learner.dist import Dist, split_quotas
+from rollflash.broker.schema import Trajectory
+from rollflash.broker.streams import RunBroker
+from rollflash.learner.admission import Admission
+from rollflash.learner.assemble import GroupAssembler
+from rollflash.learner.checkpoint import Lineage
+from rollflash.learner.dist import Dist, split_quotas
 
 log = logging.getLogger(__name__)
 
@@ -79,10 +79,18 @@ class Collector:
     """What a rank keeps between steps: partial groups, accepted-but-untrained groups, the ids it
     has seen, and (after a resume) the entries re-read from its pending list."""
 
-    def __init__(self, broker: RunBroker, admission: Admission, group_size: int, vocab_size: int,
-                 max_staleness: int, timeout_s: float,
-                 drop: Callable[[Trajectory], str | None] = lambda g: None, dist: Dist = Dist(),
-                 lineage: Lineage | None = None):
+    def __init__(
+        self,
+        broker: RunBroker,
+        admission: Admission,
+        group_size: int,
+        vocab_size: int,
+        max_staleness: int,
+        timeout_s: float,
+        drop: Callable[[Trajectory], str | None] = lambda g: None,
+        dist: Dist = Dist(),
+        lineage: Lineage | None = None,
+    ):
         self.broker, self.admission, self.dist = broker, admission, dist
         self.vocab_size, self.max_staleness, self.timeout_s = vocab_size, max_staleness, timeout_s
         self.drop = drop
@@ -126,8 +134,10 @@ class Collector:
             if have >= want:
                 break
             if counts[0][1]:
-                raise NoData(f"no trajectory arrived for {self.timeout_s:.0f}s at step {step}: "
-                             "are generators running (rollctl status)?")
+                raise NoData(
+                    f"no trajectory arrived for {self.timeout_s:.0f}s at step {step}: "
+                    "are generators running (rollctl status)?"
+                )
         quota = split_quotas([c[0] for c in counts], want)[self.dist.rank]
         self._take(out, quota, step)
         if out.retried_ids:
@@ -137,15 +147,17 @@ class Collector:
 
     def _read(self, count: int) -> tuple[list[tuple[str, Trajectory]], int]:
         if self.backlog:
-            entries, self.backlog = self.backlog[:max(count, 1)], self.backlog[max(count, 1):]
+            entries, self.backlog = self.backlog[: max(count, 1)], self.backlog[max(count, 1) :]
             return entries, 0
         # each entry completes at most one group, so this never reads far past the batch
-        good, bad = self.broker.read_trajectories(self.dist.consumer, count=max(count, 1),
-                                                  block_ms=_BLOCK_MS, vocab_size=self.vocab_size)
+        good, bad = self.broker.read_trajectories(
+            self.dist.consumer, count=max(count, 1), block_ms=_BLOCK_MS, vocab_size=self.vocab_size
+        )
         return good, len(bad)
 
-    def _sort_entry(self, out: Collected, entry_id: str, traj: Trajectory, step: int
-                    ) -> tuple[list[str], int]:
+    def _sort_entry(
+        self, out: Collected, entry_id: str, traj: Trajectory, step: int
+    ) -> tuple[list[str], int]:
         """File one entry under duplicate / late / pending / stale / filtered / ready; returns
         the entry ids to acknowledge now and how many groups they drop (to be replaced)."""
         if traj.traj_id in self.seen or traj.traj_id in self.trained:
@@ -188,7 +200,7 @@ class Collector:
         the higher rank; every rank records every trained id, so none is trained twice later."""
         mine, self.ready = self.ready[:quota], self.ready[quota:]
         taken = self.dist.gather([r.group.traj_id for r in mine])
-        earlier = {t for ids in taken[:self.dist.rank] for t in ids}
+        earlier = {t for ids in taken[: self.dist.rank] for t in ids}
         for r in mine:
             if r.group.traj_id in earlier:
                 out.duplicate_ids.append(r.group.traj_id)

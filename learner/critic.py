@@ -17,8 +17,8 @@ from pathlib import Path
 import torch
 from transformers import AutoModel
 
-from broker.config import Config
-from learner.packing import forward_packed, pack, unpack
+from rollflash.broker.config import Config
+from rollflash.learner.packing import forward_packed, pack, unpack
 
 
 class Critic(torch.nn.Module):
@@ -30,12 +30,13 @@ class Critic(torch.nn.Module):
         torch.nn.init.zeros_(self.value_head.bias)
 
     @classmethod
-    def load(cls, path: str | Path, dtype: str) -> "Critic":
+    def load(cls, path: str | Path, dtype: str) -> Critic:
         backbone = AutoModel.from_pretrained(path, dtype=getattr(torch, dtype))
         return cls(backbone, backbone.config.hidden_size)
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                packed: bool = False) -> torch.Tensor:
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, packed: bool = False
+    ) -> torch.Tensor:
         """input_ids, attention_mask: [b, L] int64 -> values [b, L-1] float32 (position t: V of
         the prefix 0..t). `packed`: forward without padding (learner/packing.py), same result."""
         if packed:
@@ -50,6 +51,7 @@ class Critic(torch.nn.Module):
 def build_critic(cfg: Config) -> tuple[Critic, torch.optim.Optimizer]:
     """The critic and its optimiser (weight decay and gradient clipping as the policy's)."""
     critic = Critic.load(cfg.model.path, cfg.model.dtype)
-    optimizer = torch.optim.AdamW(critic.parameters(), lr=cfg.algo.critic_lr,
-                                  weight_decay=cfg.trainer.weight_decay)
+    optimizer = torch.optim.AdamW(
+        critic.parameters(), lr=cfg.algo.critic_lr, weight_decay=cfg.trainer.weight_decay
+    )
     return critic, optimizer

@@ -64,7 +64,7 @@ def init_dist(device: str = "cpu") -> Dist:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world == 1:
         return Dist()
-    from broker.redis_server import die_with_parent
+    from rollflash.broker.redis_server import die_with_parent
 
     die_with_parent()  # a rank must not outlive torchrun's agent (kill -9 of the learner)
     if not torch_dist.is_initialized():
@@ -120,29 +120,37 @@ def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     if is_sharded(model):
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-        return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True,
-                                                                    cpu_offload=True))
+        return get_model_state_dict(
+            model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+        )
     return getattr(model, "module", model).state_dict()
 
 
 def optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     """The optimiser's state for a checkpoint (gathered to rank 0 with FSDP; collective)."""
     if is_sharded(model):
-        from torch.distributed.checkpoint.state_dict import (StateDictOptions,
-                                                             get_optimizer_state_dict)
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_optimizer_state_dict,
+        )
 
-        return get_optimizer_state_dict(model, optimizer, options=StateDictOptions(
-            full_state_dict=True, cpu_offload=True))
+        return get_optimizer_state_dict(
+            model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+        )
     return optimizer.state_dict()
 
 
-def load_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                         state: dict[str, Any]) -> None:
+def load_optimizer_state(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]
+) -> None:
     if is_sharded(model):
-        from torch.distributed.checkpoint.state_dict import (StateDictOptions,
-                                                             set_optimizer_state_dict)
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            set_optimizer_state_dict,
+        )
 
-        set_optimizer_state_dict(model, optimizer, optim_state_dict=state,
-                                 options=StateDictOptions(full_state_dict=True))
+        set_optimizer_state_dict(
+            model, optimizer, optim_state_dict=state, options=StateDictOptions(full_state_dict=True)
+        )
     else:
         optimizer.load_state_dict(state)

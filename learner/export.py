@@ -13,8 +13,8 @@ from pathlib import Path
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from broker.config import Config
-from broker.weights import WeightStore
+from rollflash.broker.config import Config
+from rollflash.broker.weights import WeightStore
 
 
 def export_version(cfg: Config, version: int | None, out: Path) -> Path:
@@ -27,8 +27,10 @@ def export_version(cfg: Config, version: int | None, out: Path) -> Path:
     missing, unexpected = model.load_state_dict(state, strict=False)
     tied = {"lm_head.weight"} if model.config.tie_word_embeddings else set()
     if unexpected or set(missing) - tied:
-        raise ValueError(f"weights v{version} do not fit {cfg.model.path}: missing {missing}, "
-                         f"unexpected {unexpected}")
+        raise ValueError(
+            f"weights v{version} do not fit {cfg.model.path}: missing {missing}, "
+            f"unexpected {unexpected}"
+        )
     model.tie_weights()
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import torch
 
-from algos import clip_rewards, dynamic_sampling_mask, soft_overlong_penalty
-from broker.config import Config
-from broker.schema import Trajectory
+from rollflash.algos import clip_rewards, dynamic_sampling_mask, soft_overlong_penalty
+from rollflash.broker.config import Config
+from rollflash.broker.schema import Trajectory
 
 
 def group_scores(group: Trajectory, cfg: Config) -> torch.Tensor:
@@ -25,8 +25,9 @@ def group_scores(group: Trajectory, cfg: Config) -> torch.Tensor:
     scores = torch.tensor([s.reward for s in group.samples], dtype=torch.float32)
     if a.overlong_buffer is not None:
         lengths = torch.tensor([len(s.response_ids) for s in group.samples])
-        scores = scores + soft_overlong_penalty(lengths, cfg.rollout.max_new_tokens, a.overlong_buffer,
-                                                a.overlong_penalty_factor)
+        scores = scores + soft_overlong_penalty(
+            lengths, cfg.rollout.max_new_tokens, a.overlong_buffer, a.overlong_penalty_factor
+        )
     return clip_rewards(scores, a.reward_clip)
 
 
@@ -44,12 +45,16 @@ def drop_reason(group: Trajectory, cfg: Config) -> str | None:
     """
     if cfg.algo.overlong_filter and bool(truncated(group).all()):
         return "overlong"
-    if cfg.algo.dynamic_sampling and not bool(dynamic_sampling_mask(group_scores(group, cfg)[None])[0]):
+    if cfg.algo.dynamic_sampling and not bool(
+        dynamic_sampling_mask(group_scores(group, cfg)[None])[0]
+    ):
         return "dynamic_sampling"
     return None
 
 
-def filter_groups(groups: list[Trajectory], cfg: Config) -> tuple[list[Trajectory], list[Trajectory]]:
+def filter_groups(
+    groups: list[Trajectory], cfg: Config
+) -> tuple[list[Trajectory], list[Trajectory]]:
     """(kept, dropped), each in the input order; a pure function of each group and cfg."""
     kept, dropped = [], []
     for g in groups:

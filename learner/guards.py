@@ -4,13 +4,16 @@ A policy optimised against a learned reward finds the reward model's blind spots
 "Scaling Laws for Reward Model Overoptimization"; Skalse et al. 2022). The signs this module watches,
 once per learner step, from the step's samples and metrics:
 
-| guard             | value (metric)                                         | fires when                |
-|-------------------|--------------------------------------------------------|---------------------------|
-| `kl_rise`         | KL(behaviour ‖ ref) now minus its minimum over the last `kl_window` steps (`guard/kl_rise`) | > `kl_max_rise` |
-| `score_collapse`  | std of the batch's rewards (`guard/score_std`); only with `reward.type` model / mixed | < `score_std_min`, or < `score_std_drop` x the first step's std |
-| `length_collapse` | mean response length in tokens, EOS included (`guard/length_mean`) | < `min_length` |
-| `length_at_limit` | share of responses cut at `max_new_tokens` (`guard/truncated_frac`) | > `max_truncated_frac` |
-| `repeated_ngrams` | mean share of a response's n-grams that repeat an earlier one (`guard/ngram_repeat`) | > `max_ngram_repeat` |
+- `kl_rise`: KL(behaviour ‖ ref) now minus its minimum over the last `kl_window` steps
+  (`guard/kl_rise`); fires when > `kl_max_rise`.
+- `score_collapse`: std of the batch's rewards (`guard/score_std`), only with `reward.type` model /
+  mixed; fires when < `score_std_min`, or < `score_std_drop` x the first step's std.
+- `length_collapse`: mean response length in tokens, EOS included (`guard/length_mean`); fires
+  when < `min_length`.
+- `length_at_limit`: share of responses cut at `max_new_tokens` (`guard/truncated_frac`); fires
+  when > `max_truncated_frac`.
+- `repeated_ngrams`: mean share of a response's n-grams that repeat an earlier one
+  (`guard/ngram_repeat`); fires when > `max_ngram_repeat`.
 
 Every value is logged every step with `guard/fired_<name>` (0 or 1) and `guard/fired` (how many
 fired); a firing guard logs a warning and is written to the run hash (`guard_warnings`), which
@@ -26,12 +29,13 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
-from algos.kl_control import next_kl_coef
-from broker.config import Config, GuardsConfig
-from broker.schema import Trajectory
+from rollflash.algos.kl_control import next_kl_coef
+from rollflash.broker.config import Config, GuardsConfig
+from rollflash.broker.schema import Trajectory
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +48,9 @@ class GuardResult:
     metric: str  # e.g. "guard/truncated_frac"
     value: float
     fired: bool
-    message: str  # one line for logs and `rollctl status`, e.g. "82% of responses hit max_new_tokens"
+    message: (
+        str  # one line for logs and `rollctl status`, e.g. "82% of responses hit max_new_tokens"
+    )
 
 
 def kl_rise(kl_history: Sequence[float]) -> float:
@@ -64,7 +70,7 @@ def score_std(scores: Sequence[float]) -> float:
 def ngram_repeat_frac(ids: Sequence[int], n: int) -> float:
     """Share of the n-grams of `ids` that already occurred earlier in `ids` (0 with none):
     [1, 1, 1, 1] with n = 2 has n-grams (1,1) x 3, two of them repeats -> 2/3."""
-    grams = [tuple(ids[i:i + n]) for i in range(len(ids) - n + 1)]
+    grams = [tuple(ids[i : i + n]) for i in range(len(ids) - n + 1)]
     return (len(grams) - len(set(grams))) / len(grams) if grams else 0.0
 
 
@@ -79,13 +85,20 @@ def guard_values(groups: Sequence[Trajectory], ngram_n: int) -> dict[str, float]
         "guard/score_std": score_std([s.reward for s in samples]),
         "guard/length_mean": sum(len(s.response_ids) for s in samples) / len(samples),
         "guard/truncated_frac": sum(not s.finished for s in samples) / len(samples),
-        "guard/ngram_repeat": sum(ngram_repeat_frac(s.response_ids.tolist(), ngram_n)
-                                  for s in samples) / len(samples),
+        "guard/ngram_repeat": sum(
+            ngram_repeat_frac(s.response_ids.tolist(), ngram_n) for s in samples
+        )
+        / len(samples),
     }
 
 
-def evaluate_guards(values: dict[str, float], kl_history: Sequence[float], g: GuardsConfig,
-                    model_reward: bool, first_score_std: float = 0.0) -> list[GuardResult]:
+def evaluate_guards(
+    values: dict[str, float],
+    kl_history: Sequence[float],
+    g: GuardsConfig,
+    model_reward: bool,
+    first_score_std: float = 0.0,
+) -> list[GuardResult]:
     """Compare one step's `guard_values` (and the KL history, when a reference model gives one)
     with the thresholds of `guards:`. `model_reward`: the rewards come from a reward model (the
     score-collapse guard applies only then: a verifier's rewards are all equal on a solved batch);
@@ -94,19 +107,44 @@ def evaluate_guards(values: dict[str, float], kl_history: Sequence[float], g: Gu
     out = []
     if kl_history:
         rise = kl_rise(kl_history)
-        out.append(GuardResult("kl_rise", "guard/kl_rise", rise, rise > g.kl_max_rise,
-                               f"KL to the reference rose by {rise:.3g} within {g.kl_window} "
-                               f"steps (> {g.kl_max_rise:g})"))
+        out.append(
+            GuardResult(
+                "kl_rise",
+                "guard/kl_rise",
+                rise,
+                rise > g.kl_max_rise,
+                f"KL to the reference rose by {rise:.3g} within {g.kl_window} "
+                f"steps (> {g.kl_max_rise:g})",
+            )
+        )
     checks = [
-        ("score_collapse", "guard/score_std", lambda v: model_reward and v < std_floor,
-         lambda v: f"reward std {v:.3g} < {std_floor:.3g}: scores collapsed to one value"),
-        ("length_collapse", "guard/length_mean", lambda v: v < g.min_length,
-         lambda v: f"mean response length {v:.3g} < {g.min_length:g} tokens"),
-        ("length_at_limit", "guard/truncated_frac", lambda v: v > g.max_truncated_frac,
-         lambda v: f"{v:.0%} of responses hit max_new_tokens (> {g.max_truncated_frac:.0%})"),
-        ("repeated_ngrams", "guard/ngram_repeat", lambda v: v > g.max_ngram_repeat,
-         lambda v: f"{v:.0%} of {g.ngram_n}-grams repeat within a response "
-                   f"(> {g.max_ngram_repeat:.0%})"),
+        (
+            "score_collapse",
+            "guard/score_std",
+            lambda v: model_reward and v < std_floor,
+            lambda v: f"reward std {v:.3g} < {std_floor:.3g}: scores collapsed to one value",
+        ),
+        (
+            "length_collapse",
+            "guard/length_mean",
+            lambda v: v < g.min_length,
+            lambda v: f"mean response length {v:.3g} < {g.min_length:g} tokens",
+        ),
+        (
+            "length_at_limit",
+            "guard/truncated_frac",
+            lambda v: v > g.max_truncated_frac,
+            lambda v: f"{v:.0%} of responses hit max_new_tokens (> {g.max_truncated_frac:.0%})",
+        ),
+        (
+            "repeated_ngrams",
+            "guard/ngram_repeat",
+            lambda v: v > g.max_ngram_repeat,
+            lambda v: (
+                f"{v:.0%} of {g.ngram_n}-grams repeat within a response "
+                f"(> {g.max_ngram_repeat:.0%})"
+            ),
+        ),
     ]
     for name, metric, fires, message in checks:
         if metric in values:
@@ -140,8 +178,9 @@ class GuardMonitor:
             return cfg
         return dataclasses.replace(cfg, algo=dataclasses.replace(cfg.algo, kl_coef=self.kl_coef))
 
-    def after_step(self, metrics: dict[str, float], n_samples: int, broker: Any = None
-                   ) -> dict[str, float]:
+    def after_step(
+        self, metrics: dict[str, float], n_samples: int, broker: Any = None
+    ) -> dict[str, float]:
         """From a finished step's merged metrics (with `guard_values`) and the number of samples it
         trained on: adapt the KL coefficient, evaluate the guards; returns `kl/coef`,
         `guard/fired_<name>` and `guard/fired`, and writes warnings to the run hash through
@@ -150,15 +189,16 @@ class GuardMonitor:
         a, g = self.cfg.algo, self.cfg.guards
         kl = metrics.get(KL_METRIC)
         if kl is not None and math.isfinite(kl):
-            self.kl_history = (self.kl_history + [kl])[-(g.kl_window + 1):]
+            self.kl_history = (self.kl_history + [kl])[-(g.kl_window + 1) :]
             out["kl/coef"] = self.kl_coef  # the coefficient this step trained with
             self.kl_coef = next_kl_coef(self.kl_coef, kl, a.kl_target, a.kl_horizon, n_samples)
         if not g.enabled:
             return out
         if self.first_score_std is None and "guard/score_std" in metrics:
             self.first_score_std = metrics["guard/score_std"]
-        results = evaluate_guards(metrics, self.kl_history, g, self.cfg.reward.type != "rule",
-                                  self.first_score_std or 0.0)
+        results = evaluate_guards(
+            metrics, self.kl_history, g, self.cfg.reward.type != "rule", self.first_score_std or 0.0
+        )
         fired = [r for r in results if r.fired]
         for r in results:
             out[r.metric] = r.value
@@ -172,6 +212,8 @@ class GuardMonitor:
             self.stop_reason = f"{persistent[0].name}: {persistent[0].message}"
             log.error("stopping (guards.stop_on_guard): %s", self.stop_reason)
         if broker is not None:
-            broker.set_run_fields(guard_warnings="; ".join(f"{r.name}: {r.message}" for r in fired)
-                                  or "none", guard_stop=self.stop_reason or "")
+            broker.set_run_fields(
+                guard_warnings="; ".join(f"{r.name}: {r.message}" for r in fired) or "none",
+                guard_stop=self.stop_reason or "",
+            )
         return out

@@ -11,8 +11,9 @@ from __future__ import annotations
 import sys
 
 
-def torchrun_argv(nproc: int, nnodes: int, rdzv_endpoint: str | None,
-                  cli_args: list[str]) -> list[str]:
+def torchrun_argv(
+    nproc: int, nnodes: int, rdzv_endpoint: str | None, cli_args: list[str]
+) -> list[str]:
     """The command line that runs `rollctl <cli_args>` as `nproc` ranks on this node."""
     argv = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}"]
     if nnodes > 1:
@@ -21,4 +22,4 @@ def torchrun_argv(nproc: int, nnodes: int, rdzv_endpoint: str | None,
         argv += [f"--nnodes={nnodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv_endpoint}"]
     else:
         argv += ["--standalone"]
-    return argv + ["-m", "rollctl.cli", *cli_args]
+    return argv + ["-m", "rollflash.rollctl.cli", *cli_args]

@@ -33,26 +33,39 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from algos import RunningRewardNorm
-from broker.config import Config
-from broker.connection import connect
-from broker.notify import VersionPublisher
-from broker.process import setup_process
-from broker.streams import RunBroker
-from broker.weights import WeightStore
-from envs import Item, Task, make_task
-from learner.admission import Admission
-from learner.checkpoint import CheckpointStore, LearnerState, RankProgress, restore_rng, rng_state
-from learner.collect import Collected, Collector
-from learner.dist import (Dist, full_state_dict, init_dist, is_sharded, load_optimizer_state,
-                          optimizer_state, wrap_model)
-from learner.evaluate import heldout_accuracy
-from learner.filters import drop_reason
-from learner.guards import GuardMonitor, guard_values
-from learner.metrics import MetricsSink, merge_rank_metrics
-from learner.prepare import AlgoModels, build_algo_models
-from learner.simulated import SimulatedPolicy
-from learner.train import train_step
+from rollflash.algos import RunningRewardNorm
+from rollflash.broker.config import Config
+from rollflash.broker.connection import connect
+from rollflash.broker.notify import VersionPublisher
+from rollflash.broker.process import setup_process
+from rollflash.broker.streams import RunBroker
+from rollflash.broker.weights import WeightStore
+from rollflash.envs import Item, Task, make_task
+from rollflash.learner.admission import Admission
+from rollflash.learner.checkpoint import (
+    CheckpointStore,
+    LearnerState,
+    RankProgress,
+    restore_rng,
+    rng_state,
+)
+from rollflash.learner.collect import Collected, Collector
+from rollflash.learner.dist import (
+    Dist,
+    full_state_dict,
+    init_dist,
+    is_sharded,
+    load_optimizer_state,
+    optimizer_state,
+    wrap_model,
+)
+from rollflash.learner.evaluate import heldout_accuracy
+from rollflash.learner.filters import drop_reason
+from rollflash.learner.guards import GuardMonitor, guard_values
+from rollflash.learner.metrics import MetricsSink, merge_rank_metrics
+from rollflash.learner.prepare import AlgoModels, build_algo_models
+from rollflash.learner.simulated import SimulatedPolicy
+from rollflash.learner.train import train_step
 
 log = logging.getLogger(__name__)
 
@@ -62,8 +75,10 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 def load_policy(cfg: Config):
     path = Path(cfg.model.path)
     if not (path / "config.json").is_file():
-        raise FileNotFoundError(f"model.path: no Hugging Face model directory at {path} "
-                                "(build one with scripts/make_tiny_model.py)")
+        raise FileNotFoundError(
+            f"model.path: no Hugging Face model directory at {path} "
+            "(build one with scripts/make_tiny_model.py)"
+        )
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=_DTYPES[cfg.model.dtype])
     return model, tokenizer
@@ -75,8 +90,10 @@ class Publisher:
     def __init__(self, cfg: Config, broker: RunBroker, resuming: bool):
         self.store = WeightStore(cfg.run.run_dir)
         if self.store.versions() and not resuming:
-            raise FileExistsError(f"run.run_dir: {cfg.run.run_dir} holds weights but no learner "
-                                  "checkpoint to resume from; choose another run_dir or delete it")
+            raise FileExistsError(
+                f"run.run_dir: {cfg.run.run_dir} holds weights but no learner "
+                "checkpoint to resume from; choose another run_dir or delete it"
+            )
         removed = self.store.clean_temp()
         if removed:
             log.warning("removed %d partial weight versions left by an earlier crash", removed)
@@ -108,13 +125,18 @@ def step_metrics(c: Collected, train: dict[str, float], wall: dict[str, float]) 
         "async/staleness_max": max(c.staleness, default=0),
         "async/staleness_mean": sum(k * v for k, v in c.staleness.items()) / max(len(c.groups), 1),
         **{f"async/staleness_hist/{k}": v for k, v in sorted(c.staleness.items())},
-        "async/dropped_stale": len(c.stale_ids), "async/duplicates": len(c.duplicate_ids),
-        "async/late_samples": len(c.late_ids), "async/retried": len(c.retried_ids),
+        "async/dropped_stale": len(c.stale_ids),
+        "async/duplicates": len(c.duplicate_ids),
+        "async/late_samples": len(c.late_ids),
+        "async/retried": len(c.retried_ids),
         **{f"filter/dropped_{reason}": n for reason, n in sorted(c.filtered.items())},
         "async/rejected": c.rejected,
-        "perf/wait_frac": c.wait_s / step_s, "perf/step_s": step_s,
-        "perf/publish_s": wall["publish_s"], "perf/checkpoint_s": wall["checkpoint_s"],
-        "perf/samples_per_s": len(rewards) / step_s, "perf/tokens_per_s": sum(lengths) / step_s,
+        "perf/wait_frac": c.wait_s / step_s,
+        "perf/step_s": step_s,
+        "perf/publish_s": wall["publish_s"],
+        "perf/checkpoint_s": wall["checkpoint_s"],
+        "perf/samples_per_s": len(rewards) / step_s,
+        "perf/tokens_per_s": sum(lengths) / step_s,
     }
 
 
@@ -145,11 +167,13 @@ class Learner:
     def evaluate(self) -> float:
         """Greedy held-out accuracy, on rank 0 (with FSDP every rank generates: the shards are
         gathered in every forward pass)."""
-        if isinstance(self.policy, SimulatedPolicy) or not (self.dist.is_main
-                                                             or is_sharded(self.model)):
+        if isinstance(self.policy, SimulatedPolicy) or not (
+            self.dist.is_main or is_sharded(self.model)
+        ):
             return 0.0
-        return heldout_accuracy(self.policy, self.tokenizer, self.task, self.heldout,
-                                self.cfg.rollout.max_new_tokens)
+        return heldout_accuracy(
+            self.policy, self.tokenizer, self.task, self.heldout, self.cfg.rollout.max_new_tokens
+        )
 
     def close(self) -> None:
         self.ledger.close()
@@ -195,8 +219,11 @@ def start(cfg: Config, resume: bool | None = None) -> Learner:
     run_dir = Path(cfg.run.run_dir)
     if dist.is_main:
         cfg.save(run_dir / "config.yaml")
-    broker = RunBroker(connect(cfg.redis.url, cfg.redis.connect_timeout_s), cfg.run.run_id,
-                       cfg.redis.max_payload_bytes)
+    broker = RunBroker(
+        connect(cfg.redis.url, cfg.redis.connect_timeout_s),
+        cfg.run.run_id,
+        cfg.redis.max_payload_bytes,
+    )
     broker.ensure_groups()  # before registering: generators wait for the registration
     broker.register_run(cfg.fingerprint())
     broker.check_intact()  # a Redis that came back empty is reported, never silently re-created
@@ -216,8 +243,9 @@ def start(cfg: Config, resume: bool | None = None) -> Learner:
     model = policy if sim else wrap_model(policy, dist, cfg.trainer.strategy)
     if algo.critic is not None and dist.world_size > 1:
         algo.critic = DistributedDataParallel(algo.critic)
-    optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.trainer.actor_lr,
-                                  weight_decay=cfg.trainer.weight_decay)
+    optimizer = torch.optim.AdamW(
+        policy.parameters(), lr=cfg.trainer.actor_lr, weight_decay=cfg.trainer.weight_decay
+    )
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_schedule(cfg))
     if optim_states is not None:
         load_optimizer_state(model, optimizer, optim_states["optimizer"])
@@ -230,24 +258,47 @@ def start(cfg: Config, resume: bool | None = None) -> Learner:
     state.issued = max(state.issued, int(run.get("issued", 0)))  # Redis is exact; see admission
     admission = Admission(
         itertools.islice(task.train_items(cfg.run.seed), state.issued, None),
-        cfg.trainer.rollout_batch_size, cfg.trainer.async_ratio,
-        cfg.rollout.num_return_sequences, issued=state.issued,
+        cfg.trainer.rollout_batch_size,
+        cfg.trainer.async_ratio,
+        cfg.rollout.num_return_sequences,
+        issued=state.issued,
         replicas=cfg.rollout.num_return_sequences + cfg.rollout.redundant_samples
-        if cfg.rollout.replicate_prompts else 0)
+        if cfg.rollout.replicate_prompts
+        else 0,
+    )
     vocab = policy.config.vocab_size
-    collector = Collector(broker, admission, cfg.rollout.num_return_sequences, vocab,
-                          cfg.trainer.max_staleness, cfg.trainer.wait_timeout_s,
-                          drop=lambda g: drop_reason(g, cfg), dist=dist, lineage=state.lineage)
+    collector = Collector(
+        broker,
+        admission,
+        cfg.rollout.num_return_sequences,
+        vocab,
+        cfg.trainer.max_staleness,
+        cfg.trainer.wait_timeout_s,
+        drop=lambda g: drop_reason(g, cfg),
+        dist=dist,
+        lineage=state.lineage,
+    )
     collector.seen.update(state.seen)
     ledger_name = "ledger.jsonl" if dist.is_main else f"ledger.rank{dist.rank}.jsonl"
-    ln = Learner(cfg=cfg, dist=dist, broker=broker, task=task,
-                 heldout=task.heldout_items()[:cfg.task.eval_size or None], model=model,
-                 policy=policy, tokenizer=tokenizer, optimizer=optimizer, scheduler=scheduler,
-                 collector=collector, checkpoints=checkpoints, state=state,
-                 publisher=Publisher(cfg, broker, resuming=ckpt is not None)
-                 if dist.is_main else None,
-                 sink=MetricsSink(run_dir) if dist.is_main else None,
-                 ledger=open(run_dir / ledger_name, "a", buffering=1), algo=algo)
+    ln = Learner(
+        cfg=cfg,
+        dist=dist,
+        broker=broker,
+        task=task,
+        heldout=task.heldout_items()[: cfg.task.eval_size or None],
+        model=model,
+        policy=policy,
+        tokenizer=tokenizer,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        collector=collector,
+        checkpoints=checkpoints,
+        state=state,
+        publisher=Publisher(cfg, broker, resuming=ckpt is not None) if dist.is_main else None,
+        sink=MetricsSink(run_dir) if dist.is_main else None,
+        ledger=open(run_dir / ledger_name, "a", buffering=1),
+        algo=algo,
+    )
     ln.guard = GuardMonitor(cfg)
     for name, value in state.guards.items():  # adaptive kl_coef and guard streaks, resumed
         setattr(ln.guard, name, value)
@@ -269,34 +320,54 @@ def _resume(ln: Learner, ckpt: Path) -> None:
     state.lineage.rebase(state.version, state.step)
     publish(ln, version=state.version, step=state.step)
     if dist.is_main:
-        ln.broker.set_run_fields(version=state.version, step=state.step, state="training",
-                                 resumed_from_step=state.step)
+        ln.broker.set_run_fields(
+            version=state.version, step=state.step, state="training", resumed_from_step=state.step
+        )
     done = RankProgress(**state.ranks.get(dist.consumer, {}))
     ln.broker.ack_trajectories(done.entry_ids)
     done_ids = set(done.entry_ids)
     after = "0"
     while True:
-        good, _ = ln.broker.read_trajectories(dist.consumer, count=512, block_ms=0,
-                                              vocab_size=ln.policy.config.vocab_size,
-                                              own_pending=True, after=after)
+        good, _ = ln.broker.read_trajectories(
+            dist.consumer,
+            count=512,
+            block_ms=0,
+            vocab_size=ln.policy.config.vocab_size,
+            own_pending=True,
+            after=after,
+        )
         if not good:
             break
         after = good[-1][0]
         ln.collector.backlog += [(i, t) for i, t in good if i not in done_ids]
-    log.info("resumed from %s: step %d, now version %d; %d pending entries to train again",
-             ckpt.name, state.step, state.version, len(ln.collector.backlog))
-    ln.ledger.write(json.dumps({"event": "resume", "step": state.step,
-                                "version": state.version}) + "\n")
+    log.info(
+        "resumed from %s: step %d, now version %d; %d pending entries to train again",
+        ckpt.name,
+        state.step,
+        state.version,
+        len(ln.collector.backlog),
+    )
+    ln.ledger.write(
+        json.dumps({"event": "resume", "step": state.step, "version": state.version}) + "\n"
+    )
 
 
 def checkpoint(ln: Learner) -> float:
     """Make the model's current state durable, then acknowledge what it was trained on."""
     started, dist, state = time.monotonic(), ln.dist, ln.state
-    parts = dist.gather([dist.consumer, ln.progress.entry_ids, ln.progress.traj_ids,
-                         sorted(ln.collector.seen | ln.collector.trained)])
+    parts = dist.gather(
+        [
+            dist.consumer,
+            ln.progress.entry_ids,
+            ln.progress.traj_ids,
+            sorted(ln.collector.seen | ln.collector.trained),
+        ]
+    )
     weights = full_state_dict(ln.model)  # collective with FSDP
-    optim = {"optimizer": optimizer_state(ln.model, ln.optimizer),
-             "scheduler": ln.scheduler.state_dict()}
+    optim = {
+        "optimizer": optimizer_state(ln.model, ln.optimizer),
+        "scheduler": ln.scheduler.state_dict(),
+    }
     if dist.is_main:
         state.ranks = {name: {"entry_ids": ids, "traj_ids": trajs} for name, ids, trajs, _ in parts}
         state.seen = sorted({t for *_, seen in parts for t in seen})
@@ -305,11 +376,17 @@ def checkpoint(ln: Learner) -> float:
         state.reward_norm = vars(ln.algo.reward_norm).copy()
         state.rng = rng_state()
         g = ln.guard
-        state.guards = {"kl_coef": g.kl_coef, "kl_history": g.kl_history, "streaks": g.streaks,
-                        "first_score_std": g.first_score_std}
+        state.guards = {
+            "kl_coef": g.kl_coef,
+            "kl_history": g.kl_history,
+            "streaks": g.streaks,
+            "first_score_std": g.first_score_std,
+        }
         if ln.algo.critic_optimizer is not None:
             optim["critic_optimizer"] = ln.algo.critic_optimizer.state_dict()
-        ln.checkpoints.save(state, weights, optim, getattr(ln.algo.critic, "module", ln.algo.critic))
+        ln.checkpoints.save(
+            state, weights, optim, getattr(ln.algo.critic, "module", ln.algo.critic)
+        )
         ln.broker.set_run_fields(checkpoint_step=state.step)
     dist.barrier()
     pause_point("after_checkpoint", state.step)
@@ -327,35 +404,55 @@ def learner_step(ln: Learner) -> dict[str, float]:
     if isinstance(ln.policy, SimulatedPolicy):
         stats = ln.policy.train_step()
     else:
-        stats = train_step(ln.model, ln.optimizer, batch.groups, ln.guard.step_config(cfg), ln.algo,
-                           ln.dist)
+        stats = train_step(
+            ln.model, ln.optimizer, batch.groups, ln.guard.step_config(cfg), ln.algo, ln.dist
+        )
     ln.scheduler.step()
     state.step += 1
     state.version += 1
     publish_s = publish(ln, state.version, state.step)
     ln.progress.entry_ids += batch.entry_ids
     ln.progress.traj_ids += [g.traj_id for g in batch.groups]
-    ln.ledger.write(json.dumps({"step": state.step, "version": state.version,
-                                "trained": [g.traj_id for g in batch.groups],
-                                "stale": batch.stale_ids, "duplicate": batch.duplicate_ids,
-                                "late": batch.late_ids, "filtered": batch.filtered_ids,
-                                "retried": batch.retried_ids}) + "\n")
+    ln.ledger.write(
+        json.dumps(
+            {
+                "step": state.step,
+                "version": state.version,
+                "trained": [g.traj_id for g in batch.groups],
+                "stale": batch.stale_ids,
+                "duplicate": batch.duplicate_ids,
+                "late": batch.late_ids,
+                "filtered": batch.filtered_ids,
+                "retried": batch.retried_ids,
+            }
+        )
+        + "\n"
+    )
     pause_point("after_update", state.step)
     every = cfg.trainer.checkpoint_every
     checkpoint_s = checkpoint(ln) if (every and state.step % every == 0) else 0.0
     if not every:  # no checkpoints: acknowledge once published (a crash loses these updates)
         ln.broker.ack_trajectories(ln.progress.entry_ids)
         ln.progress.clear()
-    local = step_metrics(batch, {**stats, "optim/lr": ln.scheduler.get_last_lr()[0],
-                                 "redis/lost_prompts": ln.broker.lost["prompts"],
-                                 "redis/lost_trajectory_writes":
-                                     ln.broker.lost["trajectory_writes"],
-                                 **guard_values(batch.groups, cfg.guards.ngram_n)},
-                         {"step_s": time.monotonic() - t0, "publish_s": publish_s,
-                          "checkpoint_s": checkpoint_s})
+    local = step_metrics(
+        batch,
+        {
+            **stats,
+            "optim/lr": ln.scheduler.get_last_lr()[0],
+            "redis/lost_prompts": ln.broker.lost["prompts"],
+            "redis/lost_trajectory_writes": ln.broker.lost["trajectory_writes"],
+            **guard_values(batch.groups, cfg.guards.ngram_n),
+        },
+        {"step_s": time.monotonic() - t0, "publish_s": publish_s, "checkpoint_s": checkpoint_s},
+    )
     metrics = merge_rank_metrics(ln.dist.gather([local, len(batch.groups)]))
-    metrics.update(ln.guard.after_step(metrics, ln.dist.sum(sum(len(g.samples) for g in batch.groups)),
-                                       ln.broker if ln.dist.is_main else None))
+    metrics.update(
+        ln.guard.after_step(
+            metrics,
+            ln.dist.sum(sum(len(g.samples) for g in batch.groups)),
+            ln.broker if ln.dist.is_main else None,
+        )
+    )
     if cfg.trainer.eval_every and state.step % cfg.trainer.eval_every == 0:
         metrics["eval/heldout_acc"] = ln.evaluate()
     if ln.dist.is_main:
@@ -366,16 +463,26 @@ def learner_step(ln: Learner) -> dict[str, float]:
 def _report(ln: Learner, metrics: dict[str, float]) -> None:
     cfg, step = ln.cfg, ln.state.step
     ln.sink.log(step, metrics)
-    ln.broker.set_run_fields(version=ln.state.version, step=step,
-                             reward_mean=round(metrics["reward/mean"], 4),
-                             wait_frac=round(metrics["perf/wait_frac"], 3),
-                             staleness_max=metrics["async/staleness_max"],
-                             samples_per_s=round(metrics["perf/samples_per_s"], 2),
-                             tokens_per_s=round(metrics["perf/tokens_per_s"], 1))
-    log.info("step %d/%d  v%d  reward %.3f  loss %.4f  stale<=%d  wait %.0f%%  %.1fs",
-             step, cfg.trainer.total_steps, ln.state.version, metrics["reward/mean"],
-             metrics["loss/policy"], metrics["async/staleness_max"],
-             100 * metrics["perf/wait_frac"], metrics["perf/step_s"])
+    ln.broker.set_run_fields(
+        version=ln.state.version,
+        step=step,
+        reward_mean=round(metrics["reward/mean"], 4),
+        wait_frac=round(metrics["perf/wait_frac"], 3),
+        staleness_max=metrics["async/staleness_max"],
+        samples_per_s=round(metrics["perf/samples_per_s"], 2),
+        tokens_per_s=round(metrics["perf/tokens_per_s"], 1),
+    )
+    log.info(
+        "step %d/%d  v%d  reward %.3f  loss %.4f  stale<=%d  wait %.0f%%  %.1fs",
+        step,
+        cfg.trainer.total_steps,
+        ln.state.version,
+        metrics["reward/mean"],
+        metrics["loss/policy"],
+        metrics["async/staleness_max"],
+        100 * metrics["perf/wait_frac"],
+        metrics["perf/step_s"],
+    )
 
 
 def _mean(values: list[float]) -> float:
@@ -390,8 +497,11 @@ def run(cfg: Config, resume: bool | None = None) -> dict:
         ln.state.heldout_acc_before = ln.evaluate()
         log.info("held-out greedy accuracy before training: %.3f", ln.state.heldout_acc_before)
     if ln.dist.is_main:
-        ln.broker.set_run_fields(state="training", heldout_acc=ln.state.heldout_acc_before,
-                                 learner_ranks=ln.dist.world_size)
+        ln.broker.set_run_fields(
+            state="training",
+            heldout_acc=ln.state.heldout_acc_before,
+            learner_ranks=ln.dist.world_size,
+        )
     history = []
     for _ in range(ln.state.step, cfg.trainer.total_steps):
         history.append(learner_step(ln))
@@ -403,14 +513,20 @@ def run(cfg: Config, resume: bool | None = None) -> dict:
     acc_after = ln.evaluate()
     rewards = [m["reward/mean"] for m in history]
     summary = {
-        "steps": ln.state.step, "steps_this_process": len(history),
-        "wall_s": round(time.monotonic() - started, 1), "final_version": ln.state.version,
-        "reward_first10": _mean(rewards[:10]), "reward_last10": _mean(rewards[-10:]),
+        "steps": ln.state.step,
+        "steps_this_process": len(history),
+        "wall_s": round(time.monotonic() - started, 1),
+        "final_version": ln.state.version,
+        "reward_first10": _mean(rewards[:10]),
+        "reward_last10": _mean(rewards[-10:]),
         "heldout_acc_before": round(ln.state.heldout_acc_before, 4),
-        "heldout_acc_after": round(acc_after, 4), "heldout_size": len(ln.heldout),
+        "heldout_acc_after": round(acc_after, 4),
+        "heldout_size": len(ln.heldout),
         "max_staleness": max((m["async/staleness_max"] for m in history), default=0),
-        "async_ratio": cfg.trainer.async_ratio, "prompts_issued": ln.collector.admission.issued,
-        "learner_ranks": ln.dist.world_size, "stopped_by_guard": ln.guard.stop_reason,
+        "async_ratio": cfg.trainer.async_ratio,
+        "prompts_issued": ln.collector.admission.issued,
+        "learner_ranks": ln.dist.world_size,
+        "stopped_by_guard": ln.guard.stop_reason,
     }
     if ln.dist.is_main:
         (Path(cfg.run.run_dir) / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")

@@ -24,8 +24,10 @@ class MetricsSink:
             self._tb = SummaryWriter(log_dir=str(Path(run_dir) / "tb"))
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
-        clean = {k: (v if isinstance(v, (int, float)) and math.isfinite(v) else None)
-                 for k, v in metrics.items()}
+        clean = {
+            k: (v if isinstance(v, (int, float)) and math.isfinite(v) else None)
+            for k, v in metrics.items()
+        }
         self._file.write(json.dumps({"step": step, **clean}) + "\n")
         if self._tb is not None:
             for name, value in clean.items():
@@ -38,9 +40,16 @@ class MetricsSink:
             self._tb.close()
 
 
-_SUMMED = ("async/dropped_stale", "async/duplicates", "async/late_samples", "async/rejected",
-           "async/retried",
-           "async/staleness_hist/", "filter/dropped_", "redis/")  # redis/: counted on rank 0
+_SUMMED = (
+    "async/dropped_stale",
+    "async/duplicates",
+    "async/late_samples",
+    "async/rejected",
+    "async/retried",
+    "async/staleness_hist/",
+    "filter/dropped_",
+    "redis/",
+)  # redis/: counted on rank 0
 
 
 def merge_rank_metrics(parts: list[tuple[dict[str, float], int]]) -> dict[str, float]:

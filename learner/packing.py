@@ -40,9 +40,14 @@ def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> Packed:
         src.append(torch.arange(offset, offset + n - 1))
         blocks.append(torch.tril(torch.ones(n, n, dtype=torch.bool)))
         offset += n
-    return Packed(input_ids=torch.cat(ids)[None], position_ids=torch.cat(pos)[None],
-                  attention_mask=torch.block_diag(*blocks)[None, None],
-                  rows=torch.cat(rows), cols=torch.cat(cols), src=torch.cat(src))
+    return Packed(
+        input_ids=torch.cat(ids)[None],
+        position_ids=torch.cat(pos)[None],
+        attention_mask=torch.block_diag(*blocks)[None, None],
+        rows=torch.cat(rows),
+        cols=torch.cat(cols),
+        src=torch.cat(src),
+    )
 
 
 def unpack(x: torch.Tensor, p: Packed, shape: tuple[int, int]) -> torch.Tensor:
@@ -56,8 +61,9 @@ def forward_packed(model: torch.nn.Module, p: Packed) -> object:
     config = getattr(model, "config", None) or model.module.config
     if str(getattr(config, "_attn_implementation", "")).startswith("flash_attention"):
         return model(input_ids=p.input_ids, position_ids=p.position_ids)
-    return model(input_ids=p.input_ids, position_ids=p.position_ids,
-                 attention_mask=p.attention_mask)
+    return model(
+        input_ids=p.input_ids, position_ids=p.position_ids, attention_mask=p.attention_mask
+    )
 
 
 def budget_chunks(lengths: torch.Tensor, budget: int) -> list[torch.Tensor]:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from algos import (
+from rollflash.algos import (
     ADVANTAGE_ESTIMATORS,
     AdvantageConfig,
     AdvantageInputs,
@@ -30,13 +30,20 @@ from algos import (
     masked_whiten,
     normalize_rewards,
 )
-from broker.config import Config
-from broker.schema import Trajectory
-from learner.batch import MicroBatch, length_sorted_chunks, pad_groups, put, take, turn_inputs
-from learner.critic import Critic, build_critic
-from learner.packing import budget_chunks
-from learner.filters import group_scores, truncated
-from learner.reference import ReferencePolicy
+from rollflash.broker.config import Config
+from rollflash.broker.schema import Trajectory
+from rollflash.learner.batch import (
+    MicroBatch,
+    length_sorted_chunks,
+    pad_groups,
+    put,
+    take,
+    turn_inputs,
+)
+from rollflash.learner.critic import Critic, build_critic
+from rollflash.learner.filters import group_scores, truncated
+from rollflash.learner.packing import budget_chunks
+from rollflash.learner.reference import ReferencePolicy
 
 
 @dataclass
@@ -46,7 +53,9 @@ class AlgoModels:
     reference: ReferencePolicy | None = None  # frozen initial policy, when kl_coef > 0
     critic: Critic | None = None  # value model, when algo.critic
     critic_optimizer: torch.optim.Optimizer | None = None
-    reward_norm: RunningRewardNorm = field(default_factory=RunningRewardNorm)  # reward_norm: running
+    reward_norm: RunningRewardNorm = field(
+        default_factory=RunningRewardNorm
+    )  # reward_norm: running
 
 
 def build_algo_models(cfg: Config) -> AlgoModels:
@@ -66,7 +75,9 @@ class PreparedBatch:
 
 
 @torch.no_grad()
-def _model_inputs(full: MicroBatch, chunks: list[torch.Tensor], cfg: Config, models: AlgoModels) -> None:
+def _model_inputs(
+    full: MicroBatch, chunks: list[torch.Tensor], cfg: Config, models: AlgoModels
+) -> None:
     """Fill full.ref_logp and full.old_values ([B, L-1] float32), one micro-batch at a time."""
     if models.reference is not None:
         full.ref_logp = torch.zeros_like(full.behav_logp)
@@ -82,8 +93,13 @@ def _model_inputs(full: MicroBatch, chunks: list[torch.Tensor], cfg: Config, mod
             put(full.old_values, rows, models.critic(mb.input_ids, mb.attention_mask, packed))
 
 
-def _advantages(full: MicroBatch, scores: torch.Tensor, cfg: Config, models: AlgoModels,
-                groups: list[Trajectory]) -> dict[str, float]:
+def _advantages(
+    full: MicroBatch,
+    scores: torch.Tensor,
+    cfg: Config,
+    models: AlgoModels,
+    groups: list[Trajectory],
+) -> dict[str, float]:
     """Set full.advantages (and full.returns with a critic) from group-major scores [G, n]."""
     a = cfg.algo
     normed = normalize_rewards(scores, a.reward_norm, running=models.reward_norm)  # [G, n]
@@ -92,19 +108,27 @@ def _advantages(full: MicroBatch, scores: torch.Tensor, cfg: Config, models: Alg
         kl = kl_penalty(full.behav_logp, full.ref_logp, a.kl_estimator, mask=full.mask)
         metrics["kl/behav_ref_kl"] = float(masked_mean(kl, full.mask))
         if a.use_kl_in_reward:
-            token_rewards = kl_reward_penalty(full.behav_logp, full.ref_logp, full.mask, a.kl_coef,
-                                              a.kl_estimator)
-    inputs = AdvantageInputs(scores=normed.reshape(-1), mask=full.mask, group_size=scores.shape[1],
-                             values=full.old_values, token_rewards=token_rewards,
-                             turns=turn_inputs(groups, full.mask))
+            token_rewards = kl_reward_penalty(
+                full.behav_logp, full.ref_logp, full.mask, a.kl_coef, a.kl_estimator
+            )
+    inputs = AdvantageInputs(
+        scores=normed.reshape(-1),
+        mask=full.mask,
+        group_size=scores.shape[1],
+        values=full.old_values,
+        token_rewards=token_rewards,
+        turns=turn_inputs(groups, full.mask),
+    )
     out = ADVANTAGE_ESTIMATORS[a.adv_estimator](inputs, AdvantageConfig(gamma=a.gamma, lam=a.lam))
     adv = masked_whiten(out.advantages, full.mask) if a.whiten_advantages else out.advantages
     full.advantages = adv
     if models.critic is not None:
         full.returns = out.returns
-    return {**metrics,
-            "advantage/mean": float(masked_mean(adv, full.mask)),
-            "advantage/abs_mean": float(masked_mean(adv.abs(), full.mask))}
+    return {
+        **metrics,
+        "advantage/mean": float(masked_mean(adv, full.mask)),
+        "advantage/abs_mean": float(masked_mean(adv.abs(), full.mask)),
+    }
 
 
 def prepare_batch(groups: list[Trajectory], cfg: Config, models: AlgoModels) -> PreparedBatch:
@@ -113,12 +137,19 @@ def prepare_batch(groups: list[Trajectory], cfg: Config, models: AlgoModels) -> 
     scores = torch.stack([group_scores(g, cfg) for g in groups])  # [G, n]
     cut = torch.cat([truncated(g) for g in groups])  # [B] bool
     full = pad_groups(groups, keep=~cut if cfg.algo.overlong_filter else None)
-    chunks = budget_chunks(full.lengths, cfg.trainer.token_budget) if cfg.trainer.token_budget \
+    chunks = (
+        budget_chunks(full.lengths, cfg.trainer.token_budget)
+        if cfg.trainer.token_budget
         else length_sorted_chunks(full, cfg.trainer.micro_batch_size)
+    )
     _model_inputs(full, chunks, cfg, models)
     metrics = _advantages(full, scores, cfg, models, groups)
     raw = torch.tensor([s.reward for g in groups for s in g.samples])
-    metrics.update({"reward/score_mean": float(scores.mean()),
-                    "reward/shaping_mean": float(scores.reshape(-1).mean() - raw.mean()),
-                    "response/truncated_frac": float(cut.float().mean())})
+    metrics.update(
+        {
+            "reward/score_mean": float(scores.mean()),
+            "reward/shaping_mean": float(scores.reshape(-1).mean() - raw.mean()),
+            "response/truncated_frac": float(cut.float().mean()),
+        }
+    )
     return PreparedBatch([take(full, rows) for rows in chunks], metrics)

@@ -13,8 +13,8 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM
 
-from learner.batch import MicroBatch
-from learner.logprobs import token_logprobs
+from rollflash.learner.batch import MicroBatch
+from rollflash.learner.logprobs import token_logprobs
 
 
 class ReferencePolicy:
@@ -23,13 +23,14 @@ class ReferencePolicy:
         self.model.requires_grad_(False)
 
     @classmethod
-    def load(cls, path: str | Path, dtype: str) -> "ReferencePolicy":
+    def load(cls, path: str | Path, dtype: str) -> ReferencePolicy:
         """dtype: "float32" or "bfloat16", as `model.dtype`."""
         return cls(AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)))
 
     @torch.no_grad()
     def logprobs(self, mb: MicroBatch, temperature: float, packed: bool = False) -> torch.Tensor:
         """[b, L-1] float32 log pi_ref of each next token, aligned like `mb.mask`."""
-        logp, _ = token_logprobs(self.model, mb.input_ids, mb.attention_mask, temperature,
-                                 packed=packed)
+        logp, _ = token_logprobs(
+            self.model, mb.input_ids, mb.attention_mask, temperature, packed=packed
+        )
         return logp

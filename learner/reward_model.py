@@ -12,7 +12,7 @@ InstructGPT's recipe (their reward model starts from the SFT model); the head st
 Inputs are `broker.rm_input.reward_model_input_ids`: prompt + response + EOS, the same ids the
 generators score (generators/reward_model.py).
 
-Ranks: run under `torchrun --nproc-per-node N -m rollctl.cli train-rm ...` and every rank takes
+Ranks: run under `torchrun --nproc-per-node N -m rollflash.rollctl.cli train-rm ...` and every rank takes
 every N-th pair of each global batch of `rm.train_batch_size` pairs, gradients are averaged by
 DistributedDataParallel (gloo on CPU, nccl on GPU), held-out counts are summed over ranks, and rank 0
 saves. Without torchrun it is one process.
@@ -35,10 +35,10 @@ from typing import Any
 
 import torch
 
-from algos import bradley_terry_loss
-from broker.config import Config
-from broker.process import setup_process
-from broker.rm_input import reward_model_input_ids
+from rollflash.algos import bradley_terry_loss
+from rollflash.broker.config import Config
+from rollflash.broker.process import setup_process
+from rollflash.broker.rm_input import reward_model_input_ids
 
 log = logging.getLogger(__name__)
 
@@ -64,14 +64,17 @@ def parse_pair(line: str, where: str) -> PreferencePair:
     except json.JSONDecodeError as e:
         raise PreferenceFileError(f"{where}: not valid JSON ({e.msg})") from None
     if not isinstance(row, dict):
-        raise PreferenceFileError(f"{where}: expected a JSON object with fields "
-                                  f"{', '.join(FIELDS)}, got {type(row).__name__}")
+        raise PreferenceFileError(
+            f"{where}: expected a JSON object with fields "
+            f"{', '.join(FIELDS)}, got {type(row).__name__}"
+        )
     for key in FIELDS:
         if key not in row:
             raise PreferenceFileError(f"{where}: missing field {key!r} (needs {', '.join(FIELDS)})")
         if not isinstance(row[key], str):
-            raise PreferenceFileError(f"{where}: field {key!r} must be a string, "
-                                      f"got {type(row[key]).__name__}")
+            raise PreferenceFileError(
+                f"{where}: field {key!r} must be a string, got {type(row[key]).__name__}"
+            )
     for key in ("chosen", "rejected"):
         if not row[key].strip():
             raise PreferenceFileError(f"{where}: field {key!r} is empty")
@@ -85,8 +88,9 @@ def load_preferences(path: str | Path) -> list[PreferencePair]:
     PreferenceFileError naming `path:line`."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"rm.dataset: no preference file at {path} "
-                                "(make one with scripts/make_preferences.py)")
+        raise FileNotFoundError(
+            f"rm.dataset: no preference file at {path} (make one with scripts/make_preferences.py)"
+        )
     pairs = []
     with open(path, encoding="utf-8") as f:
         for number, line in enumerate(f, start=1):
@@ -97,12 +101,15 @@ def load_preferences(path: str | Path) -> list[PreferencePair]:
     return pairs
 
 
-def split_pairs(pairs: list[PreferencePair], eval_split: float
-                ) -> tuple[list[PreferencePair], list[PreferencePair]]:
+def split_pairs(
+    pairs: list[PreferencePair], eval_split: float
+) -> tuple[list[PreferencePair], list[PreferencePair]]:
     """(train, held-out): the last ceil(eval_split * len) pairs are held out (at least one, and at
     least one pair is left to train on)."""
     if len(pairs) < 2:
-        raise PreferenceFileError(f"need at least 2 preference pairs to hold some out, got {len(pairs)}")
+        raise PreferenceFileError(
+            f"need at least 2 preference pairs to hold some out, got {len(pairs)}"
+        )
     held = min(max(1, math.ceil(eval_split * len(pairs))), len(pairs) - 1)
     return pairs[:-held], pairs[-held:]
 
@@ -118,8 +125,9 @@ def load_reward_model(path: str | Path, dtype: str = "float32"):
     tokenizer = AutoTokenizer.from_pretrained(path)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
-    model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1,
-                                                               dtype=_DTYPES[dtype])
+    model = AutoModelForSequenceClassification.from_pretrained(
+        path, num_labels=1, dtype=_DTYPES[dtype]
+    )
     model.config.pad_token_id = tokenizer.pad_token_id
     return model, tokenizer
 
@@ -127,32 +135,37 @@ def load_reward_model(path: str | Path, dtype: str = "float32"):
 def indistinguishable(tokenizer: Any, pairs: list[PreferencePair], max_len: int) -> int:
     """Pairs whose two inputs are the same token ids (a tokenizer that drops whitespace, or a
     cut at max_len): no reward model can rank them, they count as wrong in the accuracy."""
-    return sum(reward_model_input_ids(tokenizer, p.prompt, p.chosen, max_len)
-               == reward_model_input_ids(tokenizer, p.prompt, p.rejected, max_len) for p in pairs)
+    return sum(
+        reward_model_input_ids(tokenizer, p.prompt, p.chosen, max_len)
+        == reward_model_input_ids(tokenizer, p.prompt, p.rejected, max_len)
+        for p in pairs
+    )
 
 
-def encode_texts(tokenizer: Any, prompts: list[str], responses: list[str], max_len: int
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
+def encode_texts(
+    tokenizer: Any, prompts: list[str], responses: list[str], max_len: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Right-padded input_ids [N, L] int64 and attention_mask [N, L] int64 of prompt + response + EOS."""
     rows = [reward_model_input_ids(tokenizer, p, r, max_len) for p, r in zip(prompts, responses)]
     width = max(len(r) for r in rows)
     ids = torch.full((len(rows), width), tokenizer.pad_token_id, dtype=torch.long)
     mask = torch.zeros((len(rows), width), dtype=torch.long)
     for i, row in enumerate(rows):
-        ids[i, :len(row)] = torch.tensor(row)
-        mask[i, :len(row)] = 1
+        ids[i, : len(row)] = torch.tensor(row)
+        mask[i, : len(row)] = 1
     return ids, mask
 
 
-def pair_scores(model: torch.nn.Module, tokenizer: Any, pairs: list[PreferencePair], max_len: int
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+def pair_scores(
+    model: torch.nn.Module, tokenizer: Any, pairs: list[PreferencePair], max_len: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(chosen [P], rejected [P]) float32 rewards of P pairs, from one forward pass over 2P rows."""
     prompts = [p.prompt for p in pairs] * 2
     responses = [p.chosen for p in pairs] + [p.rejected for p in pairs]
     ids, mask = encode_texts(tokenizer, prompts, responses, max_len)
     device = next(model.parameters()).device
     scores = model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits[:, 0].float()
-    return scores[:len(pairs)], scores[len(pairs):]
+    return scores[: len(pairs)], scores[len(pairs) :]
 
 
 @dataclass(frozen=True)
@@ -163,23 +176,34 @@ class Ranks:
     world: int = 1
 
     @classmethod
-    def from_env(cls) -> "Ranks":
+    def from_env(cls) -> Ranks:
         return cls(int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)))
 
 
 @torch.no_grad()
-def pairwise_accuracy(model: torch.nn.Module, tokenizer: Any, pairs: list[PreferencePair],
-                      max_len: int, ranks: Ranks = Ranks(), batch: int = 128) -> dict[str, float]:
+def pairwise_accuracy(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    pairs: list[PreferencePair],
+    max_len: int,
+    ranks: Ranks = Ranks(),
+    batch: int = 128,
+) -> dict[str, float]:
     """Share of held-out pairs with r(chosen) > r(rejected) (ties count wrong) and the mean margin,
     summed over ranks (each scores every world-th pair)."""
     model.eval()
-    mine = pairs[ranks.rank::ranks.world]
+    mine = pairs[ranks.rank :: ranks.world]
     totals = torch.zeros(3, dtype=torch.float64)  # correct, margin sum, count
     for start in range(0, len(mine), batch):
-        chosen, rejected = pair_scores(model, tokenizer, mine[start:start + batch], max_len)
+        chosen, rejected = pair_scores(model, tokenizer, mine[start : start + batch], max_len)
         margin = (chosen - rejected).double().cpu()
-        totals += torch.stack([(margin > 0).double().sum(), margin.sum(),
-                               torch.tensor(float(margin.numel()), dtype=torch.float64)])
+        totals += torch.stack(
+            [
+                (margin > 0).double().sum(),
+                margin.sum(),
+                torch.tensor(float(margin.numel()), dtype=torch.float64),
+            ]
+        )
     if ranks.world > 1:
         torch.distributed.all_reduce(totals)
     correct, margin_sum, count = totals.tolist()
@@ -209,15 +233,20 @@ def lr_multiplier(step: int, total: int) -> float:
     return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
 
 
-def _train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, tokenizer: Any,
-                batch: list[PreferencePair], cfg: Config) -> dict[str, float]:
+def _train_step(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    tokenizer: Any,
+    batch: list[PreferencePair],
+    cfg: Config,
+) -> dict[str, float]:
     """One optimiser step on this rank's share of a global batch (micro-batched, mean loss)."""
     rm = cfg.rm
     model.train()
     optimizer.zero_grad(set_to_none=True)
     sums: dict[str, float] = {}
     for start in range(0, len(batch), rm.micro_train_batch_size):
-        micro = batch[start:start + rm.micro_train_batch_size]
+        micro = batch[start : start + rm.micro_train_batch_size]
         chosen, rejected = pair_scores(model, tokenizer, micro, rm.max_len)
         out = bradley_terry_loss(chosen, rejected)
         share = len(micro) / len(batch)
@@ -238,8 +267,10 @@ def _batches(train: list[PreferencePair], cfg: Config, ranks: Ranks):
     rm, rng = cfg.rm, random.Random(cfg.run.seed)
     per_epoch = len(train) // rm.train_batch_size
     if per_epoch == 0:
-        raise PreferenceFileError(f"rm.train_batch_size: {rm.train_batch_size} pairs per step but "
-                                  f"only {len(train)} training pairs")
+        raise PreferenceFileError(
+            f"rm.train_batch_size: {rm.train_batch_size} pairs per step but "
+            f"only {len(train)} training pairs"
+        )
     total = rm.max_steps or per_epoch * rm.max_epochs
     step = 0
     while step < total:
@@ -249,55 +280,80 @@ def _batches(train: list[PreferencePair], cfg: Config, ranks: Ranks):
             if step == total:
                 return
             step += 1
-            batch = order[i * rm.train_batch_size:(i + 1) * rm.train_batch_size]
-            yield step, total, batch[ranks.rank::ranks.world]
+            batch = order[i * rm.train_batch_size : (i + 1) * rm.train_batch_size]
+            yield step, total, batch[ranks.rank :: ranks.world]
 
 
 def train_reward_model(cfg: Config, ranks: Ranks | None = None) -> dict[str, Any]:
     """Train, evaluate and save the reward model described by `cfg.rm`; returns the summary (also
     written to {run_dir}/summary.json and {save_path}/reward_model.json on rank 0)."""
-    from learner.metrics import MetricsSink
+    from rollflash.learner.metrics import MetricsSink
 
     rm, ranks = cfg.rm, ranks or Ranks.from_env()
     if rm.train_batch_size % ranks.world:
-        raise ValueError(f"rm.train_batch_size: {rm.train_batch_size} does not split over "
-                         f"{ranks.world} ranks")
+        raise ValueError(
+            f"rm.train_batch_size: {rm.train_batch_size} does not split over {ranks.world} ranks"
+        )
     started = time.monotonic()
     pairs = load_preferences(rm.dataset)
-    train, held = (pairs, load_preferences(rm.eval_dataset)) if rm.eval_dataset \
+    train, held = (
+        (pairs, load_preferences(rm.eval_dataset))
+        if rm.eval_dataset
         else split_pairs(pairs, rm.eval_split)
+    )
     model, tokenizer = load_reward_model(rm.pretrain or cfg.model.path, cfg.model.dtype)
     same = indistinguishable(tokenizer, train + held, rm.max_len)
     if same:
-        log.warning("%d of %d preference pairs are the same token ids for both responses (the "
-                    "tokenizer drops a difference, or rm.max_len cuts it off)", same,
-                    len(train) + len(held))
+        log.warning(
+            "%d of %d preference pairs are the same token ids for both responses (the "
+            "tokenizer drops a difference, or rm.max_len cuts it off)",
+            same,
+            len(train) + len(held),
+        )
     model = _setup_distributed(ranks, model)
     inner = model.module if hasattr(model, "module") else model
-    optimizer = torch.optim.AdamW(model.parameters(), lr=rm.learning_rate,
-                                  weight_decay=rm.weight_decay)
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=rm.learning_rate, weight_decay=rm.weight_decay
+    )
     sink = MetricsSink(cfg.run.run_dir, tensorboard=False) if ranks.rank == 0 else None
     before = pairwise_accuracy(inner, tokenizer, held, rm.max_len, ranks)
-    log.info("held-out pairwise accuracy before training: %.3f (%d pairs; %d to train on)",
-             before["acc"], len(held), len(train))
+    log.info(
+        "held-out pairwise accuracy before training: %.3f (%d pairs; %d to train on)",
+        before["acc"],
+        len(held),
+        len(train),
+    )
     for step, total, batch in _batches(train, cfg, ranks):
         for group in optimizer.param_groups:
             group["lr"] = rm.learning_rate * lr_multiplier(step, total)
         metrics = _train_step(model, optimizer, tokenizer, batch, cfg)
         if rm.eval_every and step % rm.eval_every == 0 and step < total:
-            metrics["eval/pairwise_acc"] = pairwise_accuracy(inner, tokenizer, held, rm.max_len,
-                                                             ranks)["acc"]
+            metrics["eval/pairwise_acc"] = pairwise_accuracy(
+                inner, tokenizer, held, rm.max_len, ranks
+            )["acc"]
         if sink is not None:
             sink.log(step, metrics)
         if step % 50 == 0 or step == total:
-            log.info("rm step %d/%d loss %.4f acc %.3f", step, total, metrics["rm/loss"],
-                     metrics["rm/acc"])
+            log.info(
+                "rm step %d/%d loss %.4f acc %.3f",
+                step,
+                total,
+                metrics["rm/loss"],
+                metrics["rm/acc"],
+            )
     after = pairwise_accuracy(inner, tokenizer, held, rm.max_len, ranks)
-    summary = {"train_pairs": len(train), "eval_pairs": len(held), "steps": total,
-               "eval_pairwise_acc_before": round(before["acc"], 4),
-               "eval_pairwise_acc": round(after["acc"], 4), "eval_margin": round(after["margin"], 4),
-               "indistinguishable_pairs": same, "world_size": ranks.world, "wall_s": round(time.monotonic() - started, 1),
-               "save_path": rm.save_path}
+    summary = {
+        "train_pairs": len(train),
+        "eval_pairs": len(held),
+        "steps": total,
+        "eval_pairwise_acc_before": round(before["acc"], 4),
+        "eval_pairwise_acc": round(after["acc"], 4),
+        "eval_margin": round(after["margin"], 4),
+        "indistinguishable_pairs": same,
+        "world_size": ranks.world,
+        "wall_s": round(time.monotonic() - started, 1),
+        "save_path": rm.save_path,
+    }
     if ranks.rank == 0:
         _save(inner, tokenizer, cfg, summary)
         sink.log(total, {"eval/pairwise_acc": after["acc"], "eval/margin": after["margin"]})
@@ -310,8 +366,12 @@ def _save(model: torch.nn.Module, tokenizer: Any, cfg: Config, summary: dict[str
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
-    info = {**summary, "input": "prompt + response + EOS (broker/rm_input.py)",
-            "dataset": cfg.rm.dataset, "pretrain": cfg.rm.pretrain or cfg.model.path}
+    info = {
+        **summary,
+        "input": "prompt + response + EOS (broker/rm_input.py)",
+        "dataset": cfg.rm.dataset,
+        "pretrain": cfg.rm.pretrain or cfg.model.path,
+    }
     (out / "reward_model.json").write_text(json.dumps(info, indent=1) + "\n")
     run_dir = Path(cfg.run.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import torch
 
-from broker.config import SimConfig
+from rollflash.broker.config import SimConfig
 
 
 class SimulatedPolicy(torch.nn.Module):

@@ -20,26 +20,33 @@ With several ranks (learner/dist.py) the shares are of the step's total over all
 rank's loss is multiplied by the world size because DDP and FSDP average gradients: the summed
 gradient is then exactly the one-rank gradient of the whole batch. Gradients are synchronised once
 per step, on a rank's last micro-batch; a rank with less data runs zero-weighted passes so that it
-still takes part in the collectives. Batch-level statistics (`reward_norm: batch`, `whiten_advantages`) are computed
-over each rank's own groups; group-level estimators (GRPO, RLOO, ...) are unaffected.
-"""
+still takes part in the collectives. Batch-level statistics (`reward_norm: batch`,
+`whiten_advantages`) are computed over each rank's own groups; group-level estimators (GRPO, RLOO,
+...) are unaffected."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import nullcontext
-from typing import Callable
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from algos import POLICY_LOSSES, PolicyLossConfig, PolicyLossInputs, entropy_bonus, kl_loss, value_loss
-from broker.config import Config
-from broker.schema import Trajectory
-from learner.batch import MicroBatch
-from learner.dist import Dist, is_sharded
-from learner.filters import filter_groups
-from learner.logprobs import token_logprobs
-from learner.prepare import AlgoModels, prepare_batch
+from rollflash.algos import (
+    POLICY_LOSSES,
+    PolicyLossConfig,
+    PolicyLossInputs,
+    entropy_bonus,
+    kl_loss,
+    value_loss,
+)
+from rollflash.broker.config import Config
+from rollflash.broker.schema import Trajectory
+from rollflash.learner.batch import MicroBatch
+from rollflash.learner.dist import Dist, is_sharded
+from rollflash.learner.filters import filter_groups
+from rollflash.learner.logprobs import token_logprobs
+from rollflash.learner.prepare import AlgoModels, prepare_batch
 
 
 def norm_len(cfg: Config) -> float:
@@ -49,9 +56,17 @@ def norm_len(cfg: Config) -> float:
 
 def loss_config(cfg: Config) -> PolicyLossConfig:
     a = cfg.algo
-    return PolicyLossConfig(clip_low=a.clip_low, clip_high=a.clip_high, dual_clip_c=a.dual_clip_c,
-                            tis_cap=a.tis_cap, agg_mode=a.loss_agg_mode, is_mode=a.is_mode,
-                            is_level=a.is_level, is_low=a.is_low, norm_len=norm_len(cfg))
+    return PolicyLossConfig(
+        clip_low=a.clip_low,
+        clip_high=a.clip_high,
+        dual_clip_c=a.dual_clip_c,
+        tis_cap=a.tis_cap,
+        agg_mode=a.loss_agg_mode,
+        is_mode=a.is_mode,
+        is_level=a.is_level,
+        is_low=a.is_low,
+        norm_len=norm_len(cfg),
+    )
 
 
 class _MetricMeans:
@@ -85,9 +100,14 @@ def loss_shares(batch: list[MicroBatch], agg_mode: str, dist: Dist = Dist()) -> 
     return [s / total for s in sizes]
 
 
-def _backward(model: torch.nn.Module, batch: list[MicroBatch], shares: list[float], dist: Dist,
-              loss_fn: Callable[[MicroBatch], tuple[torch.Tensor, dict]],
-              dummy_loss: Callable[[], torch.Tensor]) -> _MetricMeans:
+def _backward(
+    model: torch.nn.Module,
+    batch: list[MicroBatch],
+    shares: list[float],
+    dist: Dist,
+    loss_fn: Callable[[MicroBatch], tuple[torch.Tensor, dict]],
+    dummy_loss: Callable[[], torch.Tensor],
+) -> _MetricMeans:
     """Backward every micro-batch's share-weighted loss, synchronising gradients on the last pass
     only. DDP communicates only in that pass, so a rank without data runs one zero-weighted pass;
     FSDP gathers parameters in every pass, so all ranks run as many passes as the busiest one."""
@@ -112,34 +132,59 @@ def _dummy_input() -> tuple[torch.Tensor, torch.Tensor]:
     return torch.zeros(1, 2, dtype=torch.long), torch.ones(1, 2, dtype=torch.long)
 
 
-def mismatch_metrics(logp: torch.Tensor, behav: torch.Tensor, mask: torch.Tensor
-                     ) -> dict[str, torch.Tensor]:
+def mismatch_metrics(
+    logp: torch.Tensor, behav: torch.Tensor, mask: torch.Tensor
+) -> dict[str, torch.Tensor]:
     """Train-inference mismatch between the learner's and the generator's log-probabilities."""
     d = (logp.detach() - behav)[mask]
     if d.numel() == 0:
         zero = torch.zeros(())
         return {"mismatch/abs_dlogp_mean": zero, "mismatch/kl": zero, "mismatch/ratio_max": zero}
-    return {"mismatch/abs_dlogp_mean": d.abs().mean(),
-            "mismatch/kl": (torch.exp(-d) - 1 + d).mean(),  # k3 estimate of KL(behaviour || learner)
-            "mismatch/ratio_max": torch.exp(d).max()}
+    return {
+        "mismatch/abs_dlogp_mean": d.abs().mean(),
+        "mismatch/kl": (torch.exp(-d) - 1 + d).mean(),  # k3 estimate of KL(behaviour || learner)
+        "mismatch/ratio_max": torch.exp(d).max(),
+    }
 
 
-def policy_loss(model: torch.nn.Module, mb: MicroBatch, cfg: Config
-                ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def policy_loss(
+    model: torch.nn.Module, mb: MicroBatch, cfg: Config
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The micro-batch's total policy loss (differentiable) and its metrics, `loss/*` included."""
     a = cfg.algo
-    logp, entropy = token_logprobs(model, mb.input_ids, mb.attention_mask, cfg.rollout.temperature,
-                                   with_entropy=a.entropy_coef > 0,
-                                   packed=cfg.trainer.token_budget > 0)
+    logp, entropy = token_logprobs(
+        model,
+        mb.input_ids,
+        mb.attention_mask,
+        cfg.rollout.temperature,
+        with_entropy=a.entropy_coef > 0,
+        packed=cfg.trainer.token_budget > 0,
+    )
     out = POLICY_LOSSES[a.policy_loss](
-        PolicyLossInputs(logp=logp, prox_logp=logp.detach(), behav_logp=mb.behav_logp,
-                         advantages=mb.advantages, mask=mb.mask), loss_config(cfg))
+        PolicyLossInputs(
+            logp=logp,
+            prox_logp=logp.detach(),
+            behav_logp=mb.behav_logp,
+            advantages=mb.advantages,
+            mask=mb.mask,
+        ),
+        loss_config(cfg),
+    )
     total = out.loss
-    metrics = {**out.metrics, **mismatch_metrics(logp, mb.behav_logp, mb.mask),
-               "loss/policy": out.loss.detach()}
+    metrics = {
+        **out.metrics,
+        **mismatch_metrics(logp, mb.behav_logp, mb.mask),
+        "loss/policy": out.loss.detach(),
+    }
     if mb.ref_logp is not None and not a.use_kl_in_reward:
-        kl = kl_loss(logp, mb.ref_logp, mb.mask, a.kl_estimator, agg_mode=a.loss_agg_mode,
-                     norm_len=norm_len(cfg))
+        kl = kl_loss(
+            logp,
+            mb.ref_logp,
+            mb.mask,
+            a.kl_estimator,
+            agg_mode=a.loss_agg_mode,
+            norm_len=norm_len(cfg),
+        )
         total = total + a.kl_coef * kl.loss
         metrics.update(kl.metrics)
         metrics["loss/kl"] = kl.loss.detach()
@@ -154,46 +199,76 @@ def policy_loss(model: torch.nn.Module, mb: MicroBatch, cfg: Config
 
 def _clip_and_step(params, optimizer: torch.optim.Optimizer, max_grad_norm: float) -> float:
     params = list(params)
-    grad_norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm if max_grad_norm > 0 else float("inf"))
+    grad_norm = torch.nn.utils.clip_grad_norm_(
+        params, max_grad_norm if max_grad_norm > 0 else float("inf")
+    )
     optimizer.step()
     if hasattr(grad_norm, "full_tensor"):  # FSDP: a DTensor (the norm over all shards)
         grad_norm = grad_norm.full_tensor()
     return float(grad_norm)
 
 
-def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: list[MicroBatch],
-                  cfg: Config, dist: Dist = Dist()) -> dict[str, float]:
+def policy_update(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    batch: list[MicroBatch],
+    cfg: Config,
+    dist: Dist = Dist(),
+) -> dict[str, float]:
     model.train()
     optimizer.zero_grad(set_to_none=True)
-    means = _backward(model, batch, loss_shares(batch, cfg.algo.loss_agg_mode, dist), dist,
-                      lambda mb: policy_loss(model, mb, cfg),
-                      lambda: model(*_dummy_input()).logits.sum())
+    means = _backward(
+        model,
+        batch,
+        loss_shares(batch, cfg.algo.loss_agg_mode, dist),
+        dist,
+        lambda mb: policy_loss(model, mb, cfg),
+        lambda: model(*_dummy_input()).logits.sum(),
+    )
     grad_norm = _clip_and_step(model.parameters(), optimizer, cfg.trainer.max_grad_norm)
     return {**means.values, "optim/grad_norm": grad_norm}
 
 
-def critic_update(models: AlgoModels, batch: list[MicroBatch], cfg: Config,
-                  dist: Dist = Dist()) -> dict[str, float]:
+def critic_update(
+    models: AlgoModels, batch: list[MicroBatch], cfg: Config, dist: Dist = Dist()
+) -> dict[str, float]:
     """One AdamW step of the critic on the clipped value loss against the GAE returns."""
     critic, optimizer, a = models.critic, models.critic_optimizer, cfg.algo
     critic.train()
     optimizer.zero_grad(set_to_none=True)
 
     def loss_fn(mb: MicroBatch) -> tuple[torch.Tensor, dict]:
-        out = value_loss(critic(mb.input_ids, mb.attention_mask, cfg.trainer.token_budget > 0),
-                         mb.old_values, mb.returns,
-                         mb.mask, a.clip_range_value, agg_mode=a.loss_agg_mode,
-                         norm_len=norm_len(cfg))
+        out = value_loss(
+            critic(mb.input_ids, mb.attention_mask, cfg.trainer.token_budget > 0),
+            mb.old_values,
+            mb.returns,
+            mb.mask,
+            a.clip_range_value,
+            agg_mode=a.loss_agg_mode,
+            norm_len=norm_len(cfg),
+        )
         return out.loss, {**out.metrics, "loss/value": out.loss.detach()}
 
-    means = _backward(critic, batch, loss_shares(batch, a.loss_agg_mode, dist), dist, loss_fn,
-                      lambda: critic(*_dummy_input()).sum())
+    means = _backward(
+        critic,
+        batch,
+        loss_shares(batch, a.loss_agg_mode, dist),
+        dist,
+        loss_fn,
+        lambda: critic(*_dummy_input()).sum(),
+    )
     grad_norm = _clip_and_step(critic.parameters(), optimizer, cfg.trainer.max_grad_norm)
     return {**means.values, "critic/grad_norm": grad_norm}
 
 
-def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, groups: list[Trajectory],
-               cfg: Config, models: AlgoModels, dist: Dist = Dist()) -> dict[str, float]:
+def train_step(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    groups: list[Trajectory],
+    cfg: Config,
+    models: AlgoModels,
+    dist: Dist = Dist(),
+) -> dict[str, float]:
     """Update the policy (and critic) on this rank's share of the step's groups; returns the
     rank's flat metrics.
 

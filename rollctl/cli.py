@@ -9,18 +9,23 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import List, Optional
 
 import typer
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-                  help="Asynchronous RL post-training: learner, generators, Redis streams.")
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="Asynchronous RL post-training: learner, generators, Redis streams.",
+)
 
 ConfigOpt = typer.Option(None, "--config", "-c", help="Run config YAML (see configs/).")
-SetOpt = typer.Option(None, "--set", help="Override a config key, e.g. --set algo.clip_high=0.28 "
-                                          "(repeatable).")
-RedisOpt = typer.Option(None, "--redis-url", help="Redis URL (redis://, rediss://, unix://); "
-                                                  "overrides redis.url.")
+SetOpt = typer.Option(
+    None, "--set", help="Override a config key, e.g. --set algo.clip_high=0.28 (repeatable)."
+)
+RedisOpt = typer.Option(
+    None, "--redis-url", help="Redis URL (redis://, rediss://, unix://); overrides redis.url."
+)
 
 
 def _fail(message: str) -> None:
@@ -28,8 +33,8 @@ def _fail(message: str) -> None:
     raise typer.Exit(2)
 
 
-def _load(config: Optional[Path], overrides: Optional[List[str]], redis_url: Optional[str]):
-    from broker.config import ConfigError, load_config
+def _load(config: Path | None, overrides: list[str] | None, redis_url: str | None):
+    from rollflash.broker.config import ConfigError, load_config
 
     sets = list(overrides or [])
     if redis_url:
@@ -41,13 +46,21 @@ def _load(config: Optional[Path], overrides: Optional[List[str]], redis_url: Opt
 
 
 def _expected_errors() -> tuple[type[BaseException], ...]:
-    from broker.connection import BrokerUnavailable
-    from broker.redis_server import RedisServerError
-    from broker.streams import RunMismatch
-    from broker.weights import CorruptWeights
+    from rollflash.broker.connection import BrokerUnavailable
+    from rollflash.broker.redis_server import RedisServerError
+    from rollflash.broker.streams import RunMismatch
+    from rollflash.broker.weights import CorruptWeights
 
-    return (BrokerUnavailable, RunMismatch, RedisServerError, CorruptWeights, FileNotFoundError,
-            FileExistsError, TimeoutError, ValueError)
+    return (
+        BrokerUnavailable,
+        RunMismatch,
+        RedisServerError,
+        CorruptWeights,
+        FileNotFoundError,
+        FileExistsError,
+        TimeoutError,
+        ValueError,
+    )
 
 
 def _guarded(fn, *args):
@@ -57,30 +70,40 @@ def _guarded(fn, *args):
         _fail(str(e).splitlines()[0] if str(e) else e.__class__.__name__)
     except KeyboardInterrupt:
         typer.echo("rollctl: interrupted", err=True)
-        raise typer.Exit(130)
+        raise typer.Exit(130) from None
 
 
 def _need_redis(cfg) -> None:
     if not cfg.redis.url:
-        _fail("redis.url: not set; pass --redis-url or set it in the config "
-              "(only `rollctl run` starts its own Redis)")
+        _fail(
+            "redis.url: not set; pass --redis-url or set it in the config "
+            "(only `rollctl run` starts its own Redis)"
+        )
 
 
 @app.command("start-learner")
-def start_learner(config: Optional[Path] = ConfigOpt, set_: Optional[List[str]] = SetOpt,
-                  redis_url: Optional[str] = RedisOpt,
-                  nproc: Optional[int] = typer.Option(None, "--nproc", min=1,
-                                                      help="Learner ranks on this node (torchrun "
-                                                           "underneath; default "
-                                                           "trainer.num_trainer_workers)."),
-                  nnodes: int = typer.Option(1, "--nnodes", min=1, help="Nodes (torchrun)."),
-                  rdzv_endpoint: Optional[str] = typer.Option(
-                      None, "--rdzv-endpoint", help="HOST:PORT of the rendezvous, for "
-                                                    "--nnodes > 1 (torchrun)."),
-                  resume: Optional[bool] = typer.Option(
-                      None, "--resume/--no-resume", help="Resume from the run's latest "
-                                                         "checkpoint (default: when one exists).")
-                  ) -> None:
+def start_learner(
+    config: Path | None = ConfigOpt,
+    set_: list[str] | None = SetOpt,
+    redis_url: str | None = RedisOpt,
+    nproc: int | None = typer.Option(
+        None,
+        "--nproc",
+        min=1,
+        help="Learner ranks on this node (torchrun "
+        "underneath; default "
+        "trainer.num_trainer_workers).",
+    ),
+    nnodes: int = typer.Option(1, "--nnodes", min=1, help="Nodes (torchrun)."),
+    rdzv_endpoint: str | None = typer.Option(
+        None, "--rdzv-endpoint", help="HOST:PORT of the rendezvous, for --nnodes > 1 (torchrun)."
+    ),
+    resume: bool | None = typer.Option(
+        None,
+        "--resume/--no-resume",
+        help="Resume from the run's latest checkpoint (default: when one exists).",
+    ),
+) -> None:
     """Run the learner: train, publish weights, checkpoint, write metrics and summary.json."""
     import os
 
@@ -88,101 +111,121 @@ def start_learner(config: Optional[Path] = ConfigOpt, set_: Optional[List[str]] 
     _need_redis(cfg)
     ranks = nproc or cfg.trainer.num_trainer_workers
     if (ranks > 1 or nnodes > 1) and "LOCAL_RANK" not in os.environ:
-        from learner.launch import torchrun_argv
+        from rollflash.learner.launch import torchrun_argv
 
         argv = torchrun_argv(ranks, nnodes, rdzv_endpoint, sys.argv[1:])
         os.execv(argv[0], argv)  # torchrun starts the ranks, each running this command again
-    import learner
+    from rollflash import learner
 
     _guarded(learner.run, cfg, resume)
 
 
 @app.command("start-generator")
-def start_generator(config: Optional[Path] = ConfigOpt, set_: Optional[List[str]] = SetOpt,
-                    redis_url: Optional[str] = RedisOpt,
-                    engine: Optional[str] = typer.Option(None, help="hf | vllm | sim "
-                                                                    "(overrides rollout.engine)"),
-                    generator_id: Optional[str] = typer.Option(None, "--id",
-                                                               help="Stable generator name "
-                                                                    "(default: host-pid).")) -> None:
+def start_generator(
+    config: Path | None = ConfigOpt,
+    set_: list[str] | None = SetOpt,
+    redis_url: str | None = RedisOpt,
+    engine: str | None = typer.Option(None, help="hf | vllm | sim (overrides rollout.engine)"),
+    generator_id: str | None = typer.Option(
+        None, "--id", help="Stable generator name (default: host-pid)."
+    ),
+) -> None:
     """Run one generator: claim prompts, sample, score, stream trajectories."""
     import os
     import socket
 
-    cfg = _load(config, (set_ or []) + ([f"rollout.engine={engine}"] if engine else []),
-                redis_url)
+    cfg = _load(config, (set_ or []) + ([f"rollout.engine={engine}"] if engine else []), redis_url)
     _need_redis(cfg)
-    import generators
+    from rollflash import generators
 
     _guarded(generators.run, cfg, generator_id or f"{socket.gethostname()}-{os.getpid()}")
 
 
 @app.command("run")
-def run(config: Optional[Path] = ConfigOpt, set_: Optional[List[str]] = SetOpt,
-        redis_url: Optional[str] = RedisOpt,
-        generators: Optional[int] = typer.Option(None, "--generators", "-g",
-                                                 help="Generator processes (overrides "
-                                                      "rollout.num_rollout_workers)."),
-        engine: Optional[str] = typer.Option(None, help="hf | vllm | sim (overrides "
-                                                        "rollout.engine)")) -> None:
+def run(
+    config: Path | None = ConfigOpt,
+    set_: list[str] | None = SetOpt,
+    redis_url: str | None = RedisOpt,
+    generators: int | None = typer.Option(
+        None,
+        "--generators",
+        "-g",
+        help="Generator processes (overrides rollout.num_rollout_workers).",
+    ),
+    engine: str | None = typer.Option(None, help="hf | vllm | sim (overrides rollout.engine)"),
+) -> None:
     """Run everything on this machine: Redis (embedded unless --redis-url), learner, generators."""
-    cfg = _load(config, (set_ or [])
-                + ([f"rollout.num_rollout_workers={generators}"] if generators is not None else [])
-                + ([f"rollout.engine={engine}"] if engine else []), redis_url)
-    from rollctl.local import run_local
+    cfg = _load(
+        config,
+        (set_ or [])
+        + ([f"rollout.num_rollout_workers={generators}"] if generators is not None else [])
+        + ([f"rollout.engine={engine}"] if engine else []),
+        redis_url,
+    )
+    from rollflash.rollctl.local import run_local
 
     code = _guarded(run_local, cfg)
     raise typer.Exit(code)
 
 
 @app.command("status")
-def status(config: Optional[Path] = ConfigOpt, set_: Optional[List[str]] = SetOpt,
-           redis_url: Optional[str] = RedisOpt,
-           as_json: bool = typer.Option(False, "--json", help="Print one JSON object.")) -> None:
+def status(
+    config: Path | None = ConfigOpt,
+    set_: list[str] | None = SetOpt,
+    redis_url: str | None = RedisOpt,
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
     """Show queues, pending counts, the weight version and live generators."""
     cfg = _load(config, set_, redis_url)
     _need_redis(cfg)
-    from rollctl.status import show_status
+    from rollflash.rollctl.status import show_status
 
     _guarded(show_status, cfg, as_json)
 
 
 @app.command("export")
-def export(config: Optional[Path] = ConfigOpt, set_: Optional[List[str]] = SetOpt,
-           version: Optional[int] = typer.Option(None, help="Weight version (default: latest)."),
-           out: Path = typer.Option(..., "--out", help="Directory to write.")) -> None:
+def export(
+    config: Path | None = ConfigOpt,
+    set_: list[str] | None = SetOpt,
+    version: int | None = typer.Option(None, help="Weight version (default: latest)."),
+    out: Path = typer.Option(..., "--out", help="Directory to write."),
+) -> None:
     """Write a published weight version as a Hugging Face model directory."""
     cfg = _load(config, set_, None)
-    from learner.export import export_version
+    from rollflash.learner.export import export_version
 
     path = _guarded(export_version, cfg, version, out)
     typer.echo(f"exported to {path}")
 
 
 @app.command("train-rm")
-def train_rm(config: Optional[Path] = ConfigOpt, set_: Optional[List[str]] = SetOpt) -> None:
+def train_rm(config: Path | None = ConfigOpt, set_: list[str] | None = SetOpt) -> None:
     """Train a Bradley-Terry reward model on preference pairs (the `rm:` section); under
-    `torchrun --nproc-per-node N -m rollctl.cli train-rm ...` on N ranks."""
+    `torchrun --nproc-per-node N -m rollflash.rollctl.cli train-rm ...` on N ranks."""
     import json
 
     cfg = _load(config, set_, None)
-    from learner.reward_model import run as train
+    from rollflash.learner.reward_model import run as train
 
     summary = _guarded(train, cfg)
     typer.echo(json.dumps(summary))
 
 
 @app.command("acl")
-def acl(config: Optional[Path] = ConfigOpt, set_: Optional[List[str]] = SetOpt,
-        redis_url: Optional[str] = RedisOpt,
-        generator_password: Optional[str] = typer.Option(None, help="Default: random."),
-        learner_password: Optional[str] = typer.Option(None, help="Default: random."),
-        apply: bool = typer.Option(False, "--apply", help="Create the users on --redis-url "
-                                                          "(needs an admin connection).")) -> None:
+def acl(
+    config: Path | None = ConfigOpt,
+    set_: list[str] | None = SetOpt,
+    redis_url: str | None = RedisOpt,
+    generator_password: str | None = typer.Option(None, help="Default: random."),
+    learner_password: str | None = typer.Option(None, help="Default: random."),
+    apply: bool = typer.Option(
+        False, "--apply", help="Create the users on --redis-url (needs an admin connection)."
+    ),
+) -> None:
     """Print (or apply) least-privilege Redis ACL users for this run's generators and learner."""
     import secrets
 
-    from broker.acl import acl_commands, generator_acl, learner_acl
+    from rollflash.broker.acl import acl_commands, generator_acl, learner_acl
 
     cfg = _load(config, set_, redis_url)
     gpw = generator_password or secrets.token_urlsafe(18)
@@ -190,15 +233,17 @@ def acl(config: Optional[Path] = ConfigOpt, set_: Optional[List[str]] = SetOpt,
     run = cfg.run.run_id
     if apply:
         _need_redis(cfg)
-        from broker.connection import connect
+        from rollflash.broker.connection import connect
 
         r = _guarded(connect, cfg.redis.url, cfg.redis.connect_timeout_s)
         r.execute_command("ACL", "SETUSER", f"rl-{run}-generator", *generator_acl(run, gpw))
         r.execute_command("ACL", "SETUSER", f"rl-{run}-learner", *learner_acl(run, lpw))
     for line in acl_commands(run, gpw, lpw):
         typer.echo(line)
-    typer.echo(f"# generators: --redis-url redis://rl-{run}-generator:{gpw}@HOST:6379 "
-               f"(or rediss:// for TLS)")
+    typer.echo(
+        f"# generators: --redis-url redis://rl-{run}-generator:{gpw}@HOST:6379 "
+        f"(or rediss:// for TLS)"
+    )
     typer.echo(f"# learner:    --redis-url redis://rl-{run}-learner:{lpw}@HOST:6379")
 
 

@@ -3,8 +3,8 @@
 Starts a private redis-server on a unix socket under the run directory (unless a Redis URL is
 given), then the learner and N generators as child processes of this one. Each child asks the
 kernel to SIGKILL it if this process dies (PR_SET_PDEATHSIG; redis-server gets SIGTERM), so even a
-`kill -9` of `rollctl run` leaves no orphan. On Ctrl-C, or when the learner exits, the generators get SIGTERM, then SIGKILL
-after a grace period, and Redis is stopped last.
+`kill -9` of `rollctl run` leaves no orphan. On Ctrl-C, or when the learner exits, the generators
+get SIGTERM, then SIGKILL after a grace period, and Redis is stopped last.
 """
 
 from __future__ import annotations
@@ -17,10 +17,11 @@ import sys
 import time
 from pathlib import Path
 
-from broker.config import Config
-from broker.redis_server import EmbeddedRedis, die_with_parent
+from rollflash.broker.config import Config
+from rollflash.broker.redis_server import EmbeddedRedis, die_with_parent
 
 log = logging.getLogger(__name__)
+
 
 def _die_with_run() -> None:
     """SIGKILL, not SIGTERM: a generator asked to stop gracefully would first wait out its Redis
@@ -32,9 +33,13 @@ def _die_with_run() -> None:
 def _spawn(args: list[str], log_path: Path) -> subprocess.Popen:
     out = open(log_path, "ab")
     try:
-        return subprocess.Popen([sys.executable, "-m", "rollctl.cli", *args], stdout=out,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                preexec_fn=_die_with_run)
+        return subprocess.Popen(
+            [sys.executable, "-m", "rollflash.rollctl.cli", *args],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            preexec_fn=_die_with_run,
+        )
     finally:
         out.close()
 
@@ -88,8 +93,10 @@ def run_local(cfg: Config, echo: bool = True) -> int:
     cfg.save(config_path)
     common = ["--config", str(config_path)]
     learner = _spawn(["start-learner", *common], logs / "learner.log")
-    gens = [_spawn(["start-generator", *common, "--id", f"gen-{i}"], logs / f"gen-{i}.log")
-            for i in range(cfg.rollout.num_rollout_workers)]
+    gens = [
+        _spawn(["start-generator", *common, "--id", f"gen-{i}"], logs / f"gen-{i}.log")
+        for i in range(cfg.rollout.num_rollout_workers)
+    ]
     offset = 0
     try:
         while learner.poll() is None:
@@ -97,8 +104,11 @@ def run_local(cfg: Config, echo: bool = True) -> int:
                 offset = _follow(logs / "learner.log", offset)
             for i, g in enumerate(gens):
                 if g.returncode is None and g.poll() is not None and g.returncode != 0:
-                    print(f"generator gen-{i} exited with {g.returncode}: "
-                          f"{_tail(logs / f'gen-{i}.log', 1)}", flush=True)
+                    print(
+                        f"generator gen-{i} exited with {g.returncode}: "
+                        f"{_tail(logs / f'gen-{i}.log', 1)}",
+                        flush=True,
+                    )
             time.sleep(0.5)
         if echo:
             _follow(logs / "learner.log", offset)
@@ -114,6 +124,9 @@ def run_local(cfg: Config, echo: bool = True) -> int:
     if echo and learner.returncode == 0 and summary.is_file():
         print(json.dumps(json.loads(summary.read_text())), flush=True)
     elif learner.returncode != 0:
-        print(f"learner exited with {learner.returncode}; see {logs / 'learner.log'}",
-              file=sys.stderr, flush=True)
+        print(
+            f"learner exited with {learner.returncode}; see {logs / 'learner.log'}",
+            file=sys.stderr,
+            flush=True,
+        )
     return learner.returncode or 0

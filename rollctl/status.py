@@ -10,9 +10,9 @@ from __future__ import annotations
 import json
 import time
 
-from broker.config import Config
-from broker.connection import connect
-from broker.streams import RunBroker
+from rollflash.broker.config import Config
+from rollflash.broker.connection import connect
+from rollflash.broker.streams import RunBroker
 
 
 def _groups(broker: RunBroker, stream: str) -> list[dict]:
@@ -21,24 +21,41 @@ def _groups(broker: RunBroker, stream: str) -> list[dict]:
     out = []
     for g in broker.r.xinfo_groups(stream):
         name = g["name"].decode() if isinstance(g["name"], bytes) else g["name"]
-        out.append({"group": name, "consumers": g["consumers"], "pending": g["pending"],
-                    "lag": g.get("lag")})
+        out.append(
+            {
+                "group": name,
+                "consumers": g["consumers"],
+                "pending": g["pending"],
+                "lag": g.get("lag"),
+            }
+        )
     return out
 
 
 def collect_status(cfg: Config) -> dict:
-    broker = RunBroker(connect(cfg.redis.url, min(cfg.redis.connect_timeout_s, 5.0)),
-                       cfg.run.run_id, cfg.redis.max_payload_bytes)
+    broker = RunBroker(
+        connect(cfg.redis.url, min(cfg.redis.connect_timeout_s, 5.0)),
+        cfg.run.run_id,
+        cfg.redis.max_payload_bytes,
+    )
     streams = {}
-    for name, key in (("prompts", broker.prompts), ("trajectories", broker.trajectories),
-                      ("dlq", broker.dlq)):
+    for name, key in (
+        ("prompts", broker.prompts),
+        ("trajectories", broker.trajectories),
+        ("dlq", broker.dlq),
+    ):
         streams[name] = {"length": broker.r.xlen(key), "groups": _groups(broker, key)}
     now = time.time()
     gens = {}
     for gid, f in sorted(broker.live_generators().items()):
         gens[gid] = {**f, "last_seen_s": round(now - float(f.get("heartbeat_at", now)), 1)}
-    return {"run": cfg.run.run_id, "learner": broker.run_fields(), "weights": broker.weights(),
-            "streams": streams, "generators": gens}
+    return {
+        "run": cfg.run.run_id,
+        "learner": broker.run_fields(),
+        "weights": broker.weights(),
+        "streams": streams,
+        "generators": gens,
+    }
 
 
 def guard_line(learner: dict) -> str:
@@ -57,11 +74,13 @@ def redis_lost_line(learner: dict, generators: dict) -> str:
     witnesses that may count the same write: the learner (every write it had seen, any writer)
     and each live generator (its own writes, while it lives); they are shown apart, not added."""
     by_writers = sum(int(g.get("redis_lost") or 0) for g in generators.values())
-    return (f"redis lost: prompts={learner.get('redis_lost_prompts', 0)} (re-added) "
-            f"trajectory_writes={learner.get('redis_lost_trajectory_writes', 0)} (learner's "
-            f"count) | by their writers={by_writers} (live generators' redis_lost) | "
-            f"prompts retried={learner.get('prompts_retried', 0)} (re-delivered after a "
-            "generator died or Redis forgot an acknowledgement, not duplicates)")
+    return (
+        f"redis lost: prompts={learner.get('redis_lost_prompts', 0)} (re-added) "
+        f"trajectory_writes={learner.get('redis_lost_trajectory_writes', 0)} (learner's "
+        f"count) | by their writers={by_writers} (live generators' redis_lost) | "
+        f"prompts retried={learner.get('prompts_retried', 0)} (re-delivered after a "
+        "generator died or Redis forgot an acknowledgement, not duplicates)"
+    )
 
 
 def show_status(cfg: Config, as_json: bool) -> None:
@@ -70,28 +89,44 @@ def show_status(cfg: Config, as_json: bool) -> None:
         print(json.dumps(s))
         return
     lr = s["learner"]
-    print(f"run {s['run']}: state={lr.get('state', 'not started')} step={lr.get('step', 0)} "
-          f"issued={lr.get('issued', 0)} replaced={lr.get('replaced', 0)} "
-          f"heldout_acc={lr.get('heldout_acc', '-')}")
-    print(f"learner: reward={lr.get('reward_mean', '-')} wait_frac={lr.get('wait_frac', '-')} "
-          f"staleness_max={lr.get('staleness_max', '-')} samples/s={lr.get('samples_per_s', '-')} "
-          f"tokens/s={lr.get('tokens_per_s', '-')}")
-    print(f"learner ranks={lr.get('learner_ranks', 1)} checkpoint_step="
-          f"{lr.get('checkpoint_step', '-')} resumed_from={lr.get('resumed_from_step', '-')}")
+    print(
+        f"run {s['run']}: state={lr.get('state', 'not started')} step={lr.get('step', 0)} "
+        f"issued={lr.get('issued', 0)} replaced={lr.get('replaced', 0)} "
+        f"heldout_acc={lr.get('heldout_acc', '-')}"
+    )
+    print(
+        f"learner: reward={lr.get('reward_mean', '-')} wait_frac={lr.get('wait_frac', '-')} "
+        f"staleness_max={lr.get('staleness_max', '-')} samples/s={lr.get('samples_per_s', '-')} "
+        f"tokens/s={lr.get('tokens_per_s', '-')}"
+    )
+    print(
+        f"learner ranks={lr.get('learner_ranks', 1)} checkpoint_step="
+        f"{lr.get('checkpoint_step', '-')} resumed_from={lr.get('resumed_from_step', '-')}"
+    )
     print(guard_line(lr))
     print(redis_lost_line(lr, s["generators"]))
     w = s["weights"]
     print(f"weights: v{w.get('version', '-')} {w.get('path', '')}")
     for name, st in s["streams"].items():
-        groups = ", ".join(f"{g['group']}: pending={g['pending']} lag={g['lag']} "
-                           f"consumers={g['consumers']}" for g in st["groups"]) or "no groups"
+        groups = (
+            ", ".join(
+                f"{g['group']}: pending={g['pending']} lag={g['lag']} consumers={g['consumers']}"
+                for g in st["groups"]
+            )
+            or "no groups"
+        )
         print(f"{name:<13} length={st['length']:<6} {groups}")
     if not s["generators"]:
         print("generators: none alive")
     for gid, g in s["generators"].items():
-        print(f"generator {gid}: {g.get('state')} loaded=v{g.get('loaded_version')} "
-              f"groups={g.get('groups')} samples={g.get('samples')} "
-              f"redis_lost={g.get('redis_lost', 0)} idle={g.get('idle_frac')} "
-              + (f"mean_batch={g['mean_batch']} restarted={g.get('restarted', 0)} "
-                 if "mean_batch" in g else "")  # continuous batching
-              + f"last_seen={g['last_seen_s']}s ago")
+        print(
+            f"generator {gid}: {g.get('state')} loaded=v{g.get('loaded_version')} "
+            f"groups={g.get('groups')} samples={g.get('samples')} "
+            f"redis_lost={g.get('redis_lost', 0)} idle={g.get('idle_frac')} "
+            + (
+                f"mean_batch={g['mean_batch']} restarted={g.get('restarted', 0)} "
+                if "mean_batch" in g
+                else ""
+            )  # continuous batching
+            + f"last_seen={g['last_seen_s']}s ago"
+        )

@@ -36,30 +36,45 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from broker.config import load_config  # noqa: E402
-from broker.connection import connect  # noqa: E402
-from broker.redis_server import EmbeddedRedis  # noqa: E402
-from broker.streams import RunBroker  # noqa: E402
-from rollctl.local import run_local  # noqa: E402
+from rollflash.broker.config import load_config  # noqa: E402
+from rollflash.broker.connection import connect  # noqa: E402
+from rollflash.broker.redis_server import EmbeddedRedis  # noqa: E402
+from rollflash.broker.streams import RunBroker  # noqa: E402
+from rollflash.rollctl.local import run_local  # noqa: E402
 
 WORKLOAD = [
-    "rollout.engine=sim", "rollout.num_return_sequences=8", "rollout.max_new_tokens=1024",
-    "rollout.inflight_samples=32", "rollout.interrupt=true", "rollout.num_rollout_workers=4",
-    "trainer.rollout_batch_size=32", "trainer.wait_timeout_s=120",
-    "sim.per_token_s=0.002", "sim.length_median=48", "sim.length_sigma=1.2",
-    "sim.learner_step_s=1.0", "task.eval_size=1", "run.torch_threads=1",
+    "rollout.engine=sim",
+    "rollout.num_return_sequences=8",
+    "rollout.max_new_tokens=1024",
+    "rollout.inflight_samples=32",
+    "rollout.interrupt=true",
+    "rollout.num_rollout_workers=4",
+    "trainer.rollout_batch_size=32",
+    "trainer.wait_timeout_s=120",
+    "sim.per_token_s=0.002",
+    "sim.length_median=48",
+    "sim.length_sigma=1.2",
+    "sim.learner_step_s=1.0",
+    "task.eval_size=1",
+    "run.torch_threads=1",
 ]
 
 # the workload of the first table in docs/BENCHMARKS.md: pulls of one prompt, no interrupt
 PULLS = [
-    "rollout.inflight_samples=0", "rollout.interrupt=false", "rollout.prompts_per_pull=1",
-    "rollout.num_return_sequences=4", "trainer.rollout_batch_size=16", "sim.learner_step_s=1.6",
+    "rollout.inflight_samples=0",
+    "rollout.interrupt=false",
+    "rollout.prompts_per_pull=1",
+    "rollout.num_return_sequences=4",
+    "trainer.rollout_batch_size=16",
+    "sim.learner_step_s=1.6",
 ]
 
 MULTI_TURN = PULLS + [
     "task.name=sim_env",
     "task.params={min_turns: 2, max_turns: 6, step_latency_s: 0.1, latency_sigma: 1.0}",
-    "rollout.max_new_tokens=256", "rollout.max_episode_tokens=4096", "sim.length_median=24",
+    "rollout.max_new_tokens=256",
+    "rollout.max_episode_tokens=4096",
+    "sim.length_median=24",
     "rollout.prompts_per_pull=4",  # 16 concurrent episodes per generator
 ]
 
@@ -67,9 +82,18 @@ MULTI_TURN = PULLS + [
 def run_one(ratio: float, steps: int, overrides: list[str], workdir: Path) -> dict:
     run_dir = workdir / f"a{ratio}"
     with EmbeddedRedis() as server:
-        cfg = load_config(None, WORKLOAD + overrides + [
-            f"trainer.async_ratio={ratio}", f"trainer.total_steps={steps}",
-            f"run.run_id=bench-a{ratio}", f"run.run_dir={run_dir}", f"redis.url={server.url}"])
+        cfg = load_config(
+            None,
+            WORKLOAD
+            + overrides
+            + [
+                f"trainer.async_ratio={ratio}",
+                f"trainer.total_steps={steps}",
+                f"run.run_id=bench-a{ratio}",
+                f"run.run_dir={run_dir}",
+                f"redis.url={server.url}",
+            ],
+        )
         if run_local(cfg, echo=False) != 0:
             raise SystemExit(f"run with async_ratio={ratio} failed; see {run_dir}/logs")
         broker = RunBroker(connect(server.url, 5), cfg.run.run_id, cfg.redis.max_payload_bytes)
@@ -78,15 +102,18 @@ def run_one(ratio: float, steps: int, overrides: list[str], workdir: Path) -> di
         batch = [float(g.get("mean_batch", 0)) for g in gens]
         tokens_per_busy_s = [int(g["tokens"]) / float(g["busy_s"]) for g in gens]
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return {"wall_s": round(sum(m["perf/step_s"] for m in metrics[1:]), 2),
-            "gen_idle_frac": round(sum(idle) / len(idle), 3),
-            "gen_mean_batch": round(sum(batch) / len(batch), 1),
-            "gen_tokens_per_busy_s": round(sum(tokens_per_busy_s) / len(gens)),
-            "gen_restarted": sum(int(g.get("restarted", 0)) for g in gens),
-            "learner_wait_frac": round(sum(m["perf/wait_frac"] for m in metrics[1:])
-                                       / (len(metrics) - 1), 3),
-            "staleness_max": max(m["async/staleness_max"] for m in metrics),
-            "dropped_stale": sum(m["async/dropped_stale"] for m in metrics)}
+    return {
+        "wall_s": round(sum(m["perf/step_s"] for m in metrics[1:]), 2),
+        "gen_idle_frac": round(sum(idle) / len(idle), 3),
+        "gen_mean_batch": round(sum(batch) / len(batch), 1),
+        "gen_tokens_per_busy_s": round(sum(tokens_per_busy_s) / len(gens)),
+        "gen_restarted": sum(int(g.get("restarted", 0)) for g in gens),
+        "learner_wait_frac": round(
+            sum(m["perf/wait_frac"] for m in metrics[1:]) / (len(metrics) - 1), 3
+        ),
+        "staleness_max": max(m["async/staleness_max"] for m in metrics),
+        "dropped_stale": sum(m["async/dropped_stale"] for m in metrics),
+    }
 
 
 def main() -> None:
@@ -95,8 +122,11 @@ def main() -> None:
     p.add_argument("--ratios", default="0,0.5,1,2")
     p.add_argument("--set", dest="overrides", action="append", default=[])
     p.add_argument("--multi-turn", action="store_true", help="the multi-turn workload (MULTI_TURN)")
-    p.add_argument("--pulls", action="store_true",
-                   help="one prompt per pull instead of continuous batching (PULLS)")
+    p.add_argument(
+        "--pulls",
+        action="store_true",
+        help="one prompt per pull instead of continuous batching (PULLS)",
+    )
     args = p.parse_args()
     if args.multi_turn:
         args.overrides = MULTI_TURN + args.overrides
@@ -106,10 +136,19 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-async-") as tmp:
         results = {r: run_one(r, args.steps, args.overrides, Path(tmp)) for r in ratios}
     base = results[ratios[0]]["wall_s"]
-    print(json.dumps({"bench": "async", "steps_timed": args.steps - 1,
-                      "workload": WORKLOAD + args.overrides,
-                      "results": {str(r): {**v, "speedup": round(base / v["wall_s"], 2)}
-                                  for r, v in results.items()}}))
+    print(
+        json.dumps(
+            {
+                "bench": "async",
+                "steps_timed": args.steps - 1,
+                "workload": WORKLOAD + args.overrides,
+                "results": {
+                    str(r): {**v, "speedup": round(base / v["wall_s"], 2)}
+                    for r, v in results.items()
+                },
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -28,8 +28,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
@@ -44,7 +45,7 @@ def prompts_for(count: int) -> list[str]:
 
 def rate(engine, batch: int, max_new_tokens: int) -> float:
     """Response tokens per second of one `engine.generate` call with `batch` prompts (n = 1)."""
-    from generators.engine import SamplingParams
+    from rollflash.generators.engine import SamplingParams
 
     params = SamplingParams(n=1, temperature=1.0, top_p=1.0, max_new_tokens=max_new_tokens)
     started = time.perf_counter()
@@ -63,11 +64,11 @@ def serve(kind: str, model_dir: str, threads: int, conn) -> None:
     torch.manual_seed(0)
     started = time.perf_counter()
     if kind == "hf":
-        from generators.hf_engine import HFEngine
+        from rollflash.generators.hf_engine import HFEngine
 
         engine = HFEngine(model_dir)
     else:
-        from generators.vllm_engine import VLLMEngine
+        from rollflash.generators.vllm_engine import VLLMEngine
 
         engine = VLLMEngine(model_dir, dtype="float32", seed=0)
     conn.send(time.perf_counter() - started)
@@ -77,8 +78,9 @@ def serve(kind: str, model_dir: str, threads: int, conn) -> None:
         engine.close()
 
 
-def paired_throughput(conns: dict, batches: list[int], max_new_tokens: int,
-                      repeats: int) -> dict[str, dict[str, float]]:
+def paired_throughput(
+    conns: dict, batches: list[int], max_new_tokens: int, repeats: int
+) -> dict[str, dict[str, float]]:
     """Alternate HF and vLLM runs so background load hits both alike; per batch size the best
     tokens/s of each engine (other load only ever slows a run down, so the fastest of `repeats`
     is the closest to the engine's own speed) and their ratio vLLM / HF."""
@@ -91,8 +93,10 @@ def paired_throughput(conns: dict, batches: list[int], max_new_tokens: int,
         ask(kind, "rate", 4, max_new_tokens)  # warm-up
     out: dict[str, dict[str, float]] = {"hf_tok_s": {}, "vllm_tok_s": {}, "vllm_over_hf": {}}
     for batch in batches:
-        pairs = [(ask("hf", "rate", batch, max_new_tokens),
-                  ask("vllm", "rate", batch, max_new_tokens)) for _ in range(repeats)]
+        pairs = [
+            (ask("hf", "rate", batch, max_new_tokens), ask("vllm", "rate", batch, max_new_tokens))
+            for _ in range(repeats)
+        ]
         hf_best, vllm_best = max(h for h, _ in pairs), max(v for _, v in pairs)
         out["hf_tok_s"][str(batch)] = round(hf_best, 1)
         out["vllm_tok_s"][str(batch)] = round(vllm_best, 1)
@@ -110,13 +114,14 @@ def reload_time(engine, paths: list[tuple[int, Path]]) -> float:
     return round(statistics.median(times[1:]), 4)
 
 
-def publish_versions(model_dir: Path, run_dir: Path,
-                     count: int) -> tuple[list[tuple[int, Path]], int]:
+def publish_versions(
+    model_dir: Path, run_dir: Path, count: int
+) -> tuple[list[tuple[int, Path]], int]:
     """Publish `count` perturbed versions of the model; returns their verified files and the
     parameter count."""
     from transformers import AutoModelForCausalLM
 
-    from broker.weights import WeightStore
+    from rollflash.broker.weights import WeightStore
 
     store = WeightStore(run_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir)
@@ -133,17 +138,34 @@ def publish_versions(model_dir: Path, run_dir: Path,
 def bench(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     model_dir = Path(args.model) if args.model else tmp / "model"
     if not args.model:
-        subprocess.run([sys.executable, str(ROOT / "scripts" / "make_tiny_model.py"), "--out",
-                        str(model_dir), "--layers", "2", "--hidden", "128", "--heads", "4",
-                        "--sft-steps", "0", "--no-eval"], check=True, capture_output=True)
+        subprocess.run(
+            [
+                sys.executable,
+                str(ROOT / "scripts" / "make_tiny_model.py"),
+                "--out",
+                str(model_dir),
+                "--layers",
+                "2",
+                "--hidden",
+                "128",
+                "--heads",
+                "4",
+                "--sft-steps",
+                "0",
+                "--no-eval",
+            ],
+            check=True,
+            capture_output=True,
+        )
     versions, params = publish_versions(model_dir, tmp / "run", args.repeats + 1)
     ctx = mp.get_context("spawn")
     conns, procs, start_s = {}, [], {}
     try:
         for kind in ("hf", "vllm"):
             conns[kind], child = ctx.Pipe()
-            procs.append(ctx.Process(target=serve,
-                                     args=(kind, str(model_dir), args.threads, child)))
+            procs.append(
+                ctx.Process(target=serve, args=(kind, str(model_dir), args.threads, child))
+            )
             procs[-1].start()
             start_s[kind] = conns[kind].recv()
         rates = paired_throughput(conns, args.batches, args.max_new_tokens, args.repeats)
@@ -161,8 +183,12 @@ def bench(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             proc.join(timeout=60)
     return {
         "model": "tiny qwen2 (make_tiny_model.py)" if not args.model else str(args.model),
-        "params": params, "max_new_tokens": args.max_new_tokens, "repeats": args.repeats,
-        "torch_threads": args.threads, **rates, **reloads,
+        "params": params,
+        "max_new_tokens": args.max_new_tokens,
+        "repeats": args.repeats,
+        "torch_threads": args.threads,
+        **rates,
+        **reloads,
         "vllm_start_s": round(start_s["vllm"], 1),
     }
 
@@ -173,8 +199,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batches", default="1,16,64", help="comma-separated prompts per generate")
     p.add_argument("--max-new-tokens", type=int, default=32, help="response length limit")
     p.add_argument("--repeats", type=int, default=5, help="timed runs per point (best of)")
-    p.add_argument("--threads", type=int, default=os.cpu_count() or 1,
-                   help="torch intra-op threads of the HF engine (vLLM uses all cores)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=os.cpu_count() or 1,
+        help="torch intra-op threads of the HF engine (vLLM uses all cores)",
+    )
     args = p.parse_args(argv)
     args.batches = [int(b) for b in args.batches.split(",")]
     return args

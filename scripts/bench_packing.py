@@ -31,15 +31,16 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from broker.config import config_from_dict  # noqa: E402
-from broker.schema import Sample, Trajectory  # noqa: E402
-from learner.batch import pad_groups  # noqa: E402
-from learner.prepare import AlgoModels  # noqa: E402
-from learner.train import train_step  # noqa: E402
+from rollflash.broker.config import config_from_dict  # noqa: E402
+from rollflash.broker.schema import Sample, Trajectory  # noqa: E402
+from rollflash.learner.batch import pad_groups  # noqa: E402
+from rollflash.learner.prepare import AlgoModels  # noqa: E402
+from rollflash.learner.train import train_step  # noqa: E402
 
 
-def mixed_groups(count: int, n: int, vocab: int, median: int, cap: int, seed: int = 0
-                 ) -> list[Trajectory]:
+def mixed_groups(
+    count: int, n: int, vocab: int, median: int, cap: int, seed: int = 0
+) -> list[Trajectory]:
     rng = np.random.default_rng(seed)
     groups = []
     for g in range(count):
@@ -47,9 +48,15 @@ def mixed_groups(count: int, n: int, vocab: int, median: int, cap: int, seed: in
         samples = []
         for _ in range(n):
             t = int(min(cap, max(1, rng.lognormal(np.log(median), 1.0))))
-            samples.append(Sample(rng.integers(1, vocab, t).astype("<i4"),
-                                  rng.uniform(-4, -1, t).astype("<f4"), np.zeros(t, "<i4"),
-                                  reward=float(rng.random()), finished=True))
+            samples.append(
+                Sample(
+                    rng.integers(1, vocab, t).astype("<i4"),
+                    rng.uniform(-4, -1, t).astype("<f4"),
+                    np.zeros(t, "<i4"),
+                    reward=float(rng.random()),
+                    finished=True,
+                )
+            )
         groups.append(Trajectory(f"t{g}", f"p{g}", f"g{g}", "bench", 0, 0, prompt, samples))
     return groups
 
@@ -59,14 +66,18 @@ def peak_tokens(groups: list[Trajectory], micro: int, sort: bool) -> tuple[int, 
     full = pad_groups(groups)
     lengths = full.lengths
     order = torch.argsort(lengths, stable=True) if sort else torch.arange(len(lengths))
-    chunks = [order[i:i + micro] for i in range(0, len(order), micro)]
+    chunks = [order[i : i + micro] for i in range(0, len(order), micro)]
     sizes = [len(c) * int(lengths[c].max()) for c in chunks]
     return max(sizes), sum(sizes)
 
 
 def timed_step(model, groups, trainer: dict) -> float:
-    cfg = config_from_dict({"rollout": {"num_return_sequences": len(groups[0].samples),
-                                        "max_new_tokens": 512}, "trainer": trainer})
+    cfg = config_from_dict(
+        {
+            "rollout": {"num_return_sequences": len(groups[0].samples), "max_new_tokens": 512},
+            "trainer": trainer,
+        }
+    )
     opt = torch.optim.SGD(model.parameters(), lr=1e-4)
     started = time.perf_counter()
     train_step(model, opt, groups, cfg, AlgoModels())
@@ -88,30 +99,48 @@ def main() -> None:
     torch.manual_seed(0)
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    config = Qwen2Config(vocab_size=512, hidden_size=128, intermediate_size=384,
-                         num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
-                         max_position_embeddings=1024, attn_implementation="sdpa")
+    config = Qwen2Config(
+        vocab_size=512,
+        hidden_size=128,
+        intermediate_size=384,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        attn_implementation="sdpa",
+    )
     base = Qwen2ForCausalLM(config)
     groups = mixed_groups(args.groups, args.n, config.vocab_size, args.median, args.cap)
     real = sum(len(g.prompt_ids) + len(s.response_ids) for g in groups for s in g.samples)
     _, padded_random = peak_tokens(groups, args.micro_batch, sort=False)
     peak_sorted, padded_sorted = peak_tokens(groups, args.micro_batch, sort=True)
-    modes = {"padded": {"micro_batch_size": args.micro_batch},
-             "packed_peak": {"token_budget": peak_sorted},
-             **{f"packed_{b}": {"token_budget": int(b)} for b in args.budgets.split(",") if b}}
+    modes = {
+        "padded": {"micro_batch_size": args.micro_batch},
+        "packed_peak": {"token_budget": peak_sorted},
+        **{f"packed_{b}": {"token_budget": int(b)} for b in args.budgets.split(",") if b},
+    }
     best = {name: float("inf") for name in modes}
     for _ in range(args.repeats + 1):  # the first round warms up
         for name, trainer in modes.items():
             best[name] = min(best[name], timed_step(copy.deepcopy(base), groups, trainer))
     tok_s = {name: round(real / s, 1) for name, s in best.items()}
-    print(json.dumps({
-        "sequences": args.groups * args.n, "real_tokens": real,
-        "padded_tokens": {"arrival_order": padded_random, "sorted": padded_sorted},
-        "token_budget": peak_sorted, "micro_batch_size": args.micro_batch,
-        "tokens_per_s": tok_s,
-        "packed_over_padded": {k: round(v / tok_s["padded"], 2) for k, v in tok_s.items()
-                               if k != "padded"},
-        "threads": args.threads, "repeats": args.repeats}))
+    print(
+        json.dumps(
+            {
+                "sequences": args.groups * args.n,
+                "real_tokens": real,
+                "padded_tokens": {"arrival_order": padded_random, "sorted": padded_sorted},
+                "token_budget": peak_sorted,
+                "micro_batch_size": args.micro_batch,
+                "tokens_per_s": tok_s,
+                "packed_over_padded": {
+                    k: round(v / tok_s["padded"], 2) for k, v in tok_s.items() if k != "padded"
+                },
+                "threads": args.threads,
+                "repeats": args.repeats,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

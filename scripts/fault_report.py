@@ -24,22 +24,34 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-COLUMNS = ("injected", "lost", "recovered", "reported", "by_learner", "by_writers", "duplicated",
-           "dropped_duplicates")
+COLUMNS = (
+    "injected",
+    "lost",
+    "recovered",
+    "reported",
+    "by_learner",
+    "by_writers",
+    "duplicated",
+    "dropped_duplicates",
+)
 
 
 def table(rows: list[dict]) -> str:
     width = max([len("scenario")] + [len(r["scenario"]) for r in rows])
     out = [f"{'scenario':<{width}}  " + "  ".join(f"{c:>{max(9, len(c))}}" for c in COLUMNS)]
     for r in rows:
-        out.append(f"{r['scenario']:<{width}}  " + "  ".join(
-            f"{str(r.get(c, '-')):>{max(9, len(c))}}" for c in COLUMNS))
+        out.append(
+            f"{r['scenario']:<{width}}  "
+            + "  ".join(f"{str(r.get(c, '-')):>{max(9, len(c))}}" for c in COLUMNS)
+        )
     return "\n".join(out)
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                 epilog="any other argument goes to pytest, e.g. -k redis")
+    ap = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0],
+        epilog="any other argument goes to pytest, e.g. -k redis",
+    )
     ap.add_argument("--from", dest="source", type=Path, help="print this JSONL report instead")
     args, pytest_args = ap.parse_known_args()  # in order, so `-k redis` needs no `--`
     code = 0
@@ -48,9 +60,20 @@ def main() -> int:
     else:
         path = Path(tempfile.mkdtemp(prefix="faults-")) / "report.jsonl"
         env = {**os.environ, "ROLLFLASH_FAULT_REPORT": str(path)}
-        code = subprocess.run([sys.executable, "-m", "pytest", "tests/faults", "-q",
-                               "-p", "no:cacheprovider", *pytest_args], cwd=ROOT,
-                              env=env).returncode
+        code = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pytest",
+                "tests/faults",
+                "-q",
+                "-p",
+                "no:cacheprovider",
+                *pytest_args,
+            ],
+            cwd=ROOT,
+            env=env,
+        ).returncode
     rows = [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
     print(table(rows) if rows else "no scenario recorded a result")
     if not args.source:

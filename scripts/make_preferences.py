@@ -6,9 +6,10 @@ Properties (`--property`):
   over a wrong one: answer + 1 (25%, the error the demo's warm-started policy makes most),
   answer - 1 (10%), answer +- 10 or +- 100 (15%), any other number of 1 to 4 digits (20%) or a
   malformed answer (30%: an extra digit, one digit short, a leading zero, a repeated digit; no
-  trailing space: the character tokenizer drops it, so a reward model could not see it). A reward model that learns this ranks the task's verifier's way, without
-  seeing the verifier. The broad mix matters: RL finds what the reward model never saw. With only
-  near misses and same-length numbers, the policy learned to write "0" and "00"; without the
+  trailing space: the character tokenizer drops it, so a reward model could not see it). A
+  reward model that learns this ranks the task's verifier's way, without seeing the verifier. The
+  broad mix matters: RL finds what the reward model never saw. With only near misses and same-length
+  numbers, the policy learned to write "0" and "00"; without the
   +-10 / +-100 near misses, it learned to get the tens digit wrong.
 - `longer` (a deliberately exploitable preference, for the reward-hacking guard test): the longer
   of two well-formed digit strings is chosen, whatever the answer. RL against a reward model trained
@@ -31,7 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from envs import Item, make_task  # noqa: E402
+from rollflash.envs import Item, make_task  # noqa: E402
 
 
 def wrong_answer(item: Item, rng: random.Random) -> str:
@@ -51,10 +52,12 @@ def wrong_answer(item: Item, rng: random.Random) -> str:
             other = str(rng.randint(0, 10 ** rng.randint(1, 4) - 1))
             if other != text:
                 return other
-    cases = [text + rng.choice("0123456789"),  # an extra digit
-             text[:-1] or "0" + text,  # stopped a digit early
-             "0" + text,  # a leading zero
-             rng.choice("0123456789") * rng.randint(2, 4)]  # a repeated digit
+    cases = [
+        text + rng.choice("0123456789"),  # an extra digit
+        text[:-1] or "0" + text,  # stopped a digit early
+        "0" + text,  # a leading zero
+        rng.choice("0123456789") * rng.randint(2, 4),
+    ]  # a repeated digit
     while True:
         wrong = rng.choice(cases)
         if wrong != text and wrong.strip():
@@ -86,15 +89,21 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True, help="JSONL file to write (parents created)")
     p.add_argument("--pairs", type=int, default=6000, help="number of preference pairs")
-    p.add_argument("--property", choices=sorted(PROPERTIES), default="correct",
-                   help="the ground truth that decides which response is chosen")
+    p.add_argument(
+        "--property",
+        choices=sorted(PROPERTIES),
+        default="correct",
+        help="the ground truth that decides which response is chosen",
+    )
     p.add_argument("--task", default="arithmetic", help="task name for envs.make_task")
     p.add_argument("--task-params", default='{"ops": ["+"]}', help="JSON dict of task params")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     if args.pairs < 2:
         p.error("--pairs must be at least 2")
-    pairs = make_pairs(args.task, json.loads(args.task_params), args.property, args.pairs, args.seed)
+    pairs = make_pairs(
+        args.task, json.loads(args.task_params), args.property, args.pairs, args.seed
+    )
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("".join(json.dumps(row) + "\n" for row in pairs))

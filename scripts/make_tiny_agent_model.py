@@ -28,8 +28,8 @@ import json
 import random
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import torch
 from transformers import AutoTokenizer
@@ -38,13 +38,21 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from envs import Episode, make_task, plain_encoder  # noqa: E402
-from envs.gridworld import MOVES, GridWorld, shortest_action  # noqa: E402
 from make_tiny_model import build_model, build_tokenizer, warmup_cosine  # noqa: E402
 
+from rollflash.envs import Episode, make_task, plain_encoder  # noqa: E402
+from rollflash.envs.gridworld import MOVES, GridWorld, shortest_action  # noqa: E402
 
-def teacher_episode(env: GridWorld, seed: int, encode, noise: float, rng: random.Random,
-                    eos_id: int, max_tokens: int) -> tuple[list[int], list[int]]:
+
+def teacher_episode(
+    env: GridWorld,
+    seed: int,
+    encode,
+    noise: float,
+    rng: random.Random,
+    eos_id: int,
+    max_tokens: int,
+) -> tuple[list[int], list[int]]:
     """(tokens, loss mask) of one teacher episode: prompt + response, mask 1 on action tokens."""
     ep = Episode(env=env, seed=seed, encode=encode, max_tokens=max_tokens, action_tokens=2)
     while not ep.done:
@@ -61,20 +69,32 @@ def sft_batch(rows: list[tuple[list[int], list[int]]], pad_id: int) -> dict[str,
     attention = torch.zeros((len(rows), width), dtype=torch.long)
     labels = torch.full((len(rows), width), -100, dtype=torch.long)
     for i, (row, mask) in enumerate(rows):
-        ids[i, :len(row)] = torch.tensor(row)
-        attention[i, :len(row)] = 1
-        labels[i, :len(row)] = torch.where(torch.tensor(mask, dtype=torch.bool), torch.tensor(row),
-                                           torch.tensor(-100))
+        ids[i, : len(row)] = torch.tensor(row)
+        attention[i, : len(row)] = 1
+        labels[i, : len(row)] = torch.where(
+            torch.tensor(mask, dtype=torch.bool), torch.tensor(row), torch.tensor(-100)
+        )
     return {"input_ids": ids, "attention_mask": attention, "labels": labels}
 
 
 @torch.no_grad()
-def success_rate(model, tokenizer, task, seeds: list[int], greedy: bool, max_positions: int,
-                 max_new_tokens: int = 2) -> float:
+def success_rate(
+    model,
+    tokenizer,
+    task,
+    seeds: list[int],
+    greedy: bool,
+    max_positions: int,
+    max_new_tokens: int = 2,
+) -> float:
     """Share of episodes (one per seed) solved, actions decoded greedily or sampled at T = 1."""
     encode = plain_encoder(tokenizer)
-    episodes = [Episode(env=task.make_env(), seed=s, encode=encode, max_tokens=0,
-                        action_tokens=max_new_tokens) for s in seeds]
+    episodes = [
+        Episode(
+            env=task.make_env(), seed=s, encode=encode, max_tokens=0, action_tokens=max_new_tokens
+        )
+        for s in seeds
+    ]
     for ep in episodes:
         ep.max_tokens = max_positions - len(ep.prompt_ids)
     while active := [ep for ep in episodes if not ep.done]:
@@ -82,17 +102,23 @@ def success_rate(model, tokenizer, task, seeds: list[int], greedy: bool, max_pos
         ids = torch.full((len(active), width), tokenizer.pad_token_id, dtype=torch.long)
         attention = torch.zeros_like(ids)
         for i, ep in enumerate(active):
-            ids[i, width - len(ep.context):] = torch.tensor(ep.context)
-            attention[i, width - len(ep.context):] = 1
-        out = model.generate(input_ids=ids, attention_mask=attention, do_sample=not greedy,
-                             top_k=0, max_new_tokens=max_new_tokens,
-                             pad_token_id=tokenizer.pad_token_id,
-                             eos_token_id=tokenizer.eos_token_id)
+            ids[i, width - len(ep.context) :] = torch.tensor(ep.context)
+            attention[i, width - len(ep.context) :] = 1
+        out = model.generate(
+            input_ids=ids,
+            attention_mask=attention,
+            do_sample=not greedy,
+            top_k=0,
+            max_new_tokens=max_new_tokens,
+            pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+        )
         for ep, row in zip(active, out[:, width:].tolist()):
             if tokenizer.eos_token_id in row:
-                row = row[:row.index(tokenizer.eos_token_id) + 1]
-            text = tokenizer.decode([t for t in row if t != tokenizer.eos_token_id],
-                                    skip_special_tokens=False)
+                row = row[: row.index(tokenizer.eos_token_id) + 1]
+            text = tokenizer.decode(
+                [t for t in row if t != tokenizer.eos_token_id], skip_special_tokens=False
+            )
             ep.act(row, [0.0] * len(row), [0] * len(row), text)
     return sum(ep.success for ep in episodes) / len(episodes)
 
@@ -111,10 +137,13 @@ def evaluate(model_dir: str, weights: str | None, task, episodes: int, seed: int
     positions = model.config.max_position_embeddings
     torch.manual_seed(seed)
     held = [int(i.answer) for i in task.heldout_items()][:episodes]
-    return {"model": model_dir, "weights": weights,
-            "greedy_success": success_rate(model, tokenizer, task, held, True, positions),
-            "sampled_success": success_rate(model, tokenizer, task, held * 4, False, positions),
-            "episodes": len(held)}
+    return {
+        "model": model_dir,
+        "weights": weights,
+        "greedy_success": success_rate(model, tokenizer, task, held, True, positions),
+        "sampled_success": success_rate(model, tokenizer, task, held * 4, False, positions),
+        "episodes": len(held),
+    }
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -123,8 +152,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--evaluate", metavar="MODEL_DIR", help="only measure success rates of a model")
     p.add_argument("--weights", help="with --evaluate: a model.safetensors from the weight store")
     p.add_argument("--task-params", default="{}", help="JSON params of the gridworld task")
-    p.add_argument("--teacher-noise", type=float, default=0.5,
-                   help="probability that the teacher moves at random instead of optimally")
+    p.add_argument(
+        "--teacher-noise",
+        type=float,
+        default=0.5,
+        help="probability that the teacher moves at random instead of optimally",
+    )
     p.add_argument("--sft-steps", type=int, default=300)
     p.add_argument("--sft-lr", type=float, default=2e-3)
     p.add_argument("--sft-batch-size", type=int, default=32)
@@ -142,12 +175,20 @@ def main(argv: Sequence[str] | None = None) -> None:
     t0 = time.perf_counter()
     task = make_task("gridworld", json.loads(args.task_params))
     if args.evaluate:
-        print(json.dumps(evaluate(args.evaluate, args.weights, task, args.eval_episodes, args.seed)))
+        print(
+            json.dumps(evaluate(args.evaluate, args.weights, task, args.eval_episodes, args.seed))
+        )
         return
     if not args.out:
         p.error("--out is required (unless --evaluate)")
-    model = build_model(build_tokenizer(max_positions=args.max_positions), args.layers, args.hidden,
-                        args.heads, args.seed, max_positions=args.max_positions)
+    model = build_model(
+        build_tokenizer(max_positions=args.max_positions),
+        args.layers,
+        args.hidden,
+        args.heads,
+        args.seed,
+        max_positions=args.max_positions,
+    )
     out = Path(args.out)
     model.save_pretrained(out)
     build_tokenizer(max_positions=args.max_positions).save_pretrained(out)
@@ -162,9 +203,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     loss = torch.tensor(float("nan"))
     t1 = time.perf_counter()
     for _ in range(args.sft_steps):
-        rows = [teacher_episode(env, next(seeds), encode, args.teacher_noise, rng,
-                                tokenizer.eos_token_id, args.max_positions - 32)
-                for _ in range(args.sft_batch_size)]
+        rows = [
+            teacher_episode(
+                env,
+                next(seeds),
+                encode,
+                args.teacher_noise,
+                rng,
+                tokenizer.eos_token_id,
+                args.max_positions - 32,
+            )
+            for _ in range(args.sft_batch_size)
+        ]
         loss = model(**sft_batch(rows, tokenizer.pad_token_id)).loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -175,15 +225,26 @@ def main(argv: Sequence[str] | None = None) -> None:
     t2 = time.perf_counter()
     model.save_pretrained(out)
     torch.manual_seed(args.seed)  # the sampled success rate is reproducible
-    held = [int(i.answer) for i in task.heldout_items()][:args.eval_episodes]
+    held = [int(i.answer) for i in task.heldout_items()][: args.eval_episodes]
     greedy = success_rate(model, tokenizer, task, held, True, args.max_positions) if held else None
-    sampled = success_rate(model, tokenizer, task, held * 4, False, args.max_positions) \
-        if held else None
-    print(json.dumps({"sft_steps": args.sft_steps, "sft_loss": round(loss.item(), 4),
-                      "sft_wall_s": round(t2 - t1, 2), "wall_s": round(time.perf_counter() - t0, 2),
-                      "greedy_success": greedy, "sampled_success": sampled,
-                      "params": sum(p.numel() for p in model.parameters()), "out": str(out)}),
-          flush=True)
+    sampled = (
+        success_rate(model, tokenizer, task, held * 4, False, args.max_positions) if held else None
+    )
+    print(
+        json.dumps(
+            {
+                "sft_steps": args.sft_steps,
+                "sft_loss": round(loss.item(), 4),
+                "sft_wall_s": round(t2 - t1, 2),
+                "wall_s": round(time.perf_counter() - t0, 2),
+                "greedy_success": greedy,
+                "sampled_success": sampled,
+                "params": sum(p.numel() for p in model.parameters()),
+                "out": str(out),
+            }
+        ),
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

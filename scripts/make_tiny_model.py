@@ -34,15 +34,16 @@ import math
 import random
 import string
 import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any
 
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
-from envs import Item, Task, make_task
+from rollflash.envs import Item, Task, make_task
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +52,9 @@ CHARS = string.digits + string.ascii_lowercase + " +-*/=().,?"
 MAX_POSITIONS = 64
 
 
-def build_tokenizer(chars: str = CHARS, max_positions: int = MAX_POSITIONS) -> PreTrainedTokenizerFast:
+def build_tokenizer(
+    chars: str = CHARS, max_positions: int = MAX_POSITIONS
+) -> PreTrainedTokenizerFast:
     """Character-level tokenizer: one token per character, `<bos>` prepended, decode joins characters."""
     vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS + list(dict.fromkeys(chars)))}
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
@@ -72,7 +75,11 @@ def build_tokenizer(chars: str = CHARS, max_positions: int = MAX_POSITIONS) -> P
 
 
 def build_model(
-    tokenizer: PreTrainedTokenizerFast, layers: int, hidden: int, heads: int, seed: int,
+    tokenizer: PreTrainedTokenizerFast,
+    layers: int,
+    hidden: int,
+    heads: int,
+    seed: int,
     max_positions: int = MAX_POSITIONS,
 ) -> Qwen2ForCausalLM:
     """A small Qwen2 (tied embeddings, MLP 4x hidden) with weights drawn from torch.manual_seed(seed)."""
@@ -97,9 +104,7 @@ def build_model(
     return model
 
 
-def sft_batch(
-    tokenizer: PreTrainedTokenizerFast, items: Sequence[Item]
-) -> dict[str, torch.Tensor]:
+def sft_batch(tokenizer: PreTrainedTokenizerFast, items: Sequence[Item]) -> dict[str, torch.Tensor]:
     """Right-padded `<bos> prompt answer <eos>` rows; labels are -100 except on answer + EOS tokens.
 
     Returns input_ids [B, L] long, attention_mask [B, L] long, labels [B, L] long.
@@ -109,7 +114,9 @@ def sft_batch(
     rows, targets = [], []
     for item in items:
         prompt = tokenizer(item.prompt)["input_ids"]
-        answer = tokenizer(item.answer, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        answer = tokenizer(item.answer, add_special_tokens=False)["input_ids"] + [
+            tokenizer.eos_token_id
+        ]
         rows.append(prompt + answer)
         targets.append([-100] * len(prompt) + answer)
     width = max(len(r) for r in rows)
@@ -157,7 +164,9 @@ class SFTConfig:
     """Warm-start settings (flags of the same names with an `sft-` prefix)."""
 
     steps: int = 300  # optimiser steps; also the horizon of the cosine schedule
-    lr: float = 1e-3  # peak AdamW lr (3e-3 learned erratically: 200 to 800+ steps to the same accuracy)
+    lr: float = (
+        1e-3  # peak AdamW lr (3e-3 learned erratically: 200 to 800+ steps to the same accuracy)
+    )
     batch_size: int = 64  # train items per step
     seed: int = 0  # seeds the train stream and the teacher's errors
     target_acc: float | None = None  # stop once validation greedy accuracy reaches this
@@ -203,7 +212,11 @@ def sft(
 
 
 def reached_target(
-    model: Qwen2ForCausalLM, tokenizer: PreTrainedTokenizerFast, task: Task, cfg: SFTConfig, step: int
+    model: Qwen2ForCausalLM,
+    tokenizer: PreTrainedTokenizerFast,
+    task: Task,
+    cfg: SFTConfig,
+    step: int,
 ) -> bool:
     """Validation check for `sft`; leaves the model in eval mode if the target is reached."""
     val = list(itertools.islice(task.train_items(cfg.seed + 10_000), 200))
@@ -218,7 +231,10 @@ def reached_target(
 
 @torch.no_grad()
 def greedy_responses(
-    model: Qwen2ForCausalLM, tokenizer: PreTrainedTokenizerFast, prompts: Sequence[str], max_new_tokens: int
+    model: Qwen2ForCausalLM,
+    tokenizer: PreTrainedTokenizerFast,
+    prompts: Sequence[str],
+    max_new_tokens: int,
 ) -> list[str]:
     """Greedy completions, each cut at the first EOS (EOS itself removed, as the generator does)."""
     enc = tokenizer(list(prompts), return_tensors="pt", padding=True, padding_side="left")
@@ -231,13 +247,18 @@ def greedy_responses(
     return responses
 
 
-def heldout_accuracy(model: Qwen2ForCausalLM, tokenizer: PreTrainedTokenizerFast, task: Task) -> float:
+def heldout_accuracy(
+    model: Qwen2ForCausalLM, tokenizer: PreTrainedTokenizerFast, task: Task
+) -> float:
     """Fraction of held-out items whose greedy response equals the answer exactly."""
     return items_accuracy(model, tokenizer, task.heldout_items())
 
 
 def items_accuracy(
-    model: Qwen2ForCausalLM, tokenizer: PreTrainedTokenizerFast, items: Sequence[Item], batch_size: int = 256
+    model: Qwen2ForCausalLM,
+    tokenizer: PreTrainedTokenizerFast,
+    items: Sequence[Item],
+    batch_size: int = 256,
 ) -> float:
     """Fraction of `items` whose greedy response equals the answer exactly."""
     max_new = max(len(it.answer) for it in items) + 2
@@ -258,8 +279,12 @@ def make_tiny_model(args: argparse.Namespace) -> dict[str, Any]:
     model = build_model(tokenizer, args.layers, args.hidden, args.heads, args.seed)
     t1 = time.perf_counter()
     cfg = SFTConfig(
-        steps=args.sft_steps, lr=args.sft_lr, batch_size=args.sft_batch_size, seed=args.seed,
-        target_acc=args.sft_target_acc, teacher_error=args.sft_teacher_error,
+        steps=args.sft_steps,
+        lr=args.sft_lr,
+        batch_size=args.sft_batch_size,
+        seed=args.seed,
+        target_acc=args.sft_target_acc,
+        teacher_error=args.sft_teacher_error,
     )
     steps, loss = sft(model, tokenizer, task, cfg)
     t2 = time.perf_counter()
@@ -287,17 +312,29 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--sft-steps", type=int, default=300, help="SFT optimiser steps (0 = untrained)")
     p.add_argument("--sft-lr", type=float, default=1e-3, help="peak SFT learning rate")
     p.add_argument("--sft-batch-size", type=int, default=64, help="train items per SFT step")
-    p.add_argument("--sft-target-acc", type=float, default=None,
-                   help="stop SFT early once validation greedy accuracy reaches this (0..1)")
-    p.add_argument("--sft-teacher-error", type=float, default=0.0,
-                   help="probability that an SFT target is answer+1 instead of the answer (see sft_items)")
+    p.add_argument(
+        "--sft-target-acc",
+        type=float,
+        default=None,
+        help="stop SFT early once validation greedy accuracy reaches this (0..1)",
+    )
+    p.add_argument(
+        "--sft-teacher-error",
+        type=float,
+        default=0.0,
+        help="probability that an SFT target is answer+1 instead of the answer (see sft_items)",
+    )
     p.add_argument("--seed", type=int, default=0, help="seeds weights and the train item stream")
     p.add_argument("--layers", type=int, default=2, help="transformer layers")
     p.add_argument("--hidden", type=int, default=128, help="hidden size (MLP is 4x)")
     p.add_argument("--heads", type=int, default=4, help="attention heads (= key/value heads)")
-    p.add_argument("--threads", type=int, default=1,
-                   help="torch intra-op threads; 1 because these matrices are too small to gain from more, "
-                   "and on a busy 2-core box 2 threads ran 6x slower than 1 (spinning on a taken core)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch intra-op threads; 1 because these matrices are too small to gain from more, "
+        "and on a busy 2-core box 2 threads ran 6x slower than 1 (spinning on a taken core)",
+    )
     p.add_argument("--no-eval", dest="eval", action="store_false", help="skip held-out evaluation")
     args = p.parse_args(argv)
     if not 0.0 <= args.sft_teacher_error < 1.0:

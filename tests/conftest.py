@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="session")
 def redis_url():
-    from broker.redis_server import EmbeddedRedis
+    from rollflash.broker.redis_server import EmbeddedRedis
 
     with EmbeddedRedis() as server:
         yield server.url
@@ -37,8 +37,8 @@ def run_id() -> str:
 
 @pytest.fixture
 def broker(redis_url, run_id):
-    from broker.connection import connect
-    from broker.streams import RunBroker
+    from rollflash.broker.connection import connect
+    from rollflash.broker.streams import RunBroker
 
     b = RunBroker(connect(redis_url, 5.0), run_id, max_payload_bytes=1_000_000)
     b.ensure_groups()
@@ -52,22 +52,47 @@ def build_model(tmp_path_factory, name: str, args: list[str]) -> Path:
     if (out / "config.json").is_file():
         return out
     tmp = out.with_name(f".{out.name}.{os.getpid()}")
-    subprocess.run([sys.executable, str(ROOT / "scripts" / "make_tiny_model.py"), "--out", str(tmp),
-                    *args, "--no-eval"], check=True, cwd=ROOT, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "make_tiny_model.py"),
+            "--out",
+            str(tmp),
+            *args,
+            "--no-eval",
+        ],
+        check=True,
+        cwd=ROOT,
+        capture_output=True,
+    )
     tmp.rename(out)
     return out
 
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
-    return build_model(tmp_path_factory, "tiny",
-                       ["--sft-steps", "60", "--layers", "1", "--hidden", "64"])
+    return build_model(
+        tmp_path_factory, "tiny", ["--sft-steps", "60", "--layers", "1", "--hidden", "64"]
+    )
 
 
 @pytest.fixture(scope="session")
 def warm_model_dir(tmp_path_factory) -> Path:
     """The demo's warm start: two-digit addition, SFT on a teacher that is off by one 60% of the
     time, where RL has room to improve (the same recipe as the Makefile's demo model)."""
-    return build_model(tmp_path_factory, "warm",
-                       ["--task-params", '{"ops": ["+"]}', "--sft-steps", "1200", "--sft-lr",
-                        "1e-3", "--sft-teacher-error", "0.6", "--seed", "0"])
+    return build_model(
+        tmp_path_factory,
+        "warm",
+        [
+            "--task-params",
+            '{"ops": ["+"]}',
+            "--sft-steps",
+            "1200",
+            "--sft-lr",
+            "1e-3",
+            "--sft-teacher-error",
+            "0.6",
+            "--seed",
+            "0",
+        ],
+    )

@@ -22,21 +22,60 @@ STEPS = 20
 def agent_model_dir(tmp_path_factory) -> Path:
     """The config's warm start (its header gives the command), without the success evaluation."""
     out = tmp_path_factory.mktemp("agent") / "tiny-agent"
-    subprocess.run([sys.executable, str(ROOT / "scripts" / "make_tiny_agent_model.py"), "--out",
-                    str(out), "--task-params", '{"size": 3, "holes": 1, "max_turns": 6}',
-                    "--teacher-noise", "0.4", "--sft-steps", "200", "--max-positions", "128",
-                    "--eval-episodes", "0"], check=True, cwd=ROOT, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "make_tiny_agent_model.py"),
+            "--out",
+            str(out),
+            "--task-params",
+            '{"size": 3, "holes": 1, "max_turns": 6}',
+            "--teacher-noise",
+            "0.4",
+            "--sft-steps",
+            "200",
+            "--max-positions",
+            "128",
+            "--eval-episodes",
+            "0",
+        ],
+        check=True,
+        cwd=ROOT,
+        capture_output=True,
+    )
     return out
 
 
 def test_gridworld_success_rate_improves(tmp_path, redis_url, agent_model_dir, run_id):
     run_dir = tmp_path / "run"
-    subprocess.run([sys.executable, "-m", "rollctl.cli", "run", "--config", str(CONFIG),
-                    "--redis-url", redis_url, "--set", f"model.path={agent_model_dir}",
-                    "--set", f"run.run_dir={run_dir}", "--set", f"run.run_id={run_id}",
-                    "--set", f"trainer.total_steps={STEPS}", "--set", "algo.adv_estimator=gigpo",
-                    "--set", "trainer.actor_lr=5.0e-4"],
-                   check=True, capture_output=True, timeout=300, cwd=ROOT)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rollflash.rollctl.cli",
+            "run",
+            "--config",
+            str(CONFIG),
+            "--redis-url",
+            redis_url,
+            "--set",
+            f"model.path={agent_model_dir}",
+            "--set",
+            f"run.run_dir={run_dir}",
+            "--set",
+            f"run.run_id={run_id}",
+            "--set",
+            f"trainer.total_steps={STEPS}",
+            "--set",
+            "algo.adv_estimator=gigpo",
+            "--set",
+            "trainer.actor_lr=5.0e-4",
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
+        cwd=ROOT,
+    )
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     summary = json.loads((run_dir / "summary.json").read_text())
     success = [m["reward/mean"] for m in metrics]  # reward 1 per solved episode, 0 otherwise

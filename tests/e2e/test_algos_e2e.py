@@ -21,11 +21,29 @@ STEPS = 25  # both configs were at 0.58-0.6 by step 25 from 0.42 (docs/algorithm
 
 def _run(config: str, tmp_path: Path, model: Path) -> dict:
     run_dir = tmp_path / "run"
-    overrides = [f"model.path={model}", f"run.run_dir={run_dir}", f"run.run_id={tmp_path.name}",
-                 f"trainer.total_steps={STEPS}", "task.params={ops: ['+']}", "task.eval_size=200"]
-    proc = subprocess.run([sys.executable, "-m", "rollctl.cli", "run", "--config",
-                           str(ROOT / "configs" / config), *(a for o in overrides for a in ("--set", o))],
-                          capture_output=True, text=True, timeout=600, cwd=ROOT)
+    overrides = [
+        f"model.path={model}",
+        f"run.run_dir={run_dir}",
+        f"run.run_id={tmp_path.name}",
+        f"trainer.total_steps={STEPS}",
+        "task.params={ops: ['+']}",
+        "task.eval_size=200",
+    ]
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rollflash.rollctl.cli",
+            "run",
+            "--config",
+            str(ROOT / "configs" / config),
+            *(a for o in overrides for a in ("--set", o)),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-3000:]
     return json.loads((run_dir / "summary.json").read_text())
 

@@ -8,8 +8,12 @@ import yaml
 
 
 def _rollctl(*args, timeout=60):
-    return subprocess.run([sys.executable, "-m", "rollctl.cli", *args], capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "rollflash.rollctl.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def test_help_lists_the_commands():
@@ -28,20 +32,27 @@ def test_unknown_key_names_the_key(tmp_path):
         "rollctl: error: trainer.actor_lrr: unknown key (known: actor_lr, async_ratio, "
         "checkpoint_every, eval_every, keep_versions, lr_schedule, lr_warmup_steps, max_grad_norm, "
         "micro_batch_size, num_trainer_workers, rollout_batch_size, strategy, token_budget, "
-        "total_steps, wait_timeout_s, weight_decay)"]
+        "total_steps, wait_timeout_s, weight_decay)"
+    ]
 
 
 def test_wrong_type_names_the_key(tmp_path):
     out = _rollctl("run", "--set", "trainer.total_steps=many")
     assert out.returncode == 2
-    assert out.stderr.strip() == ("rollctl: error: trainer.total_steps: expected an integer, "
-                                  "got 'many'")
+    assert out.stderr.strip() == (
+        "rollctl: error: trainer.total_steps: expected an integer, got 'many'"
+    )
 
 
 def test_generator_gives_up_on_unreachable_redis_with_a_clear_message(tmp_path):
     started = time.monotonic()
-    out = _rollctl("start-generator", "--redis-url", f"unix://{tmp_path}/no.sock",
-                   "--set", "redis.connect_timeout_s=3")
+    out = _rollctl(
+        "start-generator",
+        "--redis-url",
+        f"unix://{tmp_path}/no.sock",
+        "--set",
+        "redis.connect_timeout_s=3",
+    )
     elapsed = time.monotonic() - started
     assert out.returncode == 2
     last = out.stderr.strip().splitlines()[-1]

@@ -6,35 +6,59 @@ checkpoint."""
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
-from safetensors.torch import load_file
 import redis
 import yaml
+from safetensors.torch import load_file
 
-from broker.streams import LEARNER_GROUP
+from rollflash.broker.streams import LEARNER_GROUP
 
 STEPS, B, N = 4, 4, 2
 
 
 @pytest.mark.parametrize("strategy", ["fsdp"])  # DDP: tests/integration/test_distributed_learner
-def test_two_learner_ranks_share_every_step_and_ack_everything(tmp_path, tiny_model_dir,
-                                                               redis_url, run_id, strategy):
+def test_two_learner_ranks_share_every_step_and_ack_everything(
+    tmp_path, tiny_model_dir, redis_url, run_id, strategy
+):
     run_dir = tmp_path / "run"
     path = tmp_path / "run.yaml"
-    path.write_text(yaml.safe_dump({
-        "run": {"run_id": run_id, "run_dir": str(run_dir), "torch_threads": 1},
-        "model": {"path": str(tiny_model_dir)},
-        "task": {"name": "arithmetic", "eval_size": 8},
-        "rollout": {"num_return_sequences": N, "max_new_tokens": 6, "prompts_per_pull": 1},
-        "trainer": {"rollout_batch_size": B, "total_steps": STEPS, "async_ratio": 1,
-                    "wait_timeout_s": 120, "num_trainer_workers": 2, "checkpoint_every": 2,
-                    "strategy": strategy},
-    }))
-    proc = subprocess.run([sys.executable, "-m", "rollctl.cli", "run", "--config", str(path),
-                           "--generators", "1", "--redis-url", redis_url],
-                          capture_output=True, text=True, timeout=300)
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "run": {"run_id": run_id, "run_dir": str(run_dir), "torch_threads": 1},
+                "model": {"path": str(tiny_model_dir)},
+                "task": {"name": "arithmetic", "eval_size": 8},
+                "rollout": {"num_return_sequences": N, "max_new_tokens": 6, "prompts_per_pull": 1},
+                "trainer": {
+                    "rollout_batch_size": B,
+                    "total_steps": STEPS,
+                    "async_ratio": 1,
+                    "wait_timeout_s": 120,
+                    "num_trainer_workers": 2,
+                    "checkpoint_every": 2,
+                    "strategy": strategy,
+                },
+            }
+        )
+    )
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rollflash.rollctl.cli",
+            "run",
+            "--config",
+            str(path),
+            "--generators",
+            "1",
+            "--redis-url",
+            redis_url,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["learner_ranks"] == 2 and summary["final_version"] == STEPS
@@ -44,8 +68,10 @@ def test_two_learner_ranks_share_every_step_and_ack_everything(tmp_path, tiny_mo
     for path in kept:  # the versions kept on disk were published whole
         assert "model.embed_tokens.weight" in load_file(str(path))
 
-    ledgers = {name: [json.loads(x) for x in (run_dir / name).read_text().splitlines()]
-               for name in ("ledger.jsonl", "ledger.rank1.jsonl")}
+    ledgers = {
+        name: [json.loads(x) for x in (run_dir / name).read_text().splitlines()]
+        for name in ("ledger.jsonl", "ledger.rank1.jsonl")
+    }
     per_step = {}
     for rows in ledgers.values():
         for row in rows:
@@ -62,8 +88,11 @@ def test_two_learner_ranks_share_every_step_and_ack_everything(tmp_path, tiny_mo
     assert set(consumers) == {"rank0", "rank1"}
     # what stays pending was read but never trained: a rank's groups beyond its last quota,
     # which a resumed run would train; everything trained was acknowledged
-    pending = {e["message_id"] for name in consumers
-               for e in r.xpending_range(stream, LEARNER_GROUP, "-", "+", 1000, name)}
+    pending = {
+        e["message_id"]
+        for name in consumers
+        for e in r.xpending_range(stream, LEARNER_GROUP, "-", "+", 1000, name)
+    }
     ids = {i: f[b"traj_id"].decode() for i, f in r.xrange(stream)}
     assert not {ids[i] for i in pending} & set(trained)
     assert len(pending) < B

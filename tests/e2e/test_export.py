@@ -6,7 +6,7 @@ import sys
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from broker.weights import WeightStore
+from rollflash.broker.weights import WeightStore
 
 
 def test_export_round_trip(tmp_path, tiny_model_dir):
@@ -17,9 +17,23 @@ def test_export_round_trip(tmp_path, tiny_model_dir):
             p.add_(0.01)  # a version that differs from the base model
     WeightStore(run_dir).publish(model.state_dict(), version=3, step=3)
     out = tmp_path / "exported"
-    res = subprocess.run([sys.executable, "-m", "rollctl.cli", "export", "--set",
-                          f"run.run_dir={run_dir}", "--set", f"model.path={tiny_model_dir}",
-                          "--out", str(out)], capture_output=True, text=True, timeout=120)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rollflash.rollctl.cli",
+            "export",
+            "--set",
+            f"run.run_dir={run_dir}",
+            "--set",
+            f"model.path={tiny_model_dir}",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert res.returncode == 0, res.stderr
     loaded = AutoModelForCausalLM.from_pretrained(out)
     tok = AutoTokenizer.from_pretrained(out)
@@ -36,10 +50,25 @@ def test_export_refuses_a_corrupt_version(tmp_path, tiny_model_dir):
     store.publish(AutoModelForCausalLM.from_pretrained(tiny_model_dir).state_dict(), 1, 1)
     f = store.version_dir(1) / "model.safetensors"
     f.write_bytes(f.read_bytes()[:-10] + b"\x00" * 10)
-    res = subprocess.run([sys.executable, "-m", "rollctl.cli", "export", "--set",
-                          f"run.run_dir={run_dir}", "--set", f"model.path={tiny_model_dir}",
-                          "--version", "1", "--out", str(tmp_path / "x")],
-                         capture_output=True, text=True, timeout=120)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rollflash.rollctl.cli",
+            "export",
+            "--set",
+            f"run.run_dir={run_dir}",
+            "--set",
+            f"model.path={tiny_model_dir}",
+            "--version",
+            "1",
+            "--out",
+            str(tmp_path / "x"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert res.returncode == 2
     assert "sha256 mismatch, refusing to load" in res.stderr
     assert not (tmp_path / "x").exists()

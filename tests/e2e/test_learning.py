@@ -15,12 +15,31 @@ STEPS = 40
 
 def _train(tmp_path, redis_url, warm_model_dir, run_id, ratio) -> dict:
     run_dir = tmp_path / f"a{ratio}"
-    subprocess.run([sys.executable, "-m", "rollctl.cli", "run", "--config",
-                    str(ROOT / "configs" / "demo.yaml"), "--redis-url", redis_url,
-                    "--set", f"model.path={warm_model_dir}", "--set", f"run.run_dir={run_dir}",
-                    "--set", f"run.run_id={run_id}-a{ratio}",
-                    "--set", f"trainer.total_steps={STEPS}", "--set", f"trainer.async_ratio={ratio}"],
-                   check=True, capture_output=True, timeout=600)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rollflash.rollctl.cli",
+            "run",
+            "--config",
+            str(ROOT / "configs" / "demo.yaml"),
+            "--redis-url",
+            redis_url,
+            "--set",
+            f"model.path={warm_model_dir}",
+            "--set",
+            f"run.run_dir={run_dir}",
+            "--set",
+            f"run.run_id={run_id}-a{ratio}",
+            "--set",
+            f"trainer.total_steps={STEPS}",
+            "--set",
+            f"trainer.async_ratio={ratio}",
+        ],
+        check=True,
+        capture_output=True,
+        timeout=600,
+    )
     return json.loads((run_dir / "summary.json").read_text())
 
 

@@ -28,8 +28,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _cli(args: list[str], timeout: int = 600) -> subprocess.CompletedProcess:
-    proc = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=timeout,
-                          cwd=ROOT)
+    proc = subprocess.run(
+        [sys.executable, *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT
+    )
     assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-3000:]
     return proc
 
@@ -38,23 +39,65 @@ def _sets(overrides: dict) -> list[str]:
     return [a for k, v in overrides.items() for a in ("--set", f"{k}={v}")]
 
 
-def _train_rm(tmp: Path, model: Path, prop: str, pairs: int, steps: int,
-              pretrain: Path | None = None) -> tuple[Path, dict]:
+def _train_rm(
+    tmp: Path, model: Path, prop: str, pairs: int, steps: int, pretrain: Path | None = None
+) -> tuple[Path, dict]:
     prefs, out = tmp / f"{prop}.jsonl", tmp / f"rm-{prop}"
-    _cli(["scripts/make_preferences.py", "--out", str(prefs), "--pairs", str(pairs),
-          "--property", prop])
-    proc = _cli(["-m", "rollctl.cli", "train-rm", "--config", "configs/rm.yaml", *_sets({
-        "model.path": model, "rm.pretrain": pretrain or model, "rm.dataset": prefs,
-        "rm.save_path": out,
-        "run.run_dir": tmp / f"rm-run-{prop}", "rm.max_steps": steps, "rm.eval_every": 0})])
+    _cli(
+        [
+            "scripts/make_preferences.py",
+            "--out",
+            str(prefs),
+            "--pairs",
+            str(pairs),
+            "--property",
+            prop,
+        ]
+    )
+    proc = _cli(
+        [
+            "-m",
+            "rollflash.rollctl.cli",
+            "train-rm",
+            "--config",
+            "configs/rm.yaml",
+            *_sets(
+                {
+                    "model.path": model,
+                    "rm.pretrain": pretrain or model,
+                    "rm.dataset": prefs,
+                    "rm.save_path": out,
+                    "run.run_dir": tmp / f"rm-run-{prop}",
+                    "rm.max_steps": steps,
+                    "rm.eval_every": 0,
+                }
+            ),
+        ]
+    )
     return out, json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def _rl(tmp: Path, model: Path, rm: Path, steps: int, **overrides) -> tuple[dict, list[dict]]:
     run_dir = tmp / "run"
-    _cli(["-m", "rollctl.cli", "run", "--config", "configs/rlhf.yaml", *_sets({
-        "model.path": model, "reward.model_path": rm, "run.run_dir": run_dir,
-        "run.run_id": tmp.name, "trainer.total_steps": steps, **overrides})])
+    _cli(
+        [
+            "-m",
+            "rollflash.rollctl.cli",
+            "run",
+            "--config",
+            "configs/rlhf.yaml",
+            *_sets(
+                {
+                    "model.path": model,
+                    "reward.model_path": rm,
+                    "run.run_dir": run_dir,
+                    "run.run_id": tmp.name,
+                    "trainer.total_steps": steps,
+                    **overrides,
+                }
+            ),
+        ]
+    )
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return json.loads((run_dir / "summary.json").read_text()), metrics
 
@@ -64,15 +107,35 @@ def rm_base_dir(tmp_path_factory) -> Path:
     """The reward model's backbone: SFT on exact answers (configs/rm.yaml's models/rm-base, here
     800 instead of 1200 steps: 0.835 held-out accuracy as a policy, measured)."""
     out = tmp_path_factory.mktemp("rm-base") / "model"
-    _cli(["scripts/make_tiny_model.py", "--out", str(out), "--task-params", '{"ops": ["+"]}',
-          "--sft-steps", "800", "--sft-lr", "1e-3", "--seed", "1", "--no-eval"])
+    _cli(
+        [
+            "scripts/make_tiny_model.py",
+            "--out",
+            str(out),
+            "--task-params",
+            '{"ops": ["+"]}',
+            "--sft-steps",
+            "800",
+            "--sft-lr",
+            "1e-3",
+            "--seed",
+            "1",
+            "--no-eval",
+        ]
+    )
     return out
 
 
 @pytest.fixture(scope="module")
 def correct_rm(tmp_path_factory, warm_model_dir, rm_base_dir):
-    return _train_rm(tmp_path_factory.mktemp("rm"), warm_model_dir, "correct", 5000, STEPS_RM,
-                     pretrain=rm_base_dir)
+    return _train_rm(
+        tmp_path_factory.mktemp("rm"),
+        warm_model_dir,
+        "correct",
+        5000,
+        STEPS_RM,
+        pretrain=rm_base_dir,
+    )
 
 
 STEPS_RM = 500  # measured 0.882 held-out pairwise accuracy (documented 2000-step run: README)
@@ -93,8 +156,9 @@ def test_reward_model_ranks_heldout_pairs_well_above_chance(correct_rm):
 
 
 @pytest.mark.slow
-def test_grpo_against_the_reward_model_improves_the_ground_truth(correct_rm, tmp_path,
-                                                                 warm_model_dir):
+def test_grpo_against_the_reward_model_improves_the_ground_truth(
+    correct_rm, tmp_path, warm_model_dir
+):
     summary, metrics = _rl(tmp_path, warm_model_dir, correct_rm[0], STEPS_RL)
     assert summary["steps"] == STEPS_RL and summary["stopped_by_guard"] is None
     # a weaker reward model (500-step backbone, 400 steps: 0.84 pairwise) gave 0.525, 0.305 and
@@ -112,8 +176,9 @@ def test_grpo_against_the_reward_model_improves_the_ground_truth(correct_rm, tmp
 
 @pytest.fixture(scope="module")
 def longer_rm(tmp_path_factory, warm_model_dir):
-    path, summary = _train_rm(tmp_path_factory.mktemp("rm-longer"), warm_model_dir, "longer", 2000,
-                              100)
+    path, summary = _train_rm(
+        tmp_path_factory.mktemp("rm-longer"), warm_model_dir, "longer", 2000, 100
+    )
     assert summary["eval_pairwise_acc"] >= 0.9, summary  # length is easy to learn
     return path
 
@@ -130,10 +195,21 @@ HACK_GUARDS = ("score_collapse", "length_at_limit", "length_collapse", "kl_rise"
 
 @pytest.mark.slow
 def test_guards_stop_a_run_that_hacks_an_exploitable_reward(tmp_path, warm_model_dir, longer_rm):
-    summary, metrics = _rl(tmp_path, warm_model_dir, longer_rm, 40, **{
-        "trainer.actor_lr": 1.0e-3, "guards.stop_on_guard": "true", "guards.patience": 2,
-        "trainer.eval_every": 0, "trainer.rollout_batch_size": 16, "task.eval_size": 100,
-        **NO_KL})
+    summary, metrics = _rl(
+        tmp_path,
+        warm_model_dir,
+        longer_rm,
+        40,
+        **{
+            "trainer.actor_lr": 1.0e-3,
+            "guards.stop_on_guard": "true",
+            "guards.patience": 2,
+            "trainer.eval_every": 0,
+            "trainer.rollout_batch_size": 16,
+            "task.eval_size": 100,
+            **NO_KL,
+        },
+    )
     assert summary["stopped_by_guard"], summary
     guard = summary["stopped_by_guard"].split(":")[0]
     assert guard in HACK_GUARDS, summary
@@ -149,21 +225,42 @@ def test_guards_stop_a_run_that_hacks_an_exploitable_reward(tmp_path, warm_model
 def test_train_rm_on_two_gloo_ranks_matches_one_process(tmp_path, tiny_model_dir):
     """torchrun with 2 CPU ranks (gloo, DDP): each rank takes half of every batch and gradients
     are averaged, so the saved model equals the one-process model up to float rounding."""
-    from safetensors.torch import load_file
     import torch
+    from safetensors.torch import load_file
 
     prefs = tmp_path / "prefs.jsonl"
     _cli(["scripts/make_preferences.py", "--out", str(prefs), "--pairs", "200"])
     summaries, weights = [], []
     for world in (1, 2):
         out = tmp_path / f"rm{world}"
-        proc = _cli(["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(world),
-                     "-m", "rollctl.cli", "train-rm", "--config", "configs/rm.yaml", *_sets({
-                         "model.path": tiny_model_dir, "rm.pretrain": tiny_model_dir,
-                         "rm.dataset": prefs, "rm.save_path": out,
-                         "run.run_dir": tmp_path / f"run{world}", "rm.max_steps": 3,
-                         "rm.train_batch_size": 32, "rm.micro_train_batch_size": 8,
-                         "rm.eval_every": 0})], timeout=300)
+        proc = _cli(
+            [
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                "--nproc-per-node",
+                str(world),
+                "-m",
+                "rollflash.rollctl.cli",
+                "train-rm",
+                "--config",
+                "configs/rm.yaml",
+                *_sets(
+                    {
+                        "model.path": tiny_model_dir,
+                        "rm.pretrain": tiny_model_dir,
+                        "rm.dataset": prefs,
+                        "rm.save_path": out,
+                        "run.run_dir": tmp_path / f"run{world}",
+                        "rm.max_steps": 3,
+                        "rm.train_batch_size": 32,
+                        "rm.micro_train_batch_size": 8,
+                        "rm.eval_every": 0,
+                    }
+                ),
+            ],
+            timeout=300,
+        )
         summaries.append(json.loads(proc.stdout.strip().splitlines()[-1]))
         weights.append(load_file(str(out / "model.safetensors")))
     assert [s["world_size"] for s in summaries] == [1, 2]

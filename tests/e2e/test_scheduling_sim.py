@@ -5,7 +5,6 @@ continuous batching."""
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import msgpack
 import numpy as np
@@ -17,18 +16,52 @@ N = 4
 
 def _run(tmp_path, redis_url, run_id, *sets, steps=3, generators=2):
     run_dir = tmp_path / "run"
-    args = ["--set", f"run.run_id={run_id}", "--set", f"run.run_dir={run_dir}",
-            "--set", "rollout.engine=sim", "--set", f"rollout.num_return_sequences={N}",
-            "--set", "rollout.max_new_tokens=64", "--set", "sim.per_token_s=0.002",
-            "--set", "sim.length_median=16", "--set", "sim.learner_step_s=0.2",
-            "--set", "trainer.rollout_batch_size=4", "--set", f"trainer.total_steps={steps}",
-            "--set", "trainer.wait_timeout_s=60", "--set", "task.eval_size=1",
-            "--set", "run.torch_threads=1"]
+    args = [
+        "--set",
+        f"run.run_id={run_id}",
+        "--set",
+        f"run.run_dir={run_dir}",
+        "--set",
+        "rollout.engine=sim",
+        "--set",
+        f"rollout.num_return_sequences={N}",
+        "--set",
+        "rollout.max_new_tokens=64",
+        "--set",
+        "sim.per_token_s=0.002",
+        "--set",
+        "sim.length_median=16",
+        "--set",
+        "sim.learner_step_s=0.2",
+        "--set",
+        "trainer.rollout_batch_size=4",
+        "--set",
+        f"trainer.total_steps={steps}",
+        "--set",
+        "trainer.wait_timeout_s=60",
+        "--set",
+        "task.eval_size=1",
+        "--set",
+        "run.torch_threads=1",
+    ]
     for s in sets:
         args += ["--set", s]
-    proc = subprocess.run([sys.executable, "-m", "rollctl.cli", "run", "--redis-url", redis_url,
-                           "--generators", str(generators), *args],
-                          capture_output=True, text=True, timeout=180)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rollflash.rollctl.cli",
+            "run",
+            "--redis-url",
+            redis_url,
+            "--generators",
+            str(generators),
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-2000:]
     r = redis.Redis.from_url(redis_url)
     entries = r.xrange(f"rl:{run_id}:trajectories")
@@ -49,8 +82,14 @@ def test_redundant_sampling_keeps_exactly_n_per_group(tmp_path, redis_url, run_i
 
 
 def test_replicated_prompts_are_assembled_into_complete_groups(tmp_path, redis_url, run_id):
-    entries, ledger = _run(tmp_path, redis_url, run_id, "rollout.replicate_prompts=true",
-                           "rollout.redundant_samples=1", "rollout.prompts_per_pull=4")
+    entries, ledger = _run(
+        tmp_path,
+        redis_url,
+        run_id,
+        "rollout.replicate_prompts=true",
+        "rollout.redundant_samples=1",
+        "rollout.prompts_per_pull=4",
+    )
     per_group: dict[str, set[str]] = {}
     for _, fields in entries:
         assert len(_samples(fields)) == 1  # one sample per entry
@@ -66,10 +105,18 @@ def test_replicated_prompts_are_assembled_into_complete_groups(tmp_path, redis_u
 @pytest.mark.parametrize("mode", ["pulls", "continuous"])
 def test_interrupted_samples_record_the_version_of_every_token(tmp_path, redis_url, run_id, mode):
     continuous = ["rollout.inflight_samples=8"] if mode == "continuous" else []
-    entries, ledger = _run(tmp_path, redis_url, run_id, "rollout.interrupt=true",
-                           "sim.length_median=200", "rollout.max_new_tokens=400",
-                           "sim.learner_step_s=0.05", "trainer.async_ratio=2", *continuous,
-                           steps=6)
+    entries, ledger = _run(
+        tmp_path,
+        redis_url,
+        run_id,
+        "rollout.interrupt=true",
+        "sim.length_median=200",
+        "rollout.max_new_tokens=400",
+        "sim.learner_step_s=0.05",
+        "trainer.async_ratio=2",
+        *continuous,
+        steps=6,
+    )
     mixed = 0
     for _, fields in entries:
         for s in _samples(fields):
@@ -86,12 +133,20 @@ def _trained_entries(entries, ledger):
     return [f for _, f in entries if f[b"group_id"].decode() in trained]
 
 
-def test_continuous_batching_streams_complete_groups_and_trains_each_once(tmp_path, redis_url,
-                                                                          run_id):
+def test_continuous_batching_streams_complete_groups_and_trains_each_once(
+    tmp_path, redis_url, run_id
+):
     # 3 redundant samples of median length 2: several of a group finish in the same decode step
-    entries, ledger = _run(tmp_path, redis_url, run_id, "rollout.inflight_samples=14",
-                           "rollout.redundant_samples=3", "sim.length_median=2",
-                           "trainer.async_ratio=1", steps=4)
+    entries, ledger = _run(
+        tmp_path,
+        redis_url,
+        run_id,
+        "rollout.inflight_samples=14",
+        "rollout.redundant_samples=3",
+        "sim.length_median=2",
+        "trainer.async_ratio=1",
+        steps=4,
+    )
     trained = [g for row in ledger for g in row["trained"]]
     assert len(trained) == len(set(trained)) == 4 * 4
     for _, fields in entries:  # 7 started per group, the first 4 to finish kept
@@ -103,8 +158,9 @@ def test_continuous_batching_streams_complete_groups_and_trains_each_once(tmp_pa
 def test_continuous_batching_at_ratio_0_is_on_policy(tmp_path, redis_url, run_id):
     """A prompt issued for version v waits, claimed, until v is loaded (the running samples drain
     first), so every token the learner trains on came from the version it trains."""
-    entries, ledger = _run(tmp_path, redis_url, run_id, "rollout.inflight_samples=8",
-                           "trainer.async_ratio=0", steps=4)
+    entries, ledger = _run(
+        tmp_path, redis_url, run_id, "rollout.inflight_samples=8", "trainer.async_ratio=0", steps=4
+    )
     trained = _trained_entries(entries, ledger)
     assert len(trained) == 4 * 4
     by_version = {}
@@ -122,16 +178,38 @@ def test_continuous_batching_restarts_groups_too_stale_to_be_trained(tmp_path, r
     before the weights a generator just loaded are started again rather than finished."""
     # versions advance every 4 short groups, while a long one (up to 1000 tokens, 2 s) spans
     # several of them; with a 400-token cap a run without any restart was seen
-    entries, ledger = _run(tmp_path, redis_url, run_id, "rollout.inflight_samples=8",
-                           "rollout.interrupt=true", "sim.length_median=150",
-                           "sim.length_sigma=1.2", "rollout.max_new_tokens=1000",
-                           "sim.learner_step_s=0.05", "trainer.async_ratio=1", steps=8)
+    entries, ledger = _run(
+        tmp_path,
+        redis_url,
+        run_id,
+        "rollout.inflight_samples=8",
+        "rollout.interrupt=true",
+        "sim.length_median=150",
+        "sim.length_sigma=1.2",
+        "rollout.max_new_tokens=1000",
+        "sim.learner_step_s=0.05",
+        "trainer.async_ratio=1",
+        steps=8,
+    )
     r = redis.Redis.from_url(redis_url, decode_responses=True)
     restarted = sum(int(r.hget(k, "restarted") or 0) for k in r.keys(f"rl:{run_id}:gen:*"))
     assert restarted > 0
-    text = subprocess.run([sys.executable, "-m", "rollctl.cli", "status", "--redis-url",
-                           redis_url, "--set", f"run.run_id={run_id}"], capture_output=True,
-                          text=True, timeout=60, check=True).stdout
+    text = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rollflash.rollctl.cli",
+            "status",
+            "--redis-url",
+            redis_url,
+            "--set",
+            f"run.run_id={run_id}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
     assert "mean_batch=" in text and "restarted=" in text, text
     trained = _trained_entries(entries, ledger)
     assert len(trained) == 8 * 4

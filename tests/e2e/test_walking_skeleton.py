@@ -10,7 +10,7 @@ import pytest
 import redis
 import yaml
 
-from broker.streams import GEN_GROUP, LEARNER_GROUP
+from rollflash.broker.streams import GEN_GROUP, LEARNER_GROUP
 
 STEPS, B, N = 6, 4, 4
 
@@ -22,8 +22,12 @@ def e2e_config(tmp_path, tiny_model_dir, run_id):
         "model": {"path": str(tiny_model_dir)},
         "task": {"name": "arithmetic", "eval_size": 16},
         "rollout": {"num_return_sequences": N, "max_new_tokens": 6, "prompts_per_pull": 1},
-        "trainer": {"rollout_batch_size": B, "total_steps": STEPS, "async_ratio": 1,
-                    "wait_timeout_s": 120},
+        "trainer": {
+            "rollout_batch_size": B,
+            "total_steps": STEPS,
+            "async_ratio": 1,
+            "wait_timeout_s": 120,
+        },
     }
     path = tmp_path / "run.yaml"
     path.write_text(yaml.safe_dump(cfg))
@@ -31,11 +35,26 @@ def e2e_config(tmp_path, tiny_model_dir, run_id):
 
 
 def test_learner_and_two_generators_train_and_consume_every_trajectory_once(
-        e2e_config, redis_url, run_id):
+    e2e_config, redis_url, run_id
+):
     path, cfg = e2e_config
-    proc = subprocess.run([sys.executable, "-m", "rollctl.cli", "run", "--config", str(path),
-                           "--generators", "2", "--redis-url", redis_url],
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rollflash.rollctl.cli",
+            "run",
+            "--config",
+            str(path),
+            "--generators",
+            "2",
+            "--redis-url",
+            redis_url,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-3000:]
     run_dir = Path(cfg["run"]["run_dir"])
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -48,8 +67,10 @@ def test_learner_and_two_generators_train_and_consume_every_trajectory_once(
     assert r.hget(prefix + "weights", "version") == str(STEPS).encode()
     assert (run_dir / "weights" / "LATEST").read_text().strip() == str(STEPS)
     # both generators worked and hot-reloaded new weights
-    gens = {k.decode().rsplit(":", 1)[1]: {f.decode(): v.decode() for f, v in r.hgetall(k).items()}
-            for k in r.scan_iter(match=prefix + "gen:*")}
+    gens = {
+        k.decode().rsplit(":", 1)[1]: {f.decode(): v.decode() for f, v in r.hgetall(k).items()}
+        for k in r.scan_iter(match=prefix + "gen:*")
+    }
     assert set(gens) == {"gen-0", "gen-1"}
     for g in gens.values():
         assert int(g["groups"]) >= 1, gens
@@ -76,12 +97,43 @@ def test_learner_and_two_generators_train_and_consume_every_trajectory_once(
 
 def test_status_shows_queues_versions_and_generators(e2e_config, redis_url, run_id):
     path, cfg = e2e_config
-    subprocess.run([sys.executable, "-m", "rollctl.cli", "run", "--config", str(path),
-                    "--generators", "1", "--redis-url", redis_url, "--set", "trainer.total_steps=2"],
-                   capture_output=True, text=True, timeout=300, check=True)
-    out = subprocess.run([sys.executable, "-m", "rollctl.cli", "status", "--config", str(path),
-                          "--redis-url", redis_url, "--json"],
-                         capture_output=True, text=True, timeout=60, check=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rollflash.rollctl.cli",
+            "run",
+            "--config",
+            str(path),
+            "--generators",
+            "1",
+            "--redis-url",
+            redis_url,
+            "--set",
+            "trainer.total_steps=2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rollflash.rollctl.cli",
+            "status",
+            "--config",
+            str(path),
+            "--redis-url",
+            redis_url,
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
     s = json.loads(out.stdout)
     assert s["learner"]["state"] == "done" and s["learner"]["step"] == "2"
     assert s["weights"]["version"] == "2"
@@ -90,7 +142,20 @@ def test_status_shows_queues_versions_and_generators(e2e_config, redis_url, run_
     assert traj["groups"][0]["pending"] == 0
     assert s["streams"]["prompts"]["groups"][0]["group"] == "gen"
     assert s["generators"]["gen-0"]["loaded_version"] in ("1", "2")
-    text = subprocess.run([sys.executable, "-m", "rollctl.cli", "status", "--config", str(path),
-                           "--redis-url", redis_url], capture_output=True, text=True,
-                          timeout=60, check=True).stdout
+    text = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rollflash.rollctl.cli",
+            "status",
+            "--config",
+            str(path),
+            "--redis-url",
+            redis_url,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
     assert "weights: v2" in text and "generator gen-0" in text and "trajectories" in text

@@ -17,8 +17,16 @@ import os
 import pytest
 
 _RECORDS: list[dict] = []
-COLUMNS = ("injected", "lost", "recovered", "reported", "by_learner", "by_writers", "duplicated",
-           "dropped_duplicates")
+COLUMNS = (
+    "injected",
+    "lost",
+    "recovered",
+    "reported",
+    "by_learner",
+    "by_writers",
+    "duplicated",
+    "dropped_duplicates",
+)
 
 
 @pytest.fixture
@@ -38,8 +46,10 @@ def format_table(rows: list[dict]) -> str:
     width = max([len("scenario")] + [len(r["scenario"]) for r in rows])
     lines = [f"{'scenario':<{width}}  " + "  ".join(f"{c:>{max(9, len(c))}}" for c in COLUMNS)]
     for r in rows:
-        lines.append(f"{r['scenario']:<{width}}  "
-                     + "  ".join(f"{str(r.get(c, '-')):>{max(9, len(c))}}" for c in COLUMNS))
+        lines.append(
+            f"{r['scenario']:<{width}}  "
+            + "  ".join(f"{str(r.get(c, '-')):>{max(9, len(c))}}" for c in COLUMNS)
+        )
     return "\n".join(lines)
 
 

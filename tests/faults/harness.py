@@ -15,18 +15,31 @@ import redis
 import yaml
 
 
-def write_config(tmp_path: Path, redis_url: str, run_id: str, steps: int, batch: int,
-                 **sections) -> Path:
+def write_config(
+    tmp_path: Path, redis_url: str, run_id: str, steps: int, batch: int, **sections
+) -> Path:
     cfg = {
         "run": {"run_id": run_id, "run_dir": str(tmp_path / "run"), "torch_threads": 1},
         "redis": {"url": redis_url, "connect_timeout_s": 20},
         "task": {"eval_size": 1},
-        "rollout": {"engine": "sim", "num_return_sequences": 2, "max_new_tokens": 64,
-                    "prompts_per_pull": 1},
-        "sim": {"per_token_s": 0.002, "length_median": 20, "length_sigma": 0.3,
-                "learner_step_s": 0.1},
-        "trainer": {"rollout_batch_size": batch, "total_steps": steps, "async_ratio": 1,
-                    "wait_timeout_s": 60},
+        "rollout": {
+            "engine": "sim",
+            "num_return_sequences": 2,
+            "max_new_tokens": 64,
+            "prompts_per_pull": 1,
+        },
+        "sim": {
+            "per_token_s": 0.002,
+            "length_median": 20,
+            "length_sigma": 0.3,
+            "learner_step_s": 0.1,
+        },
+        "trainer": {
+            "rollout_batch_size": batch,
+            "total_steps": steps,
+            "async_ratio": 1,
+            "wait_timeout_s": 60,
+        },
     }
     for section, values in sections.items():
         cfg.setdefault(section, {}).update(values)
@@ -35,11 +48,16 @@ def write_config(tmp_path: Path, redis_url: str, run_id: str, steps: int, batch:
     return path
 
 
-def start(role: str, config: Path, *extra: str, env: dict[str, str] | None = None
-          ) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "rollctl.cli", role, "--config", str(config),
-                             *extra], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            text=True, env={**os.environ, **(env or {})})
+def start(
+    role: str, config: Path, *extra: str, env: dict[str, str] | None = None
+) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "rollflash.rollctl.cli", role, "--config", str(config), *extra],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **(env or {})},
+    )
 
 
 def wait_until(predicate, timeout_s: float, what: str) -> None:
@@ -101,9 +119,13 @@ def learner_lag(r: redis.Redis, run_id: str) -> int | None:
 
 def status_text(config: Path) -> str:
     """What `rollctl status` prints for the run."""
-    return subprocess.run([sys.executable, "-m", "rollctl.cli", "status", "--config",
-                           str(config)], capture_output=True, text=True, timeout=60,
-                          check=True).stdout
+    return subprocess.run(
+        [sys.executable, "-m", "rollflash.rollctl.cli", "status", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
 
 
 def last_metrics(run_dir: Path) -> dict:
@@ -118,14 +140,14 @@ def resp_commands(data: bytes) -> list[list[bytes]]:
     """Parse an AOF fragment (RESP arrays of bulk strings) into commands."""
     out, i = [], 0
     while i < len(data):
-        assert data[i:i + 1] == b"*", f"not RESP at byte {i}"
+        assert data[i : i + 1] == b"*", f"not RESP at byte {i}"
         end = data.index(b"\r\n", i)
-        n, i = int(data[i + 1:end]), end + 2
+        n, i = int(data[i + 1 : end]), end + 2
         cmd = []
         for _ in range(n):
             end = data.index(b"\r\n", i)
-            size, i = int(data[i + 1:end]), end + 2
-            cmd.append(data[i:i + size])
+            size, i = int(data[i + 1 : end]), end + 2
+            cmd.append(data[i : i + size])
             i += size + 2
         out.append(cmd)
     return out
@@ -139,6 +161,11 @@ def xadds(commands: list[list[bytes]], key: str) -> list[dict[str, str]]:
             args = c[2:]
             start = next(i for i, a in enumerate(args) if b"-" in a and a[:1].isdigit()) + 1
             pairs = args[start:]
-            out.append({pairs[i].decode(): pairs[i + 1].decode(errors="replace")
-                        for i in range(0, len(pairs) - 1, 2) if pairs[i] != b"data"})
+            out.append(
+                {
+                    pairs[i].decode(): pairs[i + 1].decode(errors="replace")
+                    for i in range(0, len(pairs) - 1, 2)
+                    if pairs[i] != b"data"
+                }
+            )
     return out

@@ -13,10 +13,17 @@ import signal
 import time
 
 import redis
+from harness import (
+    generator_fields,
+    start,
+    steps_done,
+    stop_all,
+    trained_ids,
+    wait_until,
+    write_config,
+)
 
-from broker.redis_server import EmbeddedRedis
-from harness import (generator_fields, start, steps_done, stop_all, trained_ids, wait_until,
-                     write_config)
+from rollflash.broker.redis_server import EmbeddedRedis
 
 STEPS, B, RATIO = 8, 4, 1
 
@@ -25,10 +32,18 @@ def _produced(r, run_id) -> int:
     return sum(int(g.get("groups", 0)) for g in generator_fields(r, run_id).values())
 
 
-def test_a_stalled_learner_caps_producers_and_nothing_is_trimmed(tmp_path, redis_url, run_id,
-                                                                  fault_report):
-    config = write_config(tmp_path, redis_url, run_id, STEPS, B,
-                          trainer={"async_ratio": RATIO}, rollout={"heartbeat_ttl_s": 60})
+def test_a_stalled_learner_caps_producers_and_nothing_is_trimmed(
+    tmp_path, redis_url, run_id, fault_report
+):
+    config = write_config(
+        tmp_path,
+        redis_url,
+        run_id,
+        STEPS,
+        B,
+        trainer={"async_ratio": RATIO},
+        rollout={"heartbeat_ttl_s": 60},
+    )
     run_dir = tmp_path / "run"
     r = redis.Redis.from_url(redis_url)
     prompts, trajectories = f"rl:{run_id}:prompts", f"rl:{run_id}:trajectories"
@@ -60,14 +75,21 @@ def test_a_stalled_learner_caps_producers_and_nothing_is_trimmed(tmp_path, redis
     assert groups[prompts]["lag"] == 0  # every prompt was delivered
     trained = trained_ids(run_dir)
     assert len(trained) == len(set(trained)) == STEPS * B
-    fault_report("learner stalled (SIGSTOP 3.5 s)", injected=1, recovered=1, lost=0,
-                 reported="-", duplicated=len(trained) - len(set(trained)),
-                 dropped_duplicates=0)
+    fault_report(
+        "learner stalled (SIGSTOP 3.5 s)",
+        injected=1,
+        recovered=1,
+        lost=0,
+        reported="-",
+        duplicated=len(trained) - len(set(trained)),
+        dropped_duplicates=0,
+    )
 
 
 def test_redis_at_maxmemory_makes_processes_back_off_not_crash(tmp_path, run_id, fault_report):
-    server = EmbeddedRedis(tmp_path / "redis",
-                           extra_args=["--maxmemory-policy", "noeviction"]).start()
+    server = EmbeddedRedis(
+        tmp_path / "redis", extra_args=["--maxmemory-policy", "noeviction"]
+    ).start()
     config = write_config(tmp_path, server.url, run_id, STEPS, B)
     run_dir = tmp_path / "run"
     admin = redis.Redis.from_url(server.url)
@@ -94,6 +116,12 @@ def test_redis_at_maxmemory_makes_processes_back_off_not_crash(tmp_path, run_id,
     assert any("maxmemory" in e for e in errs)  # the generators said why they waited
     trained = trained_ids(run_dir)
     assert len(trained) == len(set(trained)) == STEPS * B
-    fault_report("redis at maxmemory (noeviction, 3 s)", injected=1, recovered=1, lost=0,
-                 reported="-", duplicated=len(trained) - len(set(trained)),
-                 dropped_duplicates=0)
+    fault_report(
+        "redis at maxmemory (noeviction, 3 s)",
+        injected=1,
+        recovered=1,
+        lost=0,
+        reported="-",
+        duplicated=len(trained) - len(set(trained)),
+        dropped_duplicates=0,
+    )

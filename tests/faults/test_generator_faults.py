@@ -21,37 +21,64 @@ def _pending_of(r, stream, consumer):
 
 
 def test_killed_and_frozen_generators_lose_nothing_and_train_nothing_twice(
-        tmp_path, redis_url, run_id):
+    tmp_path, redis_url, run_id
+):
     run_dir = tmp_path / "run"
     config = tmp_path / "run.yaml"
-    config.write_text(yaml.safe_dump({
-        "run": {"run_id": run_id, "run_dir": str(run_dir), "torch_threads": 1},
-        "redis": {"url": redis_url},
-        "task": {"eval_size": 1},
-        "rollout": {"engine": "sim", "num_return_sequences": 2, "max_new_tokens": 400,
-                    "prompts_per_pull": 1, "reclaim_idle_s": 2.0},
-        "sim": {"per_token_s": 0.002, "length_median": 150, "length_sigma": 0.3,
-                "learner_step_s": 0.1},
-        "trainer": {"rollout_batch_size": B, "total_steps": STEPS, "async_ratio": 1,
-                    "wait_timeout_s": 60},
-    }))
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "run": {"run_id": run_id, "run_dir": str(run_dir), "torch_threads": 1},
+                "redis": {"url": redis_url},
+                "task": {"eval_size": 1},
+                "rollout": {
+                    "engine": "sim",
+                    "num_return_sequences": 2,
+                    "max_new_tokens": 400,
+                    "prompts_per_pull": 1,
+                    "reclaim_idle_s": 2.0,
+                },
+                "sim": {
+                    "per_token_s": 0.002,
+                    "length_median": 150,
+                    "length_sigma": 0.3,
+                    "learner_step_s": 0.1,
+                },
+                "trainer": {
+                    "rollout_batch_size": B,
+                    "total_steps": STEPS,
+                    "async_ratio": 1,
+                    "wait_timeout_s": 60,
+                },
+            }
+        )
+    )
     r = redis.Redis.from_url(redis_url)
     prompts = f"rl:{run_id}:prompts"
-    victims = {name: start("start-generator", config, "--id", name)
-               for name in ("victim", "sleeper")}
+    victims = {
+        name: start("start-generator", config, "--id", name) for name in ("victim", "sleeper")
+    }
     learner = start("start-learner", config)
     # the learner publishes v0 and issues prompts; wait until each victim is mid-generation
-    wait_until(lambda: _pending_of(r, prompts, "victim") and _pending_of(r, prompts, "sleeper"),
-                60, "both victims to claim a prompt")
+    wait_until(
+        lambda: _pending_of(r, prompts, "victim") and _pending_of(r, prompts, "sleeper"),
+        60,
+        "both victims to claim a prompt",
+    )
     victims["victim"].send_signal(signal.SIGKILL)
     victims["sleeper"].send_signal(signal.SIGSTOP)
     frozen = [p["message_id"].decode() for p in _pending_of(r, prompts, "sleeper")]
     healthy = [start("start-generator", config, "--id", f"healthy-{i}") for i in range(2)]
     try:
         # the sleeper's prompt must be taken over while it is frozen
-        wait_until(lambda: not {p["message_id"].decode()
-                                 for p in _pending_of(r, prompts, "sleeper")} & set(frozen),
-                    30, "the frozen generator's prompt to be reclaimed")
+        wait_until(
+            lambda: (
+                not {p["message_id"].decode() for p in _pending_of(r, prompts, "sleeper")}
+                & set(frozen)
+            ),
+            30,
+            "the frozen generator's prompt to be reclaimed",
+        )
         os.kill(victims["sleeper"].pid, signal.SIGCONT)  # wakes up and delivers a duplicate
         assert learner.wait(timeout=120) == 0, learner.stderr.read()[-3000:]
     finally:
@@ -76,6 +103,7 @@ def test_killed_and_frozen_generators_lose_nothing_and_train_nothing_twice(
     # the prompts taken over from the dead victim were answered first by their new owner, which
     # says so (`retried`); the learner counts each such first answer
     retried = [t for row in ledger for t in row["retried"]]
-    assert len(retried) >= 1 and set(retried) <= set(trained) | {g for row in ledger
-                                                                 for g in row["stale"]}
+    assert len(retried) >= 1 and set(retried) <= set(trained) | {
+        g for row in ledger for g in row["stale"]
+    }
     assert sum(m["async/retried"] for m in metrics) == len(retried)

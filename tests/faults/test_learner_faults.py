@@ -44,19 +44,30 @@ def surviving_rows(ledger: list[dict]) -> list[dict]:
     return rows
 
 
-@pytest.mark.parametrize("window,step", [("after_read", 5), ("after_update", 5),
-                                         ("after_checkpoint", 6)])
+@pytest.mark.parametrize(
+    "window,step", [("after_read", 5), ("after_update", 5), ("after_checkpoint", 6)]
+)
 def test_learner_killed_mid_step_resumes_without_loss_or_double_training(
-        tmp_path, redis_url, run_id, window, step):
+    tmp_path, redis_url, run_id, window, step
+):
     run_dir = tmp_path / "run"
-    config = write_config(tmp_path, redis_url, run_id, STEPS, B,
-                          sim={"per_token_s": 0.001, "length_median": 16, "length_sigma": 0.5},
-                          trainer={"checkpoint_every": EVERY})
+    config = write_config(
+        tmp_path,
+        redis_url,
+        run_id,
+        STEPS,
+        B,
+        sim={"per_token_s": 0.001, "length_median": 16, "length_sigma": 0.5},
+        trainer={"checkpoint_every": EVERY},
+    )
     gens = [start("start-generator", config, "--id", f"gen-{i}") for i in range(2)]
     try:
         first = start("start-learner", config, env={"ROLLFLASH_PAUSE_AT": f"{window}:{step}"})
-        wait_until(lambda: _stopped(first.pid) or first.poll() is not None, 90,
-                   f"the learner to reach {window} of step {step}")
+        wait_until(
+            lambda: _stopped(first.pid) or first.poll() is not None,
+            90,
+            f"the learner to reach {window} of step {step}",
+        )
         assert first.poll() is None, first.stderr.read()[-3000:]
         first.send_signal(signal.SIGKILL)
         first.wait()
@@ -85,11 +96,18 @@ def test_learner_killed_mid_step_resumes_without_loss_or_double_training(
     # versions only increase; the model holds exactly STEPS updates (one per trained step)
     versions = [row["version"] for row in ledger]
     assert versions == sorted(versions) and len(set(versions)) == len(versions)
-    status = subprocess.run([sys.executable, "-m", "rollctl.cli", "status", "--config",
-                             str(config)], capture_output=True, text=True, timeout=60, check=True)
+    status = subprocess.run(
+        [sys.executable, "-m", "rollflash.rollctl.cli", "status", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
     assert f"checkpoint_step={STEPS} resumed_from={resume[0]['step']}" in status.stdout
     final = json.loads((run_dir / "summary.json").read_text())
     assert final["steps"] == STEPS and final["final_version"] == versions[-1]
     latest = (run_dir / "checkpoints" / "LATEST").read_text().strip()
-    weight = load_file(str(run_dir / "checkpoints" / f"step{int(latest):08d}" / "model.safetensors"))
+    weight = load_file(
+        str(run_dir / "checkpoints" / f"step{int(latest):08d}" / "model.safetensors")
+    )
     assert int(latest) == STEPS and weight["weight"].tolist() == [float(STEPS)] * 4

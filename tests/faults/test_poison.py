@@ -9,18 +9,24 @@ import math
 import msgpack
 import numpy as np
 import redis
-
-from broker.schema import Sample, Trajectory, encode_trajectory
 from harness import start, steps_done, stop_all, trained_ids, wait_until, write_config
+
+from rollflash.broker.schema import Sample, Trajectory, encode_trajectory
 
 STEPS, B, LIMIT = 6, 4, 20_000
 
 
 def _traj_fields(mutate=None, sample=None) -> dict:
-    s = sample or Sample(np.array([5, 6], np.int32), np.array([-0.5, -1.0], np.float32),
-                         np.array([0, 0], np.int32), 1.0, True)
-    fields = encode_trajectory(Trajectory("poison", "p", "poison", "evil", 0, 0,
-                                          np.array([1, 2], np.int32), [s, s]))
+    s = sample or Sample(
+        np.array([5, 6], np.int32),
+        np.array([-0.5, -1.0], np.float32),
+        np.array([0, 0], np.int32),
+        1.0,
+        True,
+    )
+    fields = encode_trajectory(
+        Trajectory("poison", "p", "poison", "evil", 0, 0, np.array([1, 2], np.int32), [s, s])
+    )
     if mutate:
         body = msgpack.unpackb(fields["data"])
         mutate(body)
@@ -34,38 +40,62 @@ def _set_sample(key, value):
 
 def _array(key, values, dtype):
     return lambda body: body["samples"][0][key].__setitem__(
-        "data", np.array(values, dtype).tobytes())
+        "data", np.array(values, dtype).tobytes()
+    )
 
 
 PROMPT_POISON = {
-    "corrupt msgpack": ({"schema": 1, "prompt_id": "x", "group_id": "x", "n": 2,
-                         "issued_version": 0, "data": b"\xc1\xff"}, "corrupt msgpack"),
+    "corrupt msgpack": (
+        {
+            "schema": 1,
+            "prompt_id": "x",
+            "group_id": "x",
+            "n": 2,
+            "issued_version": 0,
+            "data": b"\xc1\xff",
+        },
+        "corrupt msgpack",
+    ),
     "wrong schema": ({"schema": 99, "data": msgpack.packb({"item": {}})}, "schema"),
     "oversize": ({"schema": 1, "data": b"\x00" * (LIMIT + 1)}, "exceeds the limit"),
-    "wrong types": ({"schema": 1, "prompt_id": "x", "group_id": "x", "n": "two",
-                     "issued_version": 0, "data": msgpack.packb({"item": {"prompt": "1+1="}})},
-                    "bad scalar field"),
+    "wrong types": (
+        {
+            "schema": 1,
+            "prompt_id": "x",
+            "group_id": "x",
+            "n": "two",
+            "issued_version": 0,
+            "data": msgpack.packb({"item": {"prompt": "1+1="}}),
+        },
+        "bad scalar field",
+    ),
 }
 TRAJECTORY_POISON = {
     "corrupt msgpack": ({**_traj_fields(), "data": b"\xc1garbage"}, "corrupt msgpack"),
     "wrong schema": ({**_traj_fields(), "schema": 2}, "schema"),
     "NaN reward": (_traj_fields(_set_sample("reward", math.nan)), "reward: not finite"),
     "inf reward": (_traj_fields(_set_sample("reward", math.inf)), "reward: not finite"),
-    "inf logprob": (_traj_fields(_array("logprobs", [-0.5, -math.inf], np.float32)),
-                    "logprobs: not finite"),
-    "NaN logprob": (_traj_fields(_array("logprobs", [math.nan, -1.0], np.float32)),
-                    "logprobs: not finite"),
-    "token outside vocabulary": (_traj_fields(_array("response_ids", [5, 10_000], np.int32)),
-                                 "outside the vocabulary"),
+    "inf logprob": (
+        _traj_fields(_array("logprobs", [-0.5, -math.inf], np.float32)),
+        "logprobs: not finite",
+    ),
+    "NaN logprob": (
+        _traj_fields(_array("logprobs", [math.nan, -1.0], np.float32)),
+        "logprobs: not finite",
+    ),
+    "token outside vocabulary": (
+        _traj_fields(_array("response_ids", [5, 10_000], np.int32)),
+        "outside the vocabulary",
+    ),
     "wrong types": (_traj_fields(_set_sample("reward", "high")), "wrong type str"),
     "oversize": ({**_traj_fields(), "data": b"\x00" * (LIMIT + 1)}, "exceeds the limit"),
 }
 
 
 def test_poison_on_both_streams_is_dead_lettered_acked_counted_and_training_goes_on(
-        tmp_path, run_id, redis_url, fault_report):
-    config = write_config(tmp_path, redis_url, run_id, STEPS, B,
-                          redis={"max_payload_bytes": LIMIT})
+    tmp_path, run_id, redis_url, fault_report
+):
+    config = write_config(tmp_path, redis_url, run_id, STEPS, B, redis={"max_payload_bytes": LIMIT})
     run_dir = tmp_path / "run"
     r = redis.Redis.from_url(redis_url)
     prefix = f"rl:{run_id}:"
@@ -83,21 +113,30 @@ def test_poison_on_both_streams_is_dead_lettered_acked_counted_and_training_goes
         stop_all([learner, gen])
     trained = trained_ids(run_dir)
     assert len(trained) == len(set(trained)) == STEPS * B
-    dead = {(f[b"source"].decode().rsplit(":", 1)[1], f[b"original_id"].decode()): f
-            for _, f in r.xrange(prefix + "dlq")}
+    dead = {
+        (f[b"source"].decode().rsplit(":", 1)[1], f[b"original_id"].decode()): f
+        for _, f in r.xrange(prefix + "dlq")
+    }
     for key, (name, reason) in injected.items():
         assert key in dead, f"{key[0]} {name} was not dead-lettered"
         assert reason in dead[key][b"reason"].decode(), (name, dead[key][b"reason"])
     for stream, group in (("prompts", "gen"), ("trajectories", "learner")):
-        pending = {p["message_id"].decode() for p in r.xpending_range(
-            prefix + stream, group, min="-", max="+", count=1000)}
+        pending = {
+            p["message_id"].decode()
+            for p in r.xpending_range(prefix + stream, group, min="-", max="+", count=1000)
+        }
         assert not pending & {i for s, i in injected if s == stream}, f"poison pending in {stream}"
     metrics = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert sum(m["async/rejected"] for m in metrics) == len(TRAJECTORY_POISON)
     gen_hash = {k.decode(): v.decode() for k, v in r.hgetall(prefix + "gen:gen-0").items()}
     assert int(gen_hash["dead_letters"]) == len(PROMPT_POISON)
     for stream, poison in (("prompts", PROMPT_POISON), ("trajectories", TRAJECTORY_POISON)):
-        fault_report(f"poison {stream} ({len(poison)} kinds)", injected=len(poison), lost=0,
-                     recovered=sum(1 for s, _ in injected if s == stream and (s, _) in dead),
-                     reported=len(poison), duplicated=len(trained) - len(set(trained)),
-                     dropped_duplicates=0)
+        fault_report(
+            f"poison {stream} ({len(poison)} kinds)",
+            injected=len(poison),
+            lost=0,
+            recovered=sum(1 for s, _ in injected if s == stream and (s, _) in dead),
+            reported=len(poison),
+            duplicated=len(trained) - len(set(trained)),
+            dropped_duplicates=0,
+        )

@@ -24,21 +24,46 @@ import time
 
 import pytest
 import redis
+from harness import (
+    acknowledged_not_stored,
+    dropped_duplicates,
+    generator_fields,
+    last_metrics,
+    learner_lag,
+    resp_commands,
+    start,
+    status_text,
+    steps_done,
+    stop_all,
+    trained_ids,
+    traj_ids,
+    wait_until,
+    write_config,
+    xadds,
+)
 
-from broker.redis_server import EmbeddedRedis
-from broker.streams import WATCH_INTERVAL_S
-from harness import (acknowledged_not_stored, dropped_duplicates, generator_fields,
-                     last_metrics, learner_lag, resp_commands, start, status_text, steps_done,
-                     stop_all, trained_ids, traj_ids, wait_until, write_config, xadds)
+from rollflash.broker.redis_server import EmbeddedRedis
+from rollflash.broker.streams import WATCH_INTERVAL_S
 
 STEPS, B = 10, 4
 
 
 def _redis(tmp_path, fsync):
-    aof = ["--appendonly", "yes", "--appendfsync", fsync, "--save", "",
-           "--auto-aof-rewrite-percentage", "0"] if fsync else []
-    return EmbeddedRedis(tmp_path / "redis", persistence=fsync is not None,
-                         extra_args=aof).start()
+    aof = (
+        [
+            "--appendonly",
+            "yes",
+            "--appendfsync",
+            fsync,
+            "--save",
+            "",
+            "--auto-aof-rewrite-percentage",
+            "0",
+        ]
+        if fsync
+        else []
+    )
+    return EmbeddedRedis(tmp_path / "redis", persistence=fsync is not None, extra_args=aof).start()
 
 
 def _incr_aof(server):
@@ -56,8 +81,9 @@ def _erase_tail(server, durable: int) -> list[list[bytes]]:
     return erased
 
 
-@pytest.mark.parametrize("fsync, power_cut, generators", [("always", False, 2),
-                                                          ("everysec", True, 1)])
+@pytest.mark.parametrize(
+    "fsync, power_cut, generators", [("always", False, 2), ("everysec", True, 1)]
+)
 def test_redis_restart_mid_training(tmp_path, run_id, fault_report, fsync, power_cut, generators):
     server = _redis(tmp_path, fsync)
     config = write_config(tmp_path, server.url, run_id, STEPS, B)
@@ -97,14 +123,16 @@ def test_redis_restart_mid_training(tmp_path, run_id, fault_report, fsync, power
     # few more (a write Redis postpones while an fsync runs is only in its memory)
     assert missing >= len(erased_traj)
     # each erased write is back: regenerated (trajectories) or re-added (prompts)
-    unrecovered = [t["traj_id"] for t in erased_traj if t["traj_id"] not in stored] + \
-        [p["group_id"] for p in erased_prompts if p["group_id"].encode() not in stored_prompts]
+    unrecovered = [t["traj_id"] for t in erased_traj if t["traj_id"] not in stored] + [
+        p["group_id"] for p in erased_prompts if p["group_id"].encode() not in stored_prompts
+    ]
     assert unrecovered == []
     # and the system counted what it lost: never silent. It may count one more per generator: a
     # write in flight at the crash, re-sent after the restart, whose prompt Redis forgot.
     assert reported_prompts == len(erased_prompts)
-    assert missing <= reported_traj <= missing + generators, str((
-        sorted(t["traj_id"] for t in erased_traj), [x[-90:] for x in logs]))
+    assert missing <= reported_traj <= missing + generators, str(
+        (sorted(t["traj_id"] for t in erased_traj), [x[-90:] for x in logs])
+    )
     # the learner counts the forgotten writes it had seen (not those of the last moments before
     # the cut): at most every forgotten write, in-flight ones included
     assert by_learner <= missing + generators
@@ -113,19 +141,24 @@ def test_redis_restart_mid_training(tmp_path, run_id, fault_report, fsync, power
     else:
         assert by_learner == 0
     lost = missing + len(erased_prompts)
-    fault_report(f"redis kill -9, appendfsync {fsync}" + (" + power cut" if power_cut else ""),
-                 injected=1, recovered=int(not unrecovered), lost=lost,
-                 reported=max(reported_traj, by_learner) + reported_prompts,
-                 by_learner=by_learner, by_writers=reported_traj,
-                 duplicated=len(trained) - len(set(trained)),
-                 dropped_duplicates=dropped_duplicates(run_dir))
+    fault_report(
+        f"redis kill -9, appendfsync {fsync}" + (" + power cut" if power_cut else ""),
+        injected=1,
+        recovered=int(not unrecovered),
+        lost=lost,
+        reported=max(reported_traj, by_learner) + reported_prompts,
+        by_learner=by_learner,
+        by_writers=reported_traj,
+        duplicated=len(trained) - len(set(trained)),
+        dropped_duplicates=dropped_duplicates(run_dir),
+    )
 
 
 def test_everysec_power_cut_after_the_writer_died_is_counted_by_the_learner(
-        tmp_path, run_id, fault_report):
+    tmp_path, run_id, fault_report
+):
     server = _redis(tmp_path, "everysec")
-    config = write_config(tmp_path, server.url, run_id, 3 * STEPS, B,
-                          rollout={"reclaim_idle_s": 2})
+    config = write_config(tmp_path, server.url, run_id, 3 * STEPS, B, rollout={"reclaim_idle_s": 2})
     run_dir = tmp_path / "run"
     gens = [start("start-generator", config, "--id", f"gen-{i}") for i in range(2)]
     learner = start("start-learner", config)
@@ -181,11 +214,17 @@ def test_everysec_power_cut_after_the_writer_died_is_counted_by_the_learner(
     assert f"by their writers={by_writers}" in status
     assert int(run.get("redis_lost_prompts", 0)) == len(erased_prompts)
     assert {p["group_id"] for p in erased_prompts} <= stored_prompts  # re-added
-    fault_report("redis everysec power cut, writer kill -9 first", injected=2,
-                 recovered=1, lost=n + len(erased_prompts),
-                 reported=max(n, by_writers) + len(erased_prompts), by_learner=n,
-                 by_writers=by_writers, duplicated=len(trained) - len(set(trained)),
-                 dropped_duplicates=dropped_duplicates(run_dir))
+    fault_report(
+        "redis everysec power cut, writer kill -9 first",
+        injected=2,
+        recovered=1,
+        lost=n + len(erased_prompts),
+        reported=max(n, by_writers) + len(erased_prompts),
+        by_learner=n,
+        by_writers=by_writers,
+        duplicated=len(trained) - len(set(trained)),
+        dropped_duplicates=dropped_duplicates(run_dir),
+    )
 
 
 def test_redis_back_empty_stops_the_run_with_a_clear_error(tmp_path, run_id, fault_report):
@@ -209,6 +248,12 @@ def test_redis_back_empty_stops_the_run_with_a_clear_error(tmp_path, run_id, fau
     for line in errors:
         assert line.startswith("rollctl: error: Redis no longer holds run"), errors
     assert recreated == []
-    fault_report("redis back empty (no persistence)", injected=1, recovered=0,
-                 lost="all", reported=f"{len(codes)}/{len(codes)} stop", duplicated=0,
-                 dropped_duplicates=0)
+    fault_report(
+        "redis back empty (no persistence)",
+        injected=1,
+        recovered=0,
+        lost="all",
+        reported=f"{len(codes)}/{len(codes)} stop",
+        duplicated=0,
+        dropped_duplicates=0,
+    )

@@ -29,11 +29,28 @@ def _children_of(pid: int) -> list[int]:
 
 def _start(tmp_path):
     proc = subprocess.Popen(
-        [sys.executable, "-m", "rollctl.cli", "run", "--generators", "2",
-         "--set", f"run.run_dir={tmp_path / 'run'}", "--set", "rollout.engine=sim",
-         "--set", "sim.learner_step_s=0.5", "--set", "trainer.total_steps=1000",
-         "--set", "task.eval_size=1"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        [
+            sys.executable,
+            "-m",
+            "rollflash.rollctl.cli",
+            "run",
+            "--generators",
+            "2",
+            "--set",
+            f"run.run_dir={tmp_path / 'run'}",
+            "--set",
+            "rollout.engine=sim",
+            "--set",
+            "sim.learner_step_s=0.5",
+            "--set",
+            "trainer.total_steps=1000",
+            "--set",
+            "task.eval_size=1",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and not (tmp_path / "run" / "metrics.jsonl").exists():
         time.sleep(0.2)  # wait until training is under way: learner, generators, redis all up
@@ -44,8 +61,11 @@ def _start(tmp_path):
 def _gone(pids, timeout_s=30) -> list[int]:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        alive = [p for p in pids if os.path.exists(f"/proc/{p}")
-                 and open(f"/proc/{p}/stat").read().split()[2] != "Z"]
+        alive = [
+            p
+            for p in pids
+            if os.path.exists(f"/proc/{p}") and open(f"/proc/{p}/stat").read().split()[2] != "Z"
+        ]
         if not alive:
             return []
         time.sleep(0.2)

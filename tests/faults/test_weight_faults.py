@@ -14,13 +14,13 @@ import textwrap
 import time
 
 import redis
-
-from broker.weights import WeightStore
 from harness import start, stop_all, trained_ids, write_config
+
+from rollflash.broker.weights import WeightStore
 
 PUBLISHER = textwrap.dedent("""
     import sys, torch
-    from broker.weights import WeightStore
+    from rollflash.broker.weights import WeightStore
     store = WeightStore(sys.argv[1])
     store.clean_temp()
     v = max(store.versions(), default=0)
@@ -40,14 +40,18 @@ def _check_store(store: WeightStore) -> None:
         store.verified_path(store.latest())
 
 
-def test_publisher_killed_mid_publish_leaves_nothing_loadable_and_is_cleaned(tmp_path,
-                                                                             fault_report):
+def test_publisher_killed_mid_publish_leaves_nothing_loadable_and_is_cleaned(
+    tmp_path, fault_report
+):
     store = WeightStore(tmp_path)
     leftovers = 0
     delays = [0.05, 0.3, 0.6, 0.9, 1.2]  # after start-up, into successive publishes
     for delay in delays:
-        proc = subprocess.Popen([sys.executable, "-c", PUBLISHER, str(tmp_path)],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        proc = subprocess.Popen(
+            [sys.executable, "-c", PUBLISHER, str(tmp_path)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
         assert proc.stdout.readline() == b"ready\n", proc.stderr.read().decode()[-2000:]
         time.sleep(delay)
         proc.kill()
@@ -56,22 +60,30 @@ def test_publisher_killed_mid_publish_leaves_nothing_loadable_and_is_cleaned(tmp
         _check_store(store)
         partial = list(store.root.glob(".tmp-*")) + list(store.root.glob(".LATEST.*"))
         leftovers += bool(partial)
-        assert all(p.name.startswith((".tmp-", ".LATEST.")) for p in store.root.iterdir()
-                   if not p.name.startswith("v") and p.name != "LATEST")
+        assert all(
+            p.name.startswith((".tmp-", ".LATEST."))
+            for p in store.root.iterdir()
+            if not p.name.startswith("v") and p.name != "LATEST"
+        )
         # the next start (a fresh publisher process) cleans up before it publishes
         assert store.clean_temp() == len(partial)
         assert list(store.root.glob(".*")) == []
     assert store.versions(), "no publish ever completed: the kill points were all too early"
     assert leftovers >= 1, "no kill landed inside a publish: the test did not test anything"
-    fault_report("publisher kill -9 mid-publish (5 points)", injected=len(delays),
-                 recovered=len(delays), lost=0, reported=f"{leftovers} cleaned",
-                 duplicated=0, dropped_duplicates=0)
+    fault_report(
+        "publisher kill -9 mid-publish (5 points)",
+        injected=len(delays),
+        recovered=len(delays),
+        lost=0,
+        reported=f"{leftovers} cleaned",
+        duplicated=0,
+        dropped_duplicates=0,
+    )
 
 
 def test_retention_spares_a_version_a_live_generator_has_loaded(tmp_path, redis_url, run_id):
     steps = 6
-    config = write_config(tmp_path, redis_url, run_id, steps, 2,
-                          trainer={"keep_versions": 1})
+    config = write_config(tmp_path, redis_url, run_id, steps, 2, trainer={"keep_versions": 1})
     r = redis.Redis.from_url(redis_url)
     # a generator still running on v0 (its heartbeat, as generators/rollout.py writes it)
     r.hset(f"rl:{run_id}:gen:slow-gen", mapping={"loaded_version": 0, "state": "up"})

@@ -13,12 +13,12 @@ import torch
 from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from broker.config import config_from_dict
-from broker.schema import Sample, Trajectory
-from broker.weights import unique_tensors
-from learner.dist import full_state_dict, init_dist, wrap_model
-from learner.prepare import build_algo_models
-from learner.train import train_step
+from rollflash.broker.config import config_from_dict
+from rollflash.broker.schema import Sample, Trajectory
+from rollflash.broker.weights import unique_tensors
+from rollflash.learner.dist import full_state_dict, init_dist, wrap_model
+from rollflash.learner.prepare import build_algo_models
+from rollflash.learner.train import train_step
 
 
 def make_groups(tok, count: int, n: int = 4) -> list[Trajectory]:
@@ -28,15 +28,21 @@ def make_groups(tok, count: int, n: int = 4) -> list[Trajectory]:
     for g in range(count):
         prompt = tok(f"{g + 11}+{g + 3}=")["input_ids"]
         samples = []
-        for j in range(n):
+        for _ in range(n):
             text = str(int(rng.integers(1, 10 ** int(rng.integers(1, 5)))))
             resp = tok(text)["input_ids"][1:] + [tok.eos_token_id]
-            samples.append(Sample(np.array(resp, "<i4"),
-                                  rng.uniform(-3, -0.5, len(resp)).astype("<f4"),
-                                  np.zeros(len(resp), "<i4"), reward=float(rng.random()),
-                                  finished=True))
-        groups.append(Trajectory(f"t{g}", f"p{g}", f"g{g}", "gen", 0, 0, np.array(prompt, "<i4"),
-                                 samples))
+            samples.append(
+                Sample(
+                    np.array(resp, "<i4"),
+                    rng.uniform(-3, -0.5, len(resp)).astype("<f4"),
+                    np.zeros(len(resp), "<i4"),
+                    reward=float(rng.random()),
+                    finished=True,
+                )
+            )
+        groups.append(
+            Trajectory(f"t{g}", f"p{g}", f"g{g}", "gen", 0, 0, np.array(prompt, "<i4"), samples)
+        )
     return groups
 
 
@@ -44,15 +50,19 @@ def main(model_dir: str, out: str, count: int, strategy: str) -> None:
     torch.manual_seed(0)
     torch.use_deterministic_algorithms(True)
     dist = init_dist()
-    cfg = config_from_dict({"model": {"path": model_dir},
-                            "rollout": {"num_return_sequences": 4, "max_new_tokens": 6},
-                            "trainer": {"micro_batch_size": 3}})
+    cfg = config_from_dict(
+        {
+            "model": {"path": model_dir},
+            "rollout": {"num_return_sequences": 4, "max_new_tokens": 6},
+            "trainer": {"micro_batch_size": 3},
+        }
+    )
     tok = AutoTokenizer.from_pretrained(model_dir)
     policy = AutoModelForCausalLM.from_pretrained(model_dir)
     model = wrap_model(policy, dist, strategy)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-3)
     groups = make_groups(tok, count)
-    mine = groups[dist.rank::dist.world_size]
+    mine = groups[dist.rank :: dist.world_size]
     for _ in range(2):
         stats = train_step(model, optimizer, mine, cfg, build_algo_models(cfg), dist)
         assert stats["optim/skipped"] == 0.0

@@ -4,10 +4,10 @@ import numpy as np
 import pytest
 import redis
 
-from broker.acl import generator_acl, learner_acl
-from broker.connection import connect
-from broker.schema import PromptWork, Sample, Trajectory
-from broker.streams import RunBroker
+from rollflash.broker.acl import generator_acl, learner_acl
+from rollflash.broker.connection import connect
+from rollflash.broker.schema import PromptWork, Sample, Trajectory
+from rollflash.broker.streams import RunBroker
 
 
 @pytest.fixture
@@ -25,18 +25,22 @@ def test_generator_user_can_work_but_not_reach_further(users, run_id):
     learner = RunBroker(connect(learner_url, 5), run_id, 100_000)
     learner.ensure_groups()
     learner.register_run("fp")
-    learner.add_prompts([PromptWork("p0", "g0", 1, 0, {"id": "p0", "prompt": "1+1=", "answer": "2"})])
+    learner.add_prompts(
+        [PromptWork("p0", "g0", 1, 0, {"id": "p0", "prompt": "1+1=", "answer": "2"})]
+    )
     learner.announce_weights(0, "/w/v0", "abc", "tcp://127.0.0.1:1")
 
     gen = RunBroker(connect(gen_url, 5), run_id, 100_000)
     gen.join_run("fp", timeout_s=5)
-    (entry_id, work), = gen.claim_prompts("gen-0", 1, block_ms=100)
+    ((entry_id, work),) = gen.claim_prompts("gen-0", 1, block_ms=100)
     gen.heartbeat("gen-0", {"loaded_version": 0}, ttl_s=30)
     assert gen.weights()["version"] == "0"
-    s = Sample(np.array([5], np.int32), np.array([-1.0], np.float32), np.array([0], np.int32),
-               1.0, True)
-    gen.add_trajectory(Trajectory("g0", "p0", "g0", "gen-0", 0, 0, np.array([1], np.int32), [s]),
-                       entry_id)
+    s = Sample(
+        np.array([5], np.int32), np.array([-1.0], np.float32), np.array([0], np.int32), 1.0, True
+    )
+    gen.add_trajectory(
+        Trajectory("g0", "p0", "g0", "gen-0", 0, 0, np.array([1], np.int32), [s]), entry_id
+    )
     good, _ = learner.read_trajectories("rank0", 10, 100, vocab_size=10)
     assert [t.traj_id for _, t in good] == ["g0"]
 
@@ -59,8 +63,11 @@ def test_learner_user_is_confined_to_its_run(users, run_id):
     _, learner_url = users
     r = redis.Redis.from_url(learner_url)
     r.hset(f"rl:{run_id}:run", "x", 1)
-    for attempt in (lambda: r.get("unrelated"), lambda: r.flushall(),
-                    lambda: r.config_set("maxmemory", "1")):
+    for attempt in (
+        lambda: r.get("unrelated"),
+        lambda: r.flushall(),
+        lambda: r.config_set("maxmemory", "1"),
+    ):
         with pytest.raises(redis.exceptions.NoPermissionError):
             attempt()
 
@@ -69,14 +76,31 @@ def test_rollctl_acl_apply_creates_working_users(redis_url, run_id):
     import subprocess
     import sys
 
-    out = subprocess.run([sys.executable, "-m", "rollctl.cli", "acl", "--redis-url", redis_url,
-                          "--set", f"run.run_id={run_id}", "--generator-password", "s3cret",
-                          "--apply"], capture_output=True, text=True, timeout=60, check=True)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rollflash.rollctl.cli",
+            "acl",
+            "--redis-url",
+            redis_url,
+            "--set",
+            f"run.run_id={run_id}",
+            "--generator-password",
+            "s3cret",
+            "--apply",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
     assert f"ACL SETUSER rl-{run_id}-generator on >s3cret" in out.stdout
     sock = redis_url.removeprefix("unix://")
     gen = redis.Redis.from_url(f"unix://rl-{run_id}-generator:s3cret@{sock}")
     assert gen.ping()
     with pytest.raises(redis.exceptions.NoPermissionError):
         gen.xrange(f"rl:{run_id}:trajectories")
-    redis.Redis.from_url(redis_url).execute_command("ACL", "DELUSER", f"rl-{run_id}-generator",
-                                                    f"rl-{run_id}-learner")
+    redis.Redis.from_url(redis_url).execute_command(
+        "ACL", "DELUSER", f"rl-{run_id}-generator", f"rl-{run_id}-learner"
+    )

@@ -11,10 +11,10 @@ import time
 import numpy as np
 import pytest
 
-from broker.schema import Sample, Trajectory
-from envs import Item
-from learner.admission import Admission
-from learner.collect import Collector
+from rollflash.broker.schema import Sample, Trajectory
+from rollflash.envs import Item
+from rollflash.learner.admission import Admission
+from rollflash.learner.collect import Collector
 
 B, N, STEPS = 4, 2, 10
 
@@ -36,21 +36,39 @@ class SimGenerators(threading.Thread):
         held = []  # (due time, entry id, work)
         while not self.stop.is_set():
             for entry_id, work in self.broker.claim_prompts("sim", count=8, block_ms=5):
-                delay = self.rng.uniform(0.05, 0.4) if self.rng.random() < self.slow_frac \
+                delay = (
+                    self.rng.uniform(0.05, 0.4)
+                    if self.rng.random() < self.slow_frac
                     else self.rng.uniform(0, 0.02)
+                )
                 held.append((time.monotonic() + delay, entry_id, work))
             now = time.monotonic()
             for due, entry_id, work in [h for h in held if h[0] <= now]:
                 held.remove((due, entry_id, work))
                 # the generator loaded some version >= issued (the rule) and <= newest published
-                v = self.rng.randint(work.issued_version, max(work.issued_version, self.published[0]))
-                s = Sample(response_ids=np.array([5], np.int32), logprobs=np.array([-1], np.float32),
-                           token_versions=np.array([v], np.int32), reward=self.rng.random(),
-                           finished=True)
-                self.broker.add_trajectory(Trajectory(
-                    traj_id=work.group_id, prompt_id=work.prompt_id, group_id=work.group_id,
-                    generator="sim", behavior_version=v, issued_version=work.issued_version,
-                    prompt_ids=np.array([1], np.int32), samples=[s] * N), entry_id)
+                v = self.rng.randint(
+                    work.issued_version, max(work.issued_version, self.published[0])
+                )
+                s = Sample(
+                    response_ids=np.array([5], np.int32),
+                    logprobs=np.array([-1], np.float32),
+                    token_versions=np.array([v], np.int32),
+                    reward=self.rng.random(),
+                    finished=True,
+                )
+                self.broker.add_trajectory(
+                    Trajectory(
+                        traj_id=work.group_id,
+                        prompt_id=work.prompt_id,
+                        group_id=work.group_id,
+                        generator="sim",
+                        behavior_version=v,
+                        issued_version=work.issued_version,
+                        prompt_ids=np.array([1], np.int32),
+                        samples=[s] * N,
+                    ),
+                    entry_id,
+                )
 
 
 @pytest.mark.parametrize("ratio", [0, 0.5, 1, 2])
@@ -62,16 +80,19 @@ def test_staleness_and_admission_bounds_hold(broker, ratio, seed):
     gens = SimGenerators(broker, published, rng, slow_frac=0.3)
     gens.start()
     staleness = []
-    collector = Collector(broker, admission, N, vocab_size=10, max_staleness=math.ceil(ratio),
-                          timeout_s=10)
+    collector = Collector(
+        broker, admission, N, vocab_size=10, max_staleness=math.ceil(ratio), timeout_s=10
+    )
     try:
         for version in range(STEPS):
             got = collector.collect(version)
             assert len(got.groups) == B
-            assert admission.issued <= (math.floor((version + 1 + ratio) * B)
-                                        + broker.replaced_groups())
-            staleness += [version - int(s.token_versions.min()) for g in got.groups
-                          for s in g.samples]
+            assert admission.issued <= (
+                math.floor((version + 1 + ratio) * B) + broker.replaced_groups()
+            )
+            staleness += [
+                version - int(s.token_versions.min()) for g in got.groups for s in g.samples
+            ]
             if ratio == 0:
                 assert got.stale_ids == []
             broker.ack_trajectories(got.entry_ids)
@@ -91,16 +112,29 @@ def test_a_group_with_any_old_token_is_stale(broker):
     admission = Admission(_items(), 1, 1.0, 1)
     admission.top_up(broker, step=2)
     for entry_id, work in broker.claim_prompts("g", 10, 10):
-        s = Sample(response_ids=np.array([5, 6], np.int32),
-                   logprobs=np.array([-1, -1], np.float32),
-                   token_versions=np.array([0, 2] if work.group_id.endswith("0") else [2, 2],
-                                           np.int32), reward=0.0, finished=True)
-        broker.add_trajectory(Trajectory(
-            traj_id=work.group_id, prompt_id=work.prompt_id, group_id=work.group_id, generator="g",
-            behavior_version=2, issued_version=2, prompt_ids=np.array([1], np.int32),
-            samples=[s]), entry_id)
-    got = Collector(broker, admission, 1, vocab_size=10, max_staleness=1,
-                    timeout_s=5).collect(step=2)
+        s = Sample(
+            response_ids=np.array([5, 6], np.int32),
+            logprobs=np.array([-1, -1], np.float32),
+            token_versions=np.array([0, 2] if work.group_id.endswith("0") else [2, 2], np.int32),
+            reward=0.0,
+            finished=True,
+        )
+        broker.add_trajectory(
+            Trajectory(
+                traj_id=work.group_id,
+                prompt_id=work.prompt_id,
+                group_id=work.group_id,
+                generator="g",
+                behavior_version=2,
+                issued_version=2,
+                prompt_ids=np.array([1], np.int32),
+                samples=[s],
+            ),
+            entry_id,
+        )
+    got = Collector(broker, admission, 1, vocab_size=10, max_staleness=1, timeout_s=5).collect(
+        step=2
+    )
     assert got.stale_ids == ["g000000000"]  # oldest token v0 < 2 - 1
     assert [g.traj_id for g in got.groups] == ["g000000001"]
     assert broker.replaced_groups() == 1
@@ -114,9 +148,15 @@ def test_filtered_groups_are_replaced_so_a_step_still_gets_b_groups(broker):
     gens = SimGenerators(broker, published, random.Random(0), slow_frac=0.0)
     gens.start()
     try:
-        got = Collector(broker, admission, N, vocab_size=10, max_staleness=0, timeout_s=10,
-                        drop=lambda g: "dynamic_sampling" if int(g.group_id[1:]) % 2 else None
-                        ).collect(step=0)
+        got = Collector(
+            broker,
+            admission,
+            N,
+            vocab_size=10,
+            max_staleness=0,
+            timeout_s=10,
+            drop=lambda g: "dynamic_sampling" if int(g.group_id[1:]) % 2 else None,
+        ).collect(step=0)
     finally:
         gens.stop.set()
         gens.join()

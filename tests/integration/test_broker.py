@@ -5,23 +5,40 @@ import time
 import numpy as np
 import pytest
 
-from broker.connection import BrokerUnavailable, connect
-from broker.schema import PromptWork, Sample, Trajectory
-from broker.streams import GEN_GROUP, LEARNER_GROUP, RunBroker, RunMismatch
+from rollflash.broker.connection import BrokerUnavailable, connect
+from rollflash.broker.schema import PromptWork, Sample, Trajectory
+from rollflash.broker.streams import GEN_GROUP, LEARNER_GROUP, RunBroker, RunMismatch
 
 
 def _work(i: int, version: int = 0) -> PromptWork:
-    return PromptWork(prompt_id=f"train-{i}", group_id=f"g{i:09d}", n=2, issued_version=version,
-                      item={"id": f"train-{i}", "prompt": f"{i}+1=", "answer": str(i + 1)})
+    return PromptWork(
+        prompt_id=f"train-{i}",
+        group_id=f"g{i:09d}",
+        n=2,
+        issued_version=version,
+        item={"id": f"train-{i}", "prompt": f"{i}+1=", "answer": str(i + 1)},
+    )
 
 
 def _traj(work: PromptWork, version: int = 0) -> Trajectory:
-    s = Sample(response_ids=np.array([5, 2], np.int32), logprobs=np.array([-0.1, -0.2], np.float32),
-               token_versions=np.array([version, version], np.int32), reward=1.0, finished=True,
-               text="x")
-    return Trajectory(traj_id=work.group_id, prompt_id=work.prompt_id, group_id=work.group_id,
-                      generator="gen-0", behavior_version=version, issued_version=work.issued_version,
-                      prompt_ids=np.array([1, 5], np.int32), samples=[s, s])
+    s = Sample(
+        response_ids=np.array([5, 2], np.int32),
+        logprobs=np.array([-0.1, -0.2], np.float32),
+        token_versions=np.array([version, version], np.int32),
+        reward=1.0,
+        finished=True,
+        text="x",
+    )
+    return Trajectory(
+        traj_id=work.group_id,
+        prompt_id=work.prompt_id,
+        group_id=work.group_id,
+        generator="gen-0",
+        behavior_version=version,
+        issued_version=work.issued_version,
+        prompt_ids=np.array([1, 5], np.int32),
+        samples=[s, s],
+    )
 
 
 def test_prompt_to_trajectory_round_trip(broker):
@@ -55,11 +72,13 @@ def test_unacked_prompts_are_redelivered_to_the_same_consumer(broker):
 
 def test_poison_trajectory_goes_to_the_dead_letter_stream(broker):
     good_id = broker.add_trajectory(_traj(_work(0)), prompt_entry_id=None)
-    bad_id = broker.r.xadd(broker.trajectories, {"schema": 1, "traj_id": "x", "data": b"\xc1"}).decode()
+    bad_id = broker.r.xadd(
+        broker.trajectories, {"schema": 1, "traj_id": "x", "data": b"\xc1"}
+    ).decode()
     good, bad = broker.read_trajectories("rank0", count=10, block_ms=100, vocab_size=10)
     assert [e for e, _ in good] == [good_id]
     assert [b.entry_id for b in bad] == [bad_id] and "corrupt msgpack" in bad[0].reason
-    (_, dlq_fields), = broker.r.xrange(broker.dlq)
+    ((_, dlq_fields),) = broker.r.xrange(broker.dlq)
     assert dlq_fields[b"original_id"].decode() == bad_id
     assert dlq_fields[b"reason"].startswith(b"corrupt msgpack")
     # the poison entry was acknowledged; only the good one is pending
@@ -97,7 +116,7 @@ def test_unreachable_redis_fails_after_bounded_retries(tmp_path):
 
 def test_embedded_redis_with_a_relative_directory(tmp_path, monkeypatch):
     """`rollctl run` with run_dir "runs/demo" passes a relative path (redis-server chdirs first)."""
-    from broker.redis_server import EmbeddedRedis
+    from rollflash.broker.redis_server import EmbeddedRedis
 
     monkeypatch.chdir(tmp_path)
     with EmbeddedRedis("runs/demo/redis") as server:

@@ -16,18 +16,26 @@ WORKER = Path(__file__).with_name("dist_worker.py")
 
 
 def _train(model_dir, out, groups, nproc, strategy="ddp"):
-    launch = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-              f"--nproc-per-node={nproc}"] if nproc > 1 else [sys.executable]
-    proc = subprocess.run([*launch, str(WORKER), str(model_dir), str(out), str(groups), strategy],
-                          cwd=ROOT, capture_output=True, text=True, timeout=120,
-                          env={"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1",
-                               "PATH": "/usr/bin:/bin"})
+    launch = (
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
+        if nproc > 1
+        else [sys.executable]
+    )
+    proc = subprocess.run(
+        [*launch, str(WORKER), str(model_dir), str(out), str(groups), strategy],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"},
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return load_file(str(out))
 
 
-@pytest.mark.parametrize("strategy,groups", [("ddp", 5), ("fsdp", 1)],
-                         ids=["ddp-uneven-3-2", "fsdp-one-rank-idle"])
+@pytest.mark.parametrize(
+    "strategy,groups", [("ddp", 5), ("fsdp", 1)], ids=["ddp-uneven-3-2", "fsdp-one-rank-idle"]
+)
 def test_two_gloo_ranks_match_one_rank(tiny_model_dir, tmp_path, strategy, groups):
     one = _train(tiny_model_dir, tmp_path / "one.safetensors", groups, 1)
     two = _train(tiny_model_dir, tmp_path / "two.safetensors", groups, 2, strategy)

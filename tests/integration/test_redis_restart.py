@@ -17,30 +17,57 @@ import numpy as np
 import pytest
 import redis
 
-from broker.connection import BrokerUnavailable, connect
-from broker.redis_server import EmbeddedRedis
-from broker.schema import PromptWork, Sample, Trajectory
-from broker.streams import GEN_GROUP, RunBroker, RunLost
+from rollflash.broker.connection import BrokerUnavailable, connect
+from rollflash.broker.redis_server import EmbeddedRedis
+from rollflash.broker.schema import PromptWork, Sample, Trajectory
+from rollflash.broker.streams import GEN_GROUP, RunBroker, RunLost
 
 FP = "fp0"
 
 
 def _server(tmp_path: Path, fsync: str | None) -> EmbeddedRedis:
-    aof = ["--appendonly", "yes", "--appendfsync", fsync, "--save", "",
-           "--auto-aof-rewrite-percentage", "0"] if fsync else []
+    aof = (
+        [
+            "--appendonly",
+            "yes",
+            "--appendfsync",
+            fsync,
+            "--save",
+            "",
+            "--auto-aof-rewrite-percentage",
+            "0",
+        ]
+        if fsync
+        else []
+    )
     return EmbeddedRedis(tmp_path / "redis", persistence=fsync is not None, extra_args=aof).start()
 
 
 def _work(i: int) -> PromptWork:
-    return PromptWork(prompt_id=f"train-{i}", group_id=f"g{i:09d}", n=1, issued_version=0,
-                      item={"id": f"train-{i}", "prompt": f"{i}+1=", "answer": str(i + 1)})
+    return PromptWork(
+        prompt_id=f"train-{i}",
+        group_id=f"g{i:09d}",
+        n=1,
+        issued_version=0,
+        item={"id": f"train-{i}", "prompt": f"{i}+1=", "answer": str(i + 1)},
+    )
 
 
 def _traj(work: PromptWork) -> Trajectory:
-    s = Sample(np.array([5], np.int32), np.array([-0.5], np.float32), np.array([0], np.int32),
-               1.0, True)
-    return Trajectory(work.group_id, work.prompt_id, work.group_id, "gen-0", 0, 0,
-                      np.array([1], np.int32), [s], retried=work.retried)
+    s = Sample(
+        np.array([5], np.int32), np.array([-0.5], np.float32), np.array([0], np.int32), 1.0, True
+    )
+    return Trajectory(
+        work.group_id,
+        work.prompt_id,
+        work.group_id,
+        "gen-0",
+        0,
+        0,
+        np.array([1], np.int32),
+        [s],
+        retried=work.retried,
+    )
 
 
 def _pair(server: EmbeddedRedis, timeout_s: float = 20.0) -> tuple[RunBroker, RunBroker]:
@@ -54,8 +81,9 @@ def _pair(server: EmbeddedRedis, timeout_s: float = 20.0) -> tuple[RunBroker, Ru
 
 def _generate(gen: RunBroker, count: int) -> list[str]:
     """What a generator's turn does: own pending first, then new prompts; returns group ids."""
-    claimed = gen.claim_prompts("gen-0", count, block_ms=0, own_pending=True) or \
-        gen.claim_prompts("gen-0", count, block_ms=100)
+    claimed = gen.claim_prompts("gen-0", count, block_ms=0, own_pending=True) or gen.claim_prompts(
+        "gen-0", count, block_ms=100
+    )
     for entry_id, w in claimed:
         gen.add_trajectory(_traj(w), entry_id)
     return [w.group_id for _, w in claimed]
@@ -85,9 +113,11 @@ def test_calls_ride_out_a_restart_and_always_loses_nothing(tmp_path):
         # a read issued while Redis is down blocks, reconnects with backoff, then succeeds
         # (redis-server is started from this thread: PR_SET_PDEATHSIG ties it to its creator)
         got: dict = {}
-        reader = threading.Thread(target=lambda: got.update(
-            out=learner.read_trajectories("rank0", 10, 100, vocab_size=10),
-            at=time.monotonic()))
+        reader = threading.Thread(
+            target=lambda: got.update(
+                out=learner.read_trajectories("rank0", 10, 100, vocab_size=10), at=time.monotonic()
+            )
+        )
         reader.start()
         time.sleep(1.0)
         restarted_at = time.monotonic()
@@ -109,20 +139,24 @@ def test_redis_down_longer_than_the_timeout_fails_with_one_clear_error(tmp_path)
     learner, _ = _pair(server, timeout_s=1.5)
     server.kill()
     started = time.monotonic()
-    with pytest.raises(BrokerUnavailable, match=r"cannot reach Redis at unix://.* after \d+ "
-                                                r"attempts in 2s"):
+    with pytest.raises(
+        BrokerUnavailable,
+        match=r"cannot reach Redis at unix://.* after \d+ "
+        r"attempts in 2s",
+    ):
         learner.read_trajectories("rank0", 10, 100, vocab_size=10)
     assert 1.4 < time.monotonic() - started < 8
 
 
-@pytest.mark.parametrize("how", ["restart without persistence", "group destroyed",
-                                 "stream deleted"])
+@pytest.mark.parametrize(
+    "how", ["restart without persistence", "group destroyed", "stream deleted"]
+)
 def test_a_redis_that_lost_the_run_is_reported_and_nothing_is_recreated(tmp_path, how):
     server = _server(tmp_path, None)
     try:
         learner, gen = _pair(server)
         learner.add_prompts([_work(i) for i in range(2)])
-        (entry_id, work), = gen.claim_prompts("gen-0", 1, block_ms=100)
+        ((entry_id, work),) = gen.claim_prompts("gen-0", 1, block_ms=100)
         admin = redis.Redis.from_url(server.url)
         if how == "restart without persistence":
             server.kill()
@@ -142,7 +176,7 @@ def test_a_redis_that_lost_the_run_is_reported_and_nothing_is_recreated(tmp_path
             calls["prompts"] = lambda: learner.add_prompts([_work(9)])
         if how == "restart without persistence":
             calls["trajectory"] = lambda: gen.add_trajectory(_traj(work), entry_id)
-        for name, call in calls.items():
+        for call in calls.values():
             learner._next_watch = 0.0  # the learner's reads re-check at most once a second
             with pytest.raises(RunLost, match="Redis no longer holds run rl:r:"):
                 call()
@@ -184,7 +218,8 @@ def test_everysec_window_forgotten_prompts_and_trajectories_are_recovered_and_co
 
 @pytest.mark.parametrize("after_restart", ["another generator takes over", "its writer restarts"])
 def test_everysec_forgotten_trajectories_of_a_dead_writer_are_counted_by_the_learner(
-        tmp_path, after_restart):
+    tmp_path, after_restart
+):
     server = _server(tmp_path, "everysec")
     try:
         learner, gen = _pair(server)
@@ -224,8 +259,11 @@ def test_everysec_forgotten_trajectories_of_a_dead_writer_are_counted_by_the_lea
         assert sorted(t.traj_id for _, t in good) == [f"g{i:09d}" for i in range(6)]
         # every prompt delivered again says so, g4 included: the learner, which never saw g4's
         # first trajectory, counts it as retried (learner/collect.py), so no loss goes uncounted
-        assert sorted(t.traj_id for _, t in good if t.retried) == \
-            ["g000000002", "g000000003", "g000000004"]
+        assert sorted(t.traj_id for _, t in good if t.retried) == [
+            "g000000002",
+            "g000000003",
+            "g000000004",
+        ]
     finally:
         server.stop()
 
@@ -242,7 +280,10 @@ def test_everysec_forgotten_weights_announcement_is_made_again(tmp_path):
         assert gen.weights()["version"] == "1"  # a generator waiting for v2 would wait forever
         assert learner.verify_weights() is True
         assert {k: gen.weights()[k] for k in ("version", "path", "sha256")} == {
-            "version": "2", "path": "/w/v2", "sha256": "sha-2"}
+            "version": "2",
+            "path": "/w/v2",
+            "sha256": "sha-2",
+        }
         assert learner.lost["weights"] == 1 and learner.verify_weights() is False
     finally:
         server.stop()

@@ -24,8 +24,8 @@ import pytest
 import redis
 import torch
 
-from broker.acl import generator_acl, learner_acl
-from broker.connection import BrokerUnavailable, connect
+from rollflash.broker.acl import generator_acl, learner_acl
+from rollflash.broker.connection import BrokerUnavailable, connect
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -40,13 +40,51 @@ def _certs(d: Path) -> None:
     def ssl(*args):
         subprocess.run(["openssl", *args], check=True, capture_output=True, cwd=d)
 
-    ssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=test-ca",
-        "-keyout", "ca.key", "-out", "ca.pem")
-    ssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=127.0.0.1", "-keyout",
-        "server.key", "-out", "server.csr")
+    ssl(
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-days",
+        "1",
+        "-subj",
+        "/CN=test-ca",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+    )
+    ssl(
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-subj",
+        "/CN=127.0.0.1",
+        "-keyout",
+        "server.key",
+        "-out",
+        "server.csr",
+    )
     (d / "ext.cnf").write_text("subjectAltName=IP:127.0.0.1\n")
-    ssl("x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
-        "-CAcreateserial", "-days", "1", "-extfile", "ext.cnf", "-out", "server.pem")
+    ssl(
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-days",
+        "1",
+        "-extfile",
+        "ext.cnf",
+        "-out",
+        "server.pem",
+    )
 
 
 @pytest.fixture
@@ -56,11 +94,33 @@ def tls_redis(tmp_path):
     _certs(tmp_path)
     port = _free_port()
     proc = subprocess.Popen(
-        ["redis-server", "--port", "0", "--bind", "127.0.0.1", "--tls-port", str(port),
-         "--tls-cert-file", "server.pem", "--tls-key-file", "server.key",
-         "--tls-ca-cert-file", "ca.pem", "--tls-auth-clients", "no", "--save", "",
-         "--appendonly", "no", "--dir", str(tmp_path)],
-        cwd=tmp_path, stdout=open(tmp_path / "redis.log", "wb"), stderr=subprocess.STDOUT)
+        [
+            "redis-server",
+            "--port",
+            "0",
+            "--bind",
+            "127.0.0.1",
+            "--tls-port",
+            str(port),
+            "--tls-cert-file",
+            "server.pem",
+            "--tls-key-file",
+            "server.key",
+            "--tls-ca-cert-file",
+            "ca.pem",
+            "--tls-auth-clients",
+            "no",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(tmp_path),
+        ],
+        cwd=tmp_path,
+        stdout=open(tmp_path / "redis.log", "wb"),
+        stderr=subprocess.STDOUT,
+    )
     ca = tmp_path / "ca.pem"
     admin_url = f"rediss://127.0.0.1:{port}/0?ssl_ca_certs={ca}"
     try:
@@ -82,32 +142,70 @@ def test_a_run_over_tls_with_acl_users(tmp_path, tls_redis, run_id):
     admin.execute_command("ACL", "SETUSER", "gen", *generator_acl(run_id, "g-pw"))
     admin.execute_command("ACL", "SETUSER", "lrn", *learner_acl(run_id, "l-pw"))
     url = f"rediss://{{user}}:{{pw}}@127.0.0.1:{port}/0?ssl_ca_certs={ca}"
-    common = ["--set", f"run.run_id={run_id}", "--set", f"run.run_dir={tmp_path / 'run'}",
-              "--set", "rollout.engine=sim", "--set", "rollout.num_return_sequences=2",
-              "--set", "sim.learner_step_s=0.05", "--set", "sim.length_median=8",
-              "--set", "trainer.rollout_batch_size=2", "--set", "trainer.total_steps=3",
-              "--set", "task.eval_size=1", "--set", "redis.connect_timeout_s=10"]
-    cli = [sys.executable, "-m", "rollctl.cli"]
-    gen = subprocess.Popen([*cli, "start-generator", *common, "--id", "gen-0", "--redis-url",
-                            url.format(user="gen", pw="g-pw")],
-                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    learner = subprocess.run([*cli, "start-learner", *common, "--redis-url",
-                              url.format(user="lrn", pw="l-pw")],
-                             capture_output=True, text=True, timeout=120, cwd=ROOT)
+    common = [
+        "--set",
+        f"run.run_id={run_id}",
+        "--set",
+        f"run.run_dir={tmp_path / 'run'}",
+        "--set",
+        "rollout.engine=sim",
+        "--set",
+        "rollout.num_return_sequences=2",
+        "--set",
+        "sim.learner_step_s=0.05",
+        "--set",
+        "sim.length_median=8",
+        "--set",
+        "trainer.rollout_batch_size=2",
+        "--set",
+        "trainer.total_steps=3",
+        "--set",
+        "task.eval_size=1",
+        "--set",
+        "redis.connect_timeout_s=10",
+    ]
+    cli = [sys.executable, "-m", "rollflash.rollctl.cli"]
+    gen = subprocess.Popen(
+        [
+            *cli,
+            "start-generator",
+            *common,
+            "--id",
+            "gen-0",
+            "--redis-url",
+            url.format(user="gen", pw="g-pw"),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    learner = subprocess.run(
+        [*cli, "start-learner", *common, "--redis-url", url.format(user="lrn", pw="l-pw")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
     try:
         assert learner.returncode == 0, learner.stderr[-3000:]
         assert gen.wait(timeout=30) == 0, gen.stderr.read()[-3000:]
     finally:
         if gen.poll() is None:
             gen.kill()
-    status = subprocess.run([*cli, "status", *common, "--json", "--redis-url",
-                             url.format(user="lrn", pw="l-pw")],
-                            capture_output=True, text=True, timeout=60)
+    status = subprocess.run(
+        [*cli, "status", *common, "--json", "--redis-url", url.format(user="lrn", pw="l-pw")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert status.returncode == 0 and '"state": "done"' in status.stdout, status.stderr
     # what is refused, in one line and without 30 s of retries
-    wrong = subprocess.run([*cli, "status", *common, "--redis-url",
-                            url.format(user="gen", pw="nope")],
-                           capture_output=True, text=True, timeout=20)
+    wrong = subprocess.run(
+        [*cli, "status", *common, "--redis-url", url.format(user="gen", pw="nope")],
+        capture_output=True,
+        text=True,
+        timeout=20,
+    )
     assert wrong.returncode == 2
     assert "refused the credentials" in wrong.stderr and "nope" not in wrong.stderr
     with pytest.raises(BrokerUnavailable):
@@ -129,7 +227,7 @@ def _socket_inodes(pid: int) -> set[str]:
 
 
 def test_embedded_redis_listens_on_a_private_unix_socket_only():
-    from broker.redis_server import EmbeddedRedis
+    from rollflash.broker.redis_server import EmbeddedRedis
 
     with EmbeddedRedis() as server:
         inodes = _socket_inodes(server.proc.pid)
@@ -145,12 +243,20 @@ def test_embedded_redis_listens_on_a_private_unix_socket_only():
 
 
 def test_nothing_on_the_wire_or_in_weights_reaches_pickle(tmp_path, monkeypatch):
-    from broker.notify import VersionPublisher, VersionSubscriber  # noqa: F401 (imports work)
-    from broker.schema import (PromptWork, Sample, Trajectory, decode_prompt, decode_trajectory,
-                               encode_prompt, encode_trajectory)
-    from broker.weights import WeightStore
-    from generators.sim_engine import SimEngine  # noqa: F401
     from safetensors.torch import load_file
+
+    from rollflash.broker.notify import VersionPublisher, VersionSubscriber  # noqa: F401 (imports work)
+    from rollflash.broker.schema import (
+        PromptWork,
+        Sample,
+        Trajectory,
+        decode_prompt,
+        decode_trajectory,
+        encode_prompt,
+        encode_trajectory,
+    )
+    from rollflash.broker.weights import WeightStore
+    from rollflash.generators.sim_engine import SimEngine  # noqa: F401
 
     calls = []
     real_unpackb = msgpack.unpackb
@@ -172,24 +278,34 @@ def test_nothing_on_the_wire_or_in_weights_reaches_pickle(tmp_path, monkeypatch)
 
     w = PromptWork("p", "g", 2, 0, {"id": "p", "prompt": "1+1=", "answer": "2"})
     assert decode_prompt(fields(encode_prompt(w)), 10_000) == w
-    s = Sample(np.array([5], np.int32), np.array([-1.0], np.float32), np.array([0], np.int32),
-               1.0, True)
+    s = Sample(
+        np.array([5], np.int32), np.array([-1.0], np.float32), np.array([0], np.int32), 1.0, True
+    )
     t = Trajectory("g", "p", "g", "gen", 0, 0, np.array([1], np.int32), [s])
     assert decode_trajectory(fields(encode_trajectory(t)), 10_000, 10).traj_id == "g"
     store = WeightStore(tmp_path)
     store.publish({"w": torch.ones(3)}, 1, 1)
     assert load_file(str(store.verified_path(1)))["w"].sum() == 3
-    assert calls and all(kw.get("max_bin_len") and kw.get("max_str_len") and
-                         kw.get("max_array_len") and kw.get("max_map_len") for kw in calls)
+    assert calls and all(
+        kw.get("max_bin_len")
+        and kw.get("max_str_len")
+        and kw.get("max_array_len")
+        and kw.get("max_map_len")
+        for kw in calls
+    )
     # a pickle posing as weights, with a manifest that matches it, is still refused
     monkeypatch.undo()
     model = store.version_dir(1) / "model.safetensors"
     torch.save({"w": torch.ones(3)}, model)
-    from broker.weights import sha256_file
     import json
+
+    from rollflash.broker.weights import sha256_file
+
     manifest = json.loads((model.parent / "manifest.json").read_text())
-    manifest["files"]["model.safetensors"] = {"size": model.stat().st_size,
-                                              "sha256": sha256_file(model)}
+    manifest["files"]["model.safetensors"] = {
+        "size": model.stat().st_size,
+        "sha256": sha256_file(model),
+    }
     (model.parent / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(Exception, match="(?i)header|safetensor|invalid"):
         load_file(str(store.verified_path(1)))

@@ -6,7 +6,7 @@ import multiprocessing as mp
 import torch
 from safetensors.torch import load_file
 
-from broker.weights import WeightStore
+from rollflash.broker.weights import WeightStore
 
 VERSIONS = 12
 

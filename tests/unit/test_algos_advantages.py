@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from algos.advantages import (
+from rollflash.algos.advantages import (
     ADVANTAGE_ESTIMATORS,
     AdvantageConfig,
     AdvantageInputs,
@@ -66,7 +66,9 @@ def test_registry_broadcasts_to_tokens_and_zeroes_masked():
     # 1 group of 2: scores 1, 0 -> GRPO mean 0.5, std sqrt(0.5) = 0.70711 -> +-0.70711
     scores = torch.tensor([1.0, 0.0])
     mask = torch.tensor([[True, True, False], [True, False, False]])
-    out = ADVANTAGE_ESTIMATORS["grpo"](AdvantageInputs(scores, mask, group_size=2), AdvantageConfig())
+    out = ADVANTAGE_ESTIMATORS["grpo"](
+        AdvantageInputs(scores, mask, group_size=2), AdvantageConfig()
+    )
     expected = torch.tensor([[0.70711, 0.70711, 0.0], [-0.70711, 0.0, 0.0]])
     torch.testing.assert_close(out.advantages, expected, atol=1e-4, rtol=0)
     torch.testing.assert_close(out.returns, out.advantages)

@@ -3,10 +3,12 @@
 import pytest
 import torch
 
-from algos.aggregation import AGG_MODES, aggregate
+from rollflash.algos.aggregation import AGG_MODES, aggregate
 
 VALUES = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0], [7.0, 8.0, 9.0]])
-MASK = torch.tensor([[True, True, False], [True, False, False], [False, False, False]])  # row 2 all-masked
+MASK = torch.tensor(
+    [[True, True, False], [True, False, False], [False, False, False]]
+)  # row 2 all-masked
 
 
 @pytest.mark.parametrize(

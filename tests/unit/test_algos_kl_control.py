@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from algos import adaptive_kl_coef, bradley_terry_loss, next_kl_coef
+from rollflash.algos import adaptive_kl_coef, bradley_terry_loss, next_kl_coef
 
 
 def test_adaptive_kl_hand_worked():
@@ -26,7 +26,7 @@ def test_adaptive_kl_on_target_and_over_a_horizon():
     beta = 1.0
     for _ in range(100):
         beta = adaptive_kl_coef(beta, 10.0, 0.1, 100, 1)
-    assert beta == pytest.approx(1.002 ** 100, rel=1e-9)
+    assert beta == pytest.approx(1.002**100, rel=1e-9)
     assert beta == pytest.approx(1.2211, abs=1e-4)
 
 

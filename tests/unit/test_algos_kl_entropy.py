@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from algos.entropy import entropy_bonus, entropy_from_logits
-from algos.kl import KL_ESTIMATORS, kl_loss, kl_penalty
+from rollflash.algos.entropy import entropy_bonus, entropy_from_logits
+from rollflash.algos.kl import KL_ESTIMATORS, kl_loss, kl_penalty
 
 T_, F_ = True, False
 
@@ -16,7 +16,10 @@ T_, F_ = True, False
     [
         ("k1", 0.5),  # log pi - log ref = -1.0 - (-1.5) = 0.5
         ("k2", 0.125),  # 0.5^2 / 2
-        ("k3", 0.10653),  # r = ref / pi = e^-0.5 = 0.60653; (r - 1) - log r = -0.39347 + 0.5 = 0.10653
+        (
+            "k3",
+            0.10653,
+        ),  # r = ref / pi = e^-0.5 = 0.60653; (r - 1) - log r = -0.39347 + 0.5 = 0.10653
     ],
 )
 def test_hand_worked(kind, expected):
@@ -62,7 +65,9 @@ def test_kl_loss_gradcheck():
     ref = -torch.rand(2, 4, generator=g, dtype=torch.float64)
     mask = torch.tensor([[T_, T_, F_, F_], [T_, T_, T_, T_]])
     for kind in KL_ESTIMATORS:
-        assert torch.autograd.gradcheck(lambda lp: kl_loss(lp, ref, mask, kind).loss, (logp,))
+        assert torch.autograd.gradcheck(
+            lambda lp, kind=kind: kl_loss(lp, ref, mask, kind).loss, (logp,)
+        )
 
 
 def test_unknown_kind_lists_known():
@@ -73,7 +78,9 @@ def test_unknown_kind_lists_known():
 def test_entropy_hand_worked():
     # uniform over 4 -> log 4 = 1.38629; two finite logits and two banned (-inf) -> log 2 = 0.69315
     logits = torch.tensor([[[0.0, 0.0, 0.0, 0.0], [0.0, float("-inf"), 0.0, float("-inf")]]])
-    torch.testing.assert_close(entropy_from_logits(logits), torch.tensor([[1.38629, 0.69315]]), atol=1e-5, rtol=0)
+    torch.testing.assert_close(
+        entropy_from_logits(logits), torch.tensor([[1.38629, 0.69315]]), atol=1e-5, rtol=0
+    )
 
 
 def test_entropy_matches_reference_loop_and_upcasts_bf16():

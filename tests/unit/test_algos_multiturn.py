@@ -5,8 +5,8 @@ import random
 
 import torch
 
-from algos import ADVANTAGE_ESTIMATORS, AdvantageConfig, AdvantageInputs, TurnInputs
-from algos.multiturn import step_group_advantages, turn_returns, turns_to_tokens
+from rollflash.algos import ADVANTAGE_ESTIMATORS, AdvantageConfig, AdvantageInputs, TurnInputs
+from rollflash.algos.multiturn import step_group_advantages, turn_returns, turns_to_tokens
 
 S = 0.7071068  # 1 / sqrt(2)
 
@@ -16,8 +16,9 @@ def test_turn_returns_discount_per_turn_and_skip_padding():
     mask = torch.tensor([[True, True, True], [True, True, False]])
     # row 0: R2 = 1; R1 = 0 + 0.5 * 1 = 0.5; R0 = 0 + 0.5 * 0.5 = 0.25
     # row 1: the padding turn's 9.0 is ignored: R1 = 2; R0 = 0.5 + 0.5 * 2 = 1.5
-    torch.testing.assert_close(turn_returns(rewards, mask, 0.5),
-                               torch.tensor([[0.25, 0.5, 1.0], [1.5, 2.0, 0.0]]))
+    torch.testing.assert_close(
+        turn_returns(rewards, mask, 0.5), torch.tensor([[0.25, 0.5, 1.0], [1.5, 2.0, 0.0]])
+    )
 
 
 def test_step_groups_pool_identical_states_of_one_group_only():
@@ -40,8 +41,12 @@ def _slow_step_advantages(returns, states, mask, n, eps=1e-6):
             if not mask[b, k]:
                 continue
             g = b // n
-            peers = [float(returns[i, j]) for i in range(g * n, g * n + n) for j in range(K)
-                     if mask[i, j] and states[i, j] == states[b, k]]
+            peers = [
+                float(returns[i, j])
+                for i in range(g * n, g * n + n)
+                for j in range(K)
+                if mask[i, j] and states[i, j] == states[b, k]
+            ]
             if len(peers) < 2:
                 continue
             mean = sum(peers) / len(peers)
@@ -56,17 +61,24 @@ def test_step_groups_match_a_slow_reference_loop():
     returns = torch.tensor([[rng.uniform(-1, 2) for _ in range(K)] for _ in range(B)])
     states = torch.tensor([[rng.randrange(4) for _ in range(K)] for _ in range(B)])
     mask = torch.tensor([[k < rng.randint(1, K) for k in range(K)] for _ in range(B)])
-    torch.testing.assert_close(step_group_advantages(returns, states, mask, n),
-                               _slow_step_advantages(returns, states, mask, n), atol=1e-5, rtol=0)
+    torch.testing.assert_close(
+        step_group_advantages(returns, states, mask, n),
+        _slow_step_advantages(returns, states, mask, n),
+        atol=1e-5,
+        rtol=0,
+    )
 
 
 def _two_episodes() -> AdvantageInputs:
     # response tokens: turn-0 action (2 tokens), an observation token, turn-1 action, padding
     token_turn = torch.tensor([[0, 0, -1, 1, -1], [0, 0, -1, 1, -1]])
     mask = token_turn >= 0
-    turns = TurnInputs(token_turn=token_turn, rewards=torch.tensor([[0.0, 1.0], [0.0, 0.0]]),
-                       mask=torch.ones(2, 2, dtype=torch.bool),
-                       state_ids=torch.tensor([[11, 12], [11, 13]]))
+    turns = TurnInputs(
+        token_turn=token_turn,
+        rewards=torch.tensor([[0.0, 1.0], [0.0, 0.0]]),
+        mask=torch.ones(2, 2, dtype=torch.bool),
+        state_ids=torch.tensor([[11, 12], [11, 13]]),
+    )
     return AdvantageInputs(scores=torch.tensor([1.0, 0.0]), mask=mask, group_size=2, turns=turns)
 
 
@@ -102,5 +114,6 @@ def test_turns_to_tokens_leaves_masked_positions_zero():
     per_turn = torch.tensor([[2.0, 3.0]])
     token_turn = torch.tensor([[0, -1, 1, 1]])
     mask = torch.tensor([[True, True, True, False]])  # the last action token is masked (filtered)
-    torch.testing.assert_close(turns_to_tokens(per_turn, token_turn, mask),
-                               torch.tensor([[2.0, 0.0, 3.0, 0.0]]))
+    torch.testing.assert_close(
+        turns_to_tokens(per_turn, token_turn, mask), torch.tensor([[2.0, 0.0, 3.0, 0.0]])
+    )

@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from algos.offpolicy import IS_LEVELS, IS_MODES, importance_weights
-from algos.policy_loss import PolicyLossConfig, PolicyLossInputs, ppo_clip_loss
+from rollflash.algos.offpolicy import IS_LEVELS, IS_MODES, importance_weights
+from rollflash.algos.policy_loss import PolicyLossConfig, PolicyLossInputs, ppo_clip_loss
 
 T_, F_ = True, False
 LN3, LN4 = math.log(3.0), math.log(4.0)
@@ -15,19 +15,27 @@ LN3, LN4 = math.log(3.0), math.log(4.0)
 def test_mask_mode_drops_tokens_outside_interval():
     # prox - behav = ln3, 0, -ln4 -> w = 3 (> 2: dropped), 1 (kept), 0.25 (< 0.5: dropped)
     behav = torch.tensor([[-LN3, 0.0, LN4]])
-    out = importance_weights(torch.zeros(1, 3), behav, torch.ones(1, 3, dtype=torch.bool),
-                             mode="mask", cap=2.0, low=0.5)
+    out = importance_weights(
+        torch.zeros(1, 3), behav, torch.ones(1, 3, dtype=torch.bool), mode="mask", cap=2.0, low=0.5
+    )
     torch.testing.assert_close(out.weight, torch.tensor([[0.0, 1.0, 0.0]]))
     torch.testing.assert_close(out.metrics["offpolicy/is_trunc_frac"], torch.tensor(2 / 3))
     # raw mean = (3 + 1 + 0.25) / 3 = 1.41667
-    torch.testing.assert_close(out.metrics["offpolicy/raw_is_weight_mean"], torch.tensor(1.41667),
-                               atol=1e-4, rtol=0)
+    torch.testing.assert_close(
+        out.metrics["offpolicy/raw_is_weight_mean"], torch.tensor(1.41667), atol=1e-4, rtol=0
+    )
 
 
 def test_mask_mode_keeps_weight_inside_interval():
     # prox - behav = -0.5 -> w = e^-0.5 = 0.60653 in [0.5, 2] -> kept as 0.60653 (IcePop keeps the ratio)
-    out = importance_weights(torch.tensor([[-1.0]]), torch.tensor([[-0.5]]), torch.ones(1, 1, dtype=torch.bool),
-                             mode="mask", cap=2.0, low=0.5)
+    out = importance_weights(
+        torch.tensor([[-1.0]]),
+        torch.tensor([[-0.5]]),
+        torch.ones(1, 1, dtype=torch.bool),
+        mode="mask",
+        cap=2.0,
+        low=0.5,
+    )
     torch.testing.assert_close(out.weight, torch.tensor([[0.60653]]), atol=1e-5, rtol=0)
 
 
@@ -51,8 +59,13 @@ def test_levels(level, expected):
 
 def test_sequence_level_truncates_product():
     # 0.5 + 0.5 -> e^1 = 2.71828 > cap 2 -> 2 on every token, both counted truncated
-    out = importance_weights(torch.tensor([[0.5, 0.5]]), torch.zeros(1, 2), torch.ones(1, 2, dtype=torch.bool),
-                             level="sequence", cap=2.0)
+    out = importance_weights(
+        torch.tensor([[0.5, 0.5]]),
+        torch.zeros(1, 2),
+        torch.ones(1, 2, dtype=torch.bool),
+        level="sequence",
+        cap=2.0,
+    )
     torch.testing.assert_close(out.weight, torch.tensor([[2.0, 2.0]]))
     torch.testing.assert_close(out.metrics["offpolicy/is_trunc_frac"], torch.tensor(1.0))
 
@@ -89,7 +102,9 @@ def test_ppo_with_mask_mode_end_to_end():
     prox = torch.tensor([[-1.0, -1.0, -2.0]])
     logp = torch.tensor([[-0.9, -0.7, -0.5]])
     behav = torch.tensor([[-1.0 - LN3, -1.0, -1.5]])
-    x = PolicyLossInputs(logp, prox, behav, torch.tensor([[1.0, 1.0, -1.0]]), torch.ones(1, 3, dtype=torch.bool))
+    x = PolicyLossInputs(
+        logp, prox, behav, torch.tensor([[1.0, 1.0, -1.0]]), torch.ones(1, 3, dtype=torch.bool)
+    )
     out = ppo_clip_loss(x, PolicyLossConfig(is_mode="mask", tis_cap=2.0, is_low=0.5))
     torch.testing.assert_close(out.loss, torch.tensor(0.20653), atol=1e-4, rtol=0)
 

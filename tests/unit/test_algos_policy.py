@@ -5,8 +5,13 @@ import math
 import pytest
 import torch
 
-from algos.aggregation import AGG_MODES
-from algos.policy_loss import POLICY_LOSSES, PolicyLossConfig, PolicyLossInputs, ppo_clip_loss
+from rollflash.algos.aggregation import AGG_MODES
+from rollflash.algos.policy_loss import (
+    POLICY_LOSSES,
+    PolicyLossConfig,
+    PolicyLossInputs,
+    ppo_clip_loss,
+)
 
 NEG_INF = float("-inf")
 LN3 = math.log(3.0)
@@ -46,7 +51,9 @@ def test_on_policy_hand_worked():
     # gradient: only t0 is unclipped: d/dlogp0 (-A e^(logp0 - prox0) / 3) = -1.10517 / 3 = -0.36839;
     # t1 clipped and t2 dual-clipped have zero gradient; t3 (masked, -inf) exactly 0, not NaN
     out.loss.backward()
-    torch.testing.assert_close(x.logp.grad, torch.tensor([[-0.36839, 0.0, 0.0, 0.0]]), atol=1e-4, rtol=0)
+    torch.testing.assert_close(
+        x.logp.grad, torch.tensor([[-0.36839, 0.0, 0.0, 0.0]]), atol=1e-4, rtol=0
+    )
 
 
 def test_clip_higher_unclips_t1():
@@ -66,13 +73,17 @@ def test_truncated_importance_weight():
     torch.testing.assert_close(out.loss, torch.tensor(-0.53025), atol=1e-4, rtol=0)
     m = out.metrics
     # applied w mean = (2 + 1 + 0.60653) / 3 = 1.20218; raw max = 3; 1 of 3 truncated
-    torch.testing.assert_close(m["offpolicy/is_weight_mean"], torch.tensor(1.20218), atol=1e-4, rtol=0)
+    torch.testing.assert_close(
+        m["offpolicy/is_weight_mean"], torch.tensor(1.20218), atol=1e-4, rtol=0
+    )
     torch.testing.assert_close(m["offpolicy/is_weight_max"], torch.tensor(2.0))
     torch.testing.assert_close(m["offpolicy/raw_is_weight_max"], torch.tensor(3.0))
     torch.testing.assert_close(m["offpolicy/is_trunc_frac"], torch.tensor(1 / 3))
     # gradient t0 = w * (-1.10517) / 3 = -0.73678
     out.loss.backward()
-    torch.testing.assert_close(x.logp.grad, torch.tensor([[-0.73678, 0.0, 0.0, 0.0]]), atol=1e-4, rtol=0)
+    torch.testing.assert_close(
+        x.logp.grad, torch.tensor([[-0.73678, 0.0, 0.0, 0.0]]), atol=1e-4, rtol=0
+    )
 
 
 def test_no_correction_when_tis_cap_none():
@@ -107,7 +118,10 @@ def test_all_masked_row_changes_nothing(name):
         # extra row of garbage, fully masked
         pad = lambda t, v: torch.cat([t, torch.full((1, 5), v)])  # noqa: E731
         padded = PolicyLossInputs(
-            pad(logp, NEG_INF), pad(prox, float("nan")), pad(behav, NEG_INF), pad(adv, 1e9),
+            pad(logp, NEG_INF),
+            pad(prox, float("nan")),
+            pad(behav, NEG_INF),
+            pad(adv, 1e9),
             torch.cat([mask, torch.zeros(1, 5, dtype=torch.bool)]),
         )
         with_row = POLICY_LOSSES[name](padded, cfg)
@@ -161,7 +175,12 @@ def test_ppo_matches_reference_loop():
 
 
 def test_shape_mismatch_is_an_error():
-    x = PolicyLossInputs(torch.zeros(2, 3), torch.zeros(2, 3), torch.zeros(2, 3), torch.zeros(2, 4),
-                         torch.ones(2, 3, dtype=torch.bool))
+    x = PolicyLossInputs(
+        torch.zeros(2, 3),
+        torch.zeros(2, 3),
+        torch.zeros(2, 3),
+        torch.zeros(2, 4),
+        torch.ones(2, 3, dtype=torch.bool),
+    )
     with pytest.raises(ValueError, match="shape"):
         ppo_clip_loss(x, PolicyLossConfig())

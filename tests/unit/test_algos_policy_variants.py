@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from algos.policy_loss import (
+from rollflash.algos.policy_loss import (
     POLICY_LOSSES,
     PolicyLossConfig,
     PolicyLossInputs,
@@ -35,7 +35,9 @@ def test_gspo_hand_worked():
     adv = torch.tensor([[1.0, 1.0, 1.0], [-1.0, -1.0, -1.0]])
     mask = torch.tensor([[T_, T_, F_], [T_, T_, T_]])
     x = _x(diff, adv, mask)
-    cfg = PolicyLossConfig(clip_low=0.2, clip_high=0.3, dual_clip_c=None, agg_mode="seq-mean-token-mean")
+    cfg = PolicyLossConfig(
+        clip_low=0.2, clip_high=0.3, dual_clip_c=None, agg_mode="seq-mean-token-mean"
+    )
     out = gspo_loss(x, cfg)
     torch.testing.assert_close(out.loss, torch.tensor(-0.20134), atol=1e-4, rtol=0)
     # grad: d s / d logp_t = s / |y_i|; row0: 1/2 * -1 * 1.22140 / 2 = -0.30535
@@ -64,7 +66,9 @@ def test_gspo_matches_sequence_level_reference():
     adv = torch.randn(5, 1, generator=g, dtype=torch.float64).expand(5, 6).contiguous()
     mask = torch.rand(5, 6, generator=g) < 0.7
     mask[:, 0] = True
-    cfg = PolicyLossConfig(clip_low=0.1, clip_high=0.15, dual_clip_c=None, agg_mode="seq-mean-token-mean")
+    cfg = PolicyLossConfig(
+        clip_low=0.1, clip_high=0.15, dual_clip_c=None, agg_mode="seq-mean-token-mean"
+    )
     logp = (prox + diff).requires_grad_(True)
     out = gspo_loss(PolicyLossInputs(logp, prox, prox, adv, mask), cfg)
     (grad,) = torch.autograd.grad(out.loss, logp)
@@ -108,7 +112,9 @@ def test_topr_hand_worked():
     x = _x(diff, adv, torch.ones(3, 2, dtype=torch.bool))
     out = topr_loss(x, PolicyLossConfig())
     torch.testing.assert_close(out.loss, torch.tensor(-0.27347), atol=1e-4, rtol=0)
-    torch.testing.assert_close(out.metrics["policy/clip_frac"], torch.tensor(1 / 3))  # row2's tokens
+    torch.testing.assert_close(
+        out.metrics["policy/clip_frac"], torch.tensor(1 / 3)
+    )  # row2's tokens
     # grad = -coef * A / 6
     out.loss.backward()
     expected = torch.tensor([[-1 / 6, -1 / 6], [0.08277, 0.08277], [1 / 6, 1 / 6]])
@@ -168,7 +174,9 @@ def test_gradcheck_float64(name):
     adv = torch.randn(3, 1, generator=g, dtype=torch.float64).expand(3, 5).contiguous()
     mask = torch.rand(3, 5, generator=g) < 0.7
     mask[:, 0] = True
-    cfg = PolicyLossConfig(clip_low=0.5, clip_high=0.5, agg_mode="seq-mean-token-mean", is_level="sequence")
+    cfg = PolicyLossConfig(
+        clip_low=0.5, clip_high=0.5, agg_mode="seq-mean-token-mean", is_level="sequence"
+    )
     fn = lambda lp: POLICY_LOSSES[name](PolicyLossInputs(lp, prox, behav, adv, mask), cfg).loss  # noqa: E731
     assert torch.autograd.gradcheck(fn, (logp,))
 

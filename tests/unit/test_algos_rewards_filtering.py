@@ -5,8 +5,12 @@ import dataclasses
 import pytest
 import torch
 
-from algos.filtering import dynamic_sampling_mask, overlong_filter_mask, soft_overlong_penalty
-from algos.rewards import (
+from rollflash.algos.filtering import (
+    dynamic_sampling_mask,
+    overlong_filter_mask,
+    soft_overlong_penalty,
+)
+from rollflash.algos.rewards import (
     REWARD_NORMS,
     RunningRewardNorm,
     clip_rewards,
@@ -33,7 +37,9 @@ def test_batch_norm_hand_worked():
 def test_group_norm_hand_worked():
     # group (1, 0): mean 0.5, std 0.70711 -> +-0.70711; group (3, 3): 0
     out = normalize_rewards(torch.tensor([[1.0, 0.0], [3.0, 3.0]]), "group")
-    torch.testing.assert_close(out, torch.tensor([[0.70711, -0.70711], [0.0, 0.0]]), atol=1e-4, rtol=0)
+    torch.testing.assert_close(
+        out, torch.tensor([[0.70711, -0.70711], [0.0, 0.0]]), atol=1e-4, rtol=0
+    )
 
 
 def test_running_norm_matches_statistics_of_everything_seen():
@@ -41,7 +47,11 @@ def test_running_norm_matches_statistics_of_everything_seen():
     state = RunningRewardNorm()
     normalize_rewards(torch.tensor([[1.0, 2.0, 3.0]]), "running", running=state)
     out = normalize_rewards(torch.tensor([[4.0, 5.0]]), "running", running=state)
-    assert state.count == 5 and state.mean == pytest.approx(3.0) and state.std == pytest.approx(1.58114, abs=1e-5)
+    assert (
+        state.count == 5
+        and state.mean == pytest.approx(3.0)
+        and state.std == pytest.approx(1.58114, abs=1e-5)
+    )
     # (4 - 3) / 1.58114 = 0.63246; (5 - 3) / 1.58114 = 1.26491
     torch.testing.assert_close(out, torch.tensor([[0.63246, 1.26491]]), atol=1e-4, rtol=0)
     restored = RunningRewardNorm(**dataclasses.asdict(state))
@@ -92,9 +102,12 @@ def test_soft_overlong_penalty_hand_worked():
     # max 100, buffer 20 -> expected length 80; exceed = L - 80 = -30, 0, 10, 20, 40
     # -exceed / 20 clamped to [-1, 0] -> 0, 0, -0.5, -1, -1
     lengths = torch.tensor([50, 80, 90, 100, 120])
-    torch.testing.assert_close(soft_overlong_penalty(lengths, 100, 20), torch.tensor([0.0, 0.0, -0.5, -1.0, -1.0]))
     torch.testing.assert_close(
-        soft_overlong_penalty(lengths, 100, 20, penalty_factor=0.5), torch.tensor([0.0, 0.0, -0.25, -0.5, -0.5])
+        soft_overlong_penalty(lengths, 100, 20), torch.tensor([0.0, 0.0, -0.5, -1.0, -1.0])
+    )
+    torch.testing.assert_close(
+        soft_overlong_penalty(lengths, 100, 20, penalty_factor=0.5),
+        torch.tensor([0.0, 0.0, -0.25, -0.5, -0.5]),
     )
     with pytest.raises(ValueError, match="overlong_buffer"):
         soft_overlong_penalty(lengths, 100, 0)

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from algos.value_loss import value_loss
+from rollflash.algos.value_loss import value_loss
 
 T_, F_ = True, False
 NAN = float("nan")
@@ -25,7 +25,9 @@ def test_clipped_hand_worked():
     torch.testing.assert_close(out.metrics["critic/vf_clip_frac"], torch.tensor(1 / 3))
     out.loss.backward()
     # grad (V - R) / 3 on unclipped tokens: -0.4 / 3, 1.0 / 3; clipped t2 and masked t3: 0
-    torch.testing.assert_close(v.grad, torch.tensor([[-0.13333, 0.33333, 0.0, 0.0]]), atol=1e-4, rtol=0)
+    torch.testing.assert_close(
+        v.grad, torch.tensor([[-0.13333, 0.33333, 0.0, 0.0]]), atol=1e-4, rtol=0
+    )
 
 
 def test_unclipped_hand_worked():

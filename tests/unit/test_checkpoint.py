@@ -10,11 +10,16 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from broker.config import config_from_dict
-from learner.checkpoint import (CheckpointStore, LearnerState, Lineage, restore_rng,
-                                rng_state)
-from learner.prepare import build_algo_models
-from learner.train import train_step
+from rollflash.broker.config import config_from_dict
+from rollflash.learner.checkpoint import (
+    CheckpointStore,
+    LearnerState,
+    Lineage,
+    restore_rng,
+    rng_state,
+)
+from rollflash.learner.prepare import build_algo_models
+from rollflash.learner.train import train_step
 from tests.integration.dist_worker import make_groups
 
 
@@ -53,8 +58,12 @@ def _setup(model_dir):
 
 def test_resumed_training_continues_exactly(tiny, tmp_path):
     model_dir, tok = tiny
-    cfg = config_from_dict({"model": {"path": str(model_dir)},
-                            "rollout": {"num_return_sequences": 4, "max_new_tokens": 6}})
+    cfg = config_from_dict(
+        {
+            "model": {"path": str(model_dir)},
+            "rollout": {"num_return_sequences": 4, "max_new_tokens": 6},
+        }
+    )
     groups = make_groups(tok, 4)
 
     def step(model, opt, sched, part):
@@ -64,8 +73,11 @@ def test_resumed_training_continues_exactly(tiny, tmp_path):
     model, opt, sched = _setup(model_dir)
     step(model, opt, sched, groups[:2])
     store = CheckpointStore(tmp_path)
-    store.save(LearnerState(step=1, version=1, issued=8, seen=["t0", "t1"]), model,
-               {"optimizer": opt.state_dict(), "scheduler": sched.state_dict()})
+    store.save(
+        LearnerState(step=1, version=1, issued=8, seen=["t0", "t1"]),
+        model,
+        {"optimizer": opt.state_dict(), "scheduler": sched.state_dict()},
+    )
     step(model, opt, sched, groups[2:])
     uninterrupted = copy.deepcopy(model.state_dict())
 

@@ -1,7 +1,7 @@
 import pytest
 import yaml
 
-from broker.config import Config, ConfigError, config_from_dict, load_config
+from rollflash.broker.config import Config, ConfigError, config_from_dict, load_config
 
 ROOT = __import__("pathlib").Path(__file__).resolve().parents[2]
 
@@ -17,25 +17,35 @@ def test_every_shipped_config_loads(path):
     assert isinstance(load_config(path), Config)
 
 
-@pytest.mark.parametrize("data, message", [
-    ({"trainer": {"actor_lrr": 1e-3}}, "trainer.actor_lrr: unknown key"),
-    ({"bogus": {}}, "bogus: unknown key"),
-    ({"trainer": {"actor_lr": "fast"}}, "trainer.actor_lr: expected a number, got 'fast'"),
-    ({"trainer": {"rollout_batch_size": 2.5}}, "trainer.rollout_batch_size: expected an integer"),
-    ({"trainer": {"rollout_batch_size": 0}}, "trainer.rollout_batch_size: must be > 0"),
-    ({"trainer": {"async_ratio": -1}}, "trainer.async_ratio: must be >= 0"),
-    ({"rollout": {"engine": "tgi"}}, "rollout.engine: must be one of ['hf', 'vllm', 'sim']"),
-    ({"algo": {"clip_low": 1.5}}, "algo.clip_low: must be in (0, 1)"),
-    ({"algo": {"tis_cap": 0.5}}, "algo.tis_cap: must be >= 1 or null"),
-    ({"rollout": {"num_return_sequences": 1}}, "rollout.num_return_sequences"),
-    ({"trainer": 3}, "trainer: expected a mapping"),
-    ({"rollout": {"top_p": 0}}, "rollout.top_p: must be in (0, 1]"),
-    ({"trainer": {"actor_lr": True}}, "trainer.actor_lr: expected a number"),
-    ({"rollout": {"inflight_samples": 16}}, "rollout.inflight_samples: continuous batching "
-                                            "needs rollout.engine vllm or sim"),  # hf default
-    ({"rollout": {"inflight_samples": -1, "engine": "sim"}},
-     "rollout.inflight_samples: must be >= 0"),
-])
+@pytest.mark.parametrize(
+    "data, message",
+    [
+        ({"trainer": {"actor_lrr": 1e-3}}, "trainer.actor_lrr: unknown key"),
+        ({"bogus": {}}, "bogus: unknown key"),
+        ({"trainer": {"actor_lr": "fast"}}, "trainer.actor_lr: expected a number, got 'fast'"),
+        (
+            {"trainer": {"rollout_batch_size": 2.5}},
+            "trainer.rollout_batch_size: expected an integer",
+        ),
+        ({"trainer": {"rollout_batch_size": 0}}, "trainer.rollout_batch_size: must be > 0"),
+        ({"trainer": {"async_ratio": -1}}, "trainer.async_ratio: must be >= 0"),
+        ({"rollout": {"engine": "tgi"}}, "rollout.engine: must be one of ['hf', 'vllm', 'sim']"),
+        ({"algo": {"clip_low": 1.5}}, "algo.clip_low: must be in (0, 1)"),
+        ({"algo": {"tis_cap": 0.5}}, "algo.tis_cap: must be >= 1 or null"),
+        ({"rollout": {"num_return_sequences": 1}}, "rollout.num_return_sequences"),
+        ({"trainer": 3}, "trainer: expected a mapping"),
+        ({"rollout": {"top_p": 0}}, "rollout.top_p: must be in (0, 1]"),
+        ({"trainer": {"actor_lr": True}}, "trainer.actor_lr: expected a number"),
+        (
+            {"rollout": {"inflight_samples": 16}},
+            "rollout.inflight_samples: continuous batching needs rollout.engine vllm or sim",
+        ),  # hf default
+        (
+            {"rollout": {"inflight_samples": -1, "engine": "sim"}},
+            "rollout.inflight_samples: must be >= 0",
+        ),
+    ],
+)
 def test_bad_values_name_the_key(data, message):
     with pytest.raises(ConfigError) as e:
         config_from_dict(data)
@@ -52,8 +62,9 @@ def test_int_accepted_for_float_and_null_for_optional():
 def test_dotted_overrides_parse_yaml_values(tmp_path):
     path = tmp_path / "run.yaml"
     path.write_text(yaml.safe_dump({"algo": {"clip_high": 0.2}}))
-    cfg = load_config(path, ["algo.clip_high=0.28", "task.params={max_operand: 9}",
-                             "algo.dual_clip_c=null"])
+    cfg = load_config(
+        path, ["algo.clip_high=0.28", "task.params={max_operand: 9}", "algo.dual_clip_c=null"]
+    )
     assert cfg.algo.clip_high == 0.28
     assert cfg.task.params == {"max_operand": 9}
     assert cfg.algo.dual_clip_c is None

@@ -4,8 +4,8 @@ import itertools
 
 import pytest
 
-from envs import Item, Task, make_task
-from envs.arithmetic import ArithmeticTask
+from rollflash.envs import Item, Task, make_task
+from rollflash.envs.arithmetic import ArithmeticTask
 
 
 @pytest.fixture
@@ -71,7 +71,9 @@ def test_heldout_fixed_and_disjoint_from_train():
     t = ArithmeticTask(a_range=(0, 9), b_range=(0, 9), heldout_size=40)
     heldout = t.heldout_items()
     assert len(heldout) == 40 and len({it.prompt for it in heldout}) == 40
-    assert heldout == ArithmeticTask(a_range=(0, 9), b_range=(0, 9), heldout_size=40).heldout_items()
+    assert (
+        heldout == ArithmeticTask(a_range=(0, 9), b_range=(0, 9), heldout_size=40).heldout_items()
+    )
     held_prompts = {it.prompt for it in heldout}
     for seed in range(3):
         train_prompts = {it.prompt for it in itertools.islice(t.train_items(seed), 3000)}
@@ -80,7 +82,9 @@ def test_heldout_fixed_and_disjoint_from_train():
 
 
 def test_make_task_builds_with_params():
-    t = make_task("arithmetic", {"ops": ["*"], "a_range": [2, 3], "b_range": [4, 5], "heldout_size": 2})
+    t = make_task(
+        "arithmetic", {"ops": ["*"], "a_range": [2, 3], "b_range": [4, 5], "heldout_size": 2}
+    )
     assert all("*" in it.prompt for it in t.heldout_items())
 
 

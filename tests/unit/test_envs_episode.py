@@ -5,18 +5,20 @@ from pathlib import Path
 
 import pytest
 
-from envs import Episode, chat_encoder, plain_encoder
-from envs.episode import state_key
-from envs.gridworld import GridWorld
+from rollflash.envs import Episode, chat_encoder, plain_encoder
+from rollflash.envs.episode import state_key
+from rollflash.envs.gridworld import GridWorld
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 from make_tiny_model import build_tokenizer  # noqa: E402
 
 # a chat template in the tokenizer's alphabet: "u=<content>." per user turn, "a=" as the generation
 # prompt, "a=<content><eos>." per assistant turn (as Qwen's "<|im_end|>\n" after an answer)
-TEMPLATE = ("{% for m in messages %}{{ m['role'][0] }}={{ m['content'] }}"
-            "{% if m['role'] == 'assistant' %}<eos>{% endif %}.{% endfor %}"
-            "{% if add_generation_prompt %}a={% endif %}")
+TEMPLATE = (
+    "{% for m in messages %}{{ m['role'][0] }}={{ m['content'] }}"
+    "{% if m['role'] == 'assistant' %}<eos>{% endif %}.{% endfor %}"
+    "{% if add_generation_prompt %}a={% endif %}"
+)
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +41,10 @@ def test_plain_episode_layout(tok):
     assert ep.prompt_ids == tok("a../.../..g?")["input_ids"]  # <bos> + the first observation
     _act(ep, tok, "r")
     obs = tok(".a./.../..g?", add_special_tokens=False)["input_ids"]
-    assert ep.response_ids == tok("r", add_special_tokens=False)["input_ids"] + [tok.eos_token_id] + obs
+    assert (
+        ep.response_ids
+        == tok("r", add_special_tokens=False)["input_ids"] + [tok.eos_token_id] + obs
+    )
     assert ep.loss_mask == [1, 1] + [0] * len(obs)
     assert ep.logprobs == [-0.5, -0.1] + [0.0] * len(obs) and ep.versions == [3] * (2 + len(obs))
     for letter in "rdd":

@@ -2,8 +2,8 @@
 
 import pytest
 
-from envs import make_task
-from envs.gridworld import GridWorld, shortest_action, solvable
+from rollflash.envs import make_task
+from rollflash.envs.gridworld import GridWorld, shortest_action, solvable
 
 
 def _env(holes, size=3, max_turns=8, **kw) -> GridWorld:

@@ -4,8 +4,8 @@ import time
 
 import pytest
 
-from envs import make_task
-from envs.simulated import SimulatedEnv
+from rollflash.envs import make_task
+from rollflash.envs.simulated import SimulatedEnv
 
 
 def _play(env, seed):

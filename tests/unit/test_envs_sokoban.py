@@ -2,9 +2,9 @@
 
 from collections import deque
 
-from envs import make_task
-from envs.gridworld import MOVES
-from envs.sokoban import Sokoban
+from rollflash.envs import make_task
+from rollflash.envs.gridworld import MOVES
+from rollflash.envs.sokoban import Sokoban
 
 
 def _env(player, box, target, width=4, height=3) -> Sokoban:

@@ -4,8 +4,8 @@ import random
 
 import pytest
 
-from envs import make_task
-from envs.tools import ToolUse, calculate, draw_question
+from rollflash.envs import make_task
+from rollflash.envs.tools import ToolUse, calculate, draw_question
 
 
 def test_calculator_evaluates_integer_expressions():
@@ -14,15 +14,18 @@ def test_calculator_evaluates_integer_expressions():
     assert calculate("-(7 - 10) ** 2 // 4 % 5") == 2
 
 
-@pytest.mark.parametrize("expr, reason", [
-    ("__import__('os').system('id')", "unsupported syntax Call"),
-    ("2 ** 65", "exponent"),
-    ("(9 ** 64) ** 64 ** 2", "exponent"),
-    ("((9 ** 64) ** 64) ** 64", "too large"),
-    ("1 // 0", "division by zero"),
-    ("1.5 * 2", "unsupported syntax Constant"),
-    ("3 +", "syntax error"),
-])
+@pytest.mark.parametrize(
+    "expr, reason",
+    [
+        ("__import__('os').system('id')", "unsupported syntax Call"),
+        ("2 ** 65", "exponent"),
+        ("(9 ** 64) ** 64 ** 2", "exponent"),
+        ("((9 ** 64) ** 64) ** 64", "too large"),
+        ("1 // 0", "division by zero"),
+        ("1.5 * 2", "unsupported syntax Constant"),
+        ("3 +", "syntax error"),
+    ],
+)
 def test_calculator_refuses(expr, reason):
     with pytest.raises(ValueError, match=reason):
         calculate(expr)

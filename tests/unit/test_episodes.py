@@ -9,12 +9,12 @@ import time
 import numpy as np
 import pytest
 
-from broker.config import SimConfig
-from broker.schema import PromptWork
-from envs.multiturn import StepResult, TurnLimit
-from generators.engine import SamplingParams
-from generators.episodes import EpisodeRunner, GroupSpec, episodes_to_trajectory
-from generators.sim_engine import SimEngine
+from rollflash.broker.config import SimConfig
+from rollflash.broker.schema import PromptWork
+from rollflash.envs.multiturn import StepResult, TurnLimit
+from rollflash.generators.engine import SamplingParams
+from rollflash.generators.episodes import EpisodeRunner, GroupSpec, episodes_to_trajectory
+from rollflash.generators.sim_engine import SimEngine
 
 
 class ScriptedEnv(TurnLimit):
@@ -46,8 +46,10 @@ def _runner(max_tokens=1000) -> EpisodeRunner:
 def test_a_slow_environment_does_not_hold_back_other_groups():
     done_at = {}
     started = time.monotonic()
-    specs = [GroupSpec(lambda: ScriptedEnv(3, lambda i: 0.6), seed=1, keep=2, start=2),
-             GroupSpec(lambda: ScriptedEnv(3, lambda i: 0.0), seed=2, keep=2, start=2)]
+    specs = [
+        GroupSpec(lambda: ScriptedEnv(3, lambda i: 0.6), seed=1, keep=2, start=2),
+        GroupSpec(lambda: ScriptedEnv(3, lambda i: 0.0), seed=2, keep=2, start=2),
+    ]
     _runner().run(specs, lambda g, eps: done_at.setdefault(g, time.monotonic() - started))
     # group 1 needs 3 fast turns; group 0 three 0.6 s steps (>= 1.8 s). With a per-turn barrier
     # group 1 would also take >= 1.8 s.
@@ -114,15 +116,18 @@ def test_refill_starts_new_groups_while_others_still_run():
     done_at, calls = {}, []
     started = time.monotonic()
     fast = lambda: ScriptedEnv(2, lambda i: 0.0)  # noqa: E731
-    specs = [GroupSpec(lambda: ScriptedEnv(3, lambda i: 0.6), seed=1, keep=1, start=1),
-             GroupSpec(fast, seed=2, keep=1, start=1)]
+    specs = [
+        GroupSpec(lambda: ScriptedEnv(3, lambda i: 0.6), seed=1, keep=1, start=1),
+        GroupSpec(fast, seed=2, keep=1, start=1),
+    ]
 
     def refill():
         calls.append(time.monotonic() - started)
         return [GroupSpec(fast, seed=10 + len(calls), keep=1, start=1)] if len(calls) <= 2 else []
 
-    _runner().run(specs, lambda g, eps: done_at.setdefault(g, time.monotonic() - started),
-                  refill=refill)
+    _runner().run(
+        specs, lambda g, eps: done_at.setdefault(g, time.monotonic() - started), refill=refill
+    )
     # groups 2 and 3 came from refills and finished before the slow group 0 (>= 1.8 s)
     assert set(done_at) == {0, 1, 2, 3}
     assert done_at[2] < done_at[0] and done_at[3] < done_at[0] and done_at[0] >= 1.8

@@ -4,9 +4,9 @@ after `patience` steps, the adaptive KL state, and quiet on a healthy batch."""
 import numpy as np
 import pytest
 
-from broker.config import config_from_dict
-from broker.schema import Sample, Trajectory
-from learner.guards import (
+from rollflash.broker.config import config_from_dict
+from rollflash.broker.schema import Sample, Trajectory
+from rollflash.learner.guards import (
     GuardMonitor,
     evaluate_guards,
     guard_values,
@@ -18,12 +18,26 @@ from learner.guards import (
 
 def _group(responses, rewards, finished=None) -> Trajectory:
     finished = finished or [True] * len(responses)
-    samples = [Sample(response_ids=np.asarray(r, dtype=np.int32),
-                      logprobs=np.zeros(len(r), dtype=np.float32),
-                      token_versions=np.zeros(len(r), dtype=np.int32), reward=w, finished=f)
-               for r, w, f in zip(responses, rewards, finished)]
-    return Trajectory(traj_id="g", prompt_id="p", group_id="g", generator="x", behavior_version=0,
-                      issued_version=0, prompt_ids=np.asarray([1, 2], dtype=np.int32), samples=samples)
+    samples = [
+        Sample(
+            response_ids=np.asarray(r, dtype=np.int32),
+            logprobs=np.zeros(len(r), dtype=np.float32),
+            token_versions=np.zeros(len(r), dtype=np.int32),
+            reward=w,
+            finished=f,
+        )
+        for r, w, f in zip(responses, rewards, finished)
+    ]
+    return Trajectory(
+        traj_id="g",
+        prompt_id="p",
+        group_id="g",
+        generator="x",
+        behavior_version=0,
+        issued_version=0,
+        prompt_ids=np.asarray([1, 2], dtype=np.int32),
+        samples=samples,
+    )
 
 
 def test_statistics_by_hand():
@@ -38,8 +52,11 @@ def test_statistics_by_hand():
 
 def test_guard_values_of_a_batch():
     # lengths 3, 2, 4, 1 -> mean 2.5; one of four truncated; [7,7,7,7] has 2 repeated bigrams of 3
-    g = _group([[4, 5, 2], [6, 2], [7, 7, 7, 7], [2]], [1.0, 0.0, 1.0, 0.0],
-               finished=[True, True, False, True])
+    g = _group(
+        [[4, 5, 2], [6, 2], [7, 7, 7, 7], [2]],
+        [1.0, 0.0, 1.0, 0.0],
+        finished=[True, True, False, True],
+    )
     v = guard_values([g], ngram_n=2)
     assert v["guard/length_mean"] == 2.5
     assert v["guard/truncated_frac"] == 0.25
@@ -53,29 +70,51 @@ def _cfg(**guards):
 
 def test_thresholds_fire_and_stay_quiet():
     g = _cfg().guards
-    healthy = {"guard/score_std": 0.8, "guard/length_mean": 3.2, "guard/truncated_frac": 0.02,
-               "guard/ngram_repeat": 0.0}
+    healthy = {
+        "guard/score_std": 0.8,
+        "guard/length_mean": 3.2,
+        "guard/truncated_frac": 0.02,
+        "guard/ngram_repeat": 0.0,
+    }
     assert not any(r.fired for r in evaluate_guards(healthy, [0.01, 0.02, 0.03], g, True))
-    hacked = {"guard/score_std": 1e-5, "guard/length_mean": 1.0, "guard/truncated_frac": 0.9,
-              "guard/ngram_repeat": 0.6}
+    hacked = {
+        "guard/score_std": 1e-5,
+        "guard/length_mean": 1.0,
+        "guard/truncated_frac": 0.9,
+        "guard/ngram_repeat": 0.6,
+    }
     fired = {r.name for r in evaluate_guards(hacked, [0.01, 0.02, 1.5], g, True) if r.fired}
-    assert fired == {"kl_rise", "score_collapse", "length_collapse", "length_at_limit",
-                     "repeated_ngrams"}
+    assert fired == {
+        "kl_rise",
+        "score_collapse",
+        "length_collapse",
+        "length_at_limit",
+        "repeated_ngrams",
+    }
     # relative collapse: std 0.1 is above the absolute floor 1e-3 but below 5% of a first std of 4
-    rel = {r.name: r for r in evaluate_guards(dict(healthy, **{"guard/score_std": 0.1}), [], g,
-                                              True, first_score_std=4.0)}
+    rel = {
+        r.name: r
+        for r in evaluate_guards(
+            dict(healthy, **{"guard/score_std": 0.1}), [], g, True, first_score_std=4.0
+        )
+    }
     assert rel["score_collapse"].fired and "< 0.2" in rel["score_collapse"].message
     assert not evaluate_guards(dict(healthy, **{"guard/score_std": 0.3}), [], g, True, 4.0)[0].fired
     # a verifier's equal rewards (every sample right) are not a collapse
-    assert not [r for r in evaluate_guards(hacked, [], g, False) if r.name == "score_collapse"
-                and r.fired]
+    assert not [
+        r for r in evaluate_guards(hacked, [], g, False) if r.name == "score_collapse" and r.fired
+    ]
 
 
 def test_stop_after_patience_and_kl_state():
     cfg = _cfg(stop_on_guard=True, patience=2)
     mon = GuardMonitor(cfg)
-    bad = {"guard/score_std": 0.5, "guard/length_mean": 3.0, "guard/truncated_frac": 0.95,
-           "guard/ngram_repeat": 0.0}
+    bad = {
+        "guard/score_std": 0.5,
+        "guard/length_mean": 3.0,
+        "guard/truncated_frac": 0.95,
+        "guard/ngram_repeat": 0.0,
+    }
     good = dict(bad, **{"guard/truncated_frac": 0.0})
     out = mon.after_step(bad, 64)
     assert out["guard/fired_length_at_limit"] == 1.0 and out["guard/fired"] == 1.0
@@ -109,11 +148,14 @@ def test_adaptive_kl_coef_moves_and_reaches_the_step_config():
 
 
 def test_status_line_shows_the_last_warnings():
-    from rollctl.status import guard_line
+    from rollflash.rollctl.status import guard_line
 
     assert guard_line({}) == "guards: no step yet"
     assert guard_line({"guard_warnings": "none", "guard_stop": ""}) == "guards: ok"
-    line = guard_line({"guard_warnings": "length_at_limit: 90% of responses hit max_new_tokens",
-                       "guard_stop": "length_at_limit: 90% of responses hit max_new_tokens"})
+    line = guard_line(
+        {
+            "guard_warnings": "length_at_limit: 90% of responses hit max_new_tokens",
+            "guard_stop": "length_at_limit: 90% of responses hit max_new_tokens",
+        }
+    )
     assert line.startswith("guards: WARNING length_at_limit: 90%") and "| stopped by guard:" in line
-

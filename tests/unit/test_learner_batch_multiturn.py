@@ -4,16 +4,24 @@ import numpy as np
 import pytest
 import torch
 
-from broker.schema import Sample, Trajectory
-from learner.batch import pad_groups, turn_inputs
+from rollflash.broker.schema import Sample, Trajectory
+from rollflash.learner.batch import pad_groups, turn_inputs
 
 
 def _episode(resp, loss_mask, starts, rewards, states) -> Sample:
     n = len(resp)
-    return Sample(np.array(resp, "<i4"), np.where(np.array(loss_mask) > 0, -0.5, 0).astype("<f4"),
-                  np.zeros(n, "<i4"), float(sum(rewards)), True, "",
-                  loss_mask=np.array(loss_mask, "|u1"), turn_starts=np.array(starts, "<i4"),
-                  turn_rewards=np.array(rewards, "<f4"), turn_states=np.array(states, "<i8"))
+    return Sample(
+        np.array(resp, "<i4"),
+        np.where(np.array(loss_mask) > 0, -0.5, 0).astype("<f4"),
+        np.zeros(n, "<i4"),
+        float(sum(rewards)),
+        True,
+        "",
+        loss_mask=np.array(loss_mask, "|u1"),
+        turn_starts=np.array(starts, "<i4"),
+        turn_rewards=np.array(rewards, "<f4"),
+        turn_states=np.array(states, "<i8"),
+    )
 
 
 def _group() -> Trajectory:

@@ -6,17 +6,24 @@ from pathlib import Path
 
 import pytest
 
-import algos
-from broker.config import AlgoConfig, ConfigError, config_from_dict, load_config
+from rollflash import algos
+from rollflash.broker.config import AlgoConfig, ConfigError, config_from_dict, load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize("field, registry", [
-    ("adv_estimator", algos.ADVANTAGE_ESTIMATORS), ("policy_loss", algos.POLICY_LOSSES),
-    ("loss_agg_mode", algos.AGG_MODES), ("is_mode", algos.IS_MODES), ("is_level", algos.IS_LEVELS),
-    ("kl_estimator", algos.KL_ESTIMATORS), ("reward_norm", algos.REWARD_NORMS),
-])
+@pytest.mark.parametrize(
+    "field, registry",
+    [
+        ("adv_estimator", algos.ADVANTAGE_ESTIMATORS),
+        ("policy_loss", algos.POLICY_LOSSES),
+        ("loss_agg_mode", algos.AGG_MODES),
+        ("is_mode", algos.IS_MODES),
+        ("is_level", algos.IS_LEVELS),
+        ("kl_estimator", algos.KL_ESTIMATORS),
+        ("reward_norm", algos.REWARD_NORMS),
+    ],
+)
 def test_config_literals_are_exactly_the_registry_names(field, registry):
     # the config spells the names out (no torch import at load); this keeps the two in step
     assert set(typing.get_args(typing.get_type_hints(AlgoConfig)[field])) == set(registry)
@@ -24,26 +31,43 @@ def test_config_literals_are_exactly_the_registry_names(field, registry):
 
 def test_defaults_are_grpo_with_ppo_clip_and_tis_cap_2():
     a = config_from_dict({}).algo
-    assert (a.adv_estimator, a.policy_loss, a.tis_cap, a.loss_agg_mode) == ("grpo", "ppo", 2.0, "token-mean")
+    assert (a.adv_estimator, a.policy_loss, a.tis_cap, a.loss_agg_mode) == (
+        "grpo",
+        "ppo",
+        2.0,
+        "token-mean",
+    )
     assert (a.critic, a.kl_coef, a.entropy_coef, a.dynamic_sampling) == (False, 0.0, 0.0, False)
 
 
-@pytest.mark.parametrize("algo, message", [
-    ({"adv_estimator": "gae"}, "algo.adv_estimator: 'gae' needs a critic (set algo.critic: true)"),
-    ({"adv_estimator": "vtrace"}, "algo.adv_estimator: must be one of ['grpo', 'dr_grpo', 'rloo'"),
-    ({"clip_low": 1.0}, "algo.clip_low: must be in (0, 1), got 1.0"),
-    ({"clip_low": 0}, "algo.clip_low: must be in (0, 1), got 0.0"),
-    ({"critic": True}, "algo.critic: true but algo.adv_estimator 'grpo' does not use a critic"),
-    ({"policy_loss": "dpo"}, "algo.policy_loss: must be one of ['ppo', 'gspo', 'cispo', 'topr',"),
-    ({"gamma": 1.5}, "algo.gamma: must be in [0, 1], got 1.5"),
-    ({"is_low": 0.5}, "algo.is_low: is only used with algo.is_mode: mask"),
-    ({"dual_clip_c": 0.5}, "algo.dual_clip_c: must be > 1"),
-    ({"kl_coef": -0.1}, "algo.kl_coef: must be >= 0"),
-    ({"overlong_buffer": 8}, "algo.overlong_buffer: must be < max_new_tokens (8), got 8"),
-    ({"critic_lr": 0, "adv_estimator": "gae", "critic": True}, "algo.critic_lr: must be > 0"),
-    ({"norm_len": -1}, "algo.norm_len: must be > 0"),
-    ({"overlong_filter": "yes"}, "algo.overlong_filter: expected true or false"),
-])
+@pytest.mark.parametrize(
+    "algo, message",
+    [
+        (
+            {"adv_estimator": "gae"},
+            "algo.adv_estimator: 'gae' needs a critic (set algo.critic: true)",
+        ),
+        (
+            {"adv_estimator": "vtrace"},
+            "algo.adv_estimator: must be one of ['grpo', 'dr_grpo', 'rloo'",
+        ),
+        ({"clip_low": 1.0}, "algo.clip_low: must be in (0, 1), got 1.0"),
+        ({"clip_low": 0}, "algo.clip_low: must be in (0, 1), got 0.0"),
+        ({"critic": True}, "algo.critic: true but algo.adv_estimator 'grpo' does not use a critic"),
+        (
+            {"policy_loss": "dpo"},
+            "algo.policy_loss: must be one of ['ppo', 'gspo', 'cispo', 'topr',",
+        ),
+        ({"gamma": 1.5}, "algo.gamma: must be in [0, 1], got 1.5"),
+        ({"is_low": 0.5}, "algo.is_low: is only used with algo.is_mode: mask"),
+        ({"dual_clip_c": 0.5}, "algo.dual_clip_c: must be > 1"),
+        ({"kl_coef": -0.1}, "algo.kl_coef: must be >= 0"),
+        ({"overlong_buffer": 8}, "algo.overlong_buffer: must be < max_new_tokens (8), got 8"),
+        ({"critic_lr": 0, "adv_estimator": "gae", "critic": True}, "algo.critic_lr: must be > 0"),
+        ({"norm_len": -1}, "algo.norm_len: must be > 0"),
+        ({"overlong_filter": "yes"}, "algo.overlong_filter: expected true or false"),
+    ],
+)
 def test_impossible_algo_choices_fail_at_load_naming_the_key(algo, message):
     with pytest.raises(ConfigError) as e:
         config_from_dict({"rollout": {"max_new_tokens": 8}, "algo": algo})
@@ -51,11 +75,16 @@ def test_impossible_algo_choices_fail_at_load_naming_the_key(algo, message):
 
 
 def test_group_baselines_and_dynamic_sampling_need_two_samples_per_prompt():
-    for algo in ({"adv_estimator": "rloo"}, {"adv_estimator": "reinforce++", "dynamic_sampling": True}):
+    for algo in (
+        {"adv_estimator": "rloo"},
+        {"adv_estimator": "reinforce++", "dynamic_sampling": True},
+    ):
         with pytest.raises(ConfigError, match=r"^rollout\.num_return_sequences: "):
             config_from_dict({"rollout": {"num_return_sequences": 1}, "algo": algo})
     # REINFORCE++ without a group baseline is fine with one sample per prompt
-    config_from_dict({"rollout": {"num_return_sequences": 1}, "algo": {"adv_estimator": "reinforce++"}})
+    config_from_dict(
+        {"rollout": {"num_return_sequences": 1}, "algo": {"adv_estimator": "reinforce++"}}
+    )
 
 
 def test_shipped_algorithm_configs_select_what_their_names_say():

@@ -6,21 +6,31 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from broker.config import config_from_dict
-from broker.schema import Sample, Trajectory
-from learner.batch import length_sorted_chunks, pad_groups, take
-from learner.filters import filter_groups, group_scores
+from rollflash.broker.config import config_from_dict
+from rollflash.broker.schema import Sample, Trajectory
+from rollflash.learner.batch import length_sorted_chunks, pad_groups, take
+from rollflash.learner.filters import filter_groups, group_scores
 
 
 def _group(name, samples, prompt=(1, 7, 8)):
     """samples: (response length, reward, finished); response tokens are 10, 11, ..."""
-    built = [Sample(np.arange(10, 10 + n, dtype="<i4"), np.full(n, -0.5, "<f4"), np.zeros(n, "<i4"),
-                    reward=r, finished=f) for n, r, f in samples]
+    built = [
+        Sample(
+            np.arange(10, 10 + n, dtype="<i4"),
+            np.full(n, -0.5, "<f4"),
+            np.zeros(n, "<i4"),
+            reward=r,
+            finished=f,
+        )
+        for n, r, f in samples
+    ]
     return Trajectory(name, name, name, "gen-0", 0, 0, np.array(prompt, "<i4"), built)
 
 
 def _cfg(**algo):
-    return config_from_dict({"rollout": {"num_return_sequences": 2, "max_new_tokens": 8}, "algo": algo})
+    return config_from_dict(
+        {"rollout": {"num_return_sequences": 2, "max_new_tokens": 8}, "algo": algo}
+    )
 
 
 def test_soft_overlong_penalty_then_clip():

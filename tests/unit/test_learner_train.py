@@ -12,18 +12,24 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-import algos
-from broker.config import config_from_dict
-from broker.schema import Sample, Trajectory
-from learner.critic import Critic
-from learner.logprobs import chunked_entropy, token_logprobs
-from learner.prepare import build_algo_models, prepare_batch
-from learner.train import policy_update, train_step
+from rollflash import algos
+from rollflash.broker.config import config_from_dict
+from rollflash.broker.schema import Sample, Trajectory
+from rollflash.learner.critic import Critic
+from rollflash.learner.logprobs import chunked_entropy, token_logprobs
+from rollflash.learner.prepare import build_algo_models, prepare_batch
+from rollflash.learner.train import policy_update, train_step
+
 
 def _cfg(model_dir, algo=None, n=4, micro=64, **trainer):
-    return config_from_dict({"model": {"path": str(model_dir)},
-                             "rollout": {"num_return_sequences": n, "max_new_tokens": 6},
-                             "trainer": {"micro_batch_size": micro, **trainer}, "algo": algo or {}})
+    return config_from_dict(
+        {
+            "model": {"path": str(model_dir)},
+            "rollout": {"num_return_sequences": n, "max_new_tokens": 6},
+            "trainer": {"micro_batch_size": micro, **trainer},
+            "algo": algo or {},
+        }
+    )
 
 
 def _groups(model, tok, spec, behav_shift=0.0):
@@ -38,16 +44,28 @@ def _groups(model, tok, spec, behav_shift=0.0):
             ids = torch.tensor([prompt + resp])
             with torch.no_grad():
                 logp, _ = token_logprobs(model, ids, torch.ones_like(ids), 1.0)
-            behav = logp[0, len(prompt) - 1:].numpy() + behav_shift
-            built.append(Sample(np.array(resp, "<i4"), behav.astype("<f4"), np.zeros(len(resp), "<i4"),
-                                reward=reward, finished=finished, text=text))
-        out.append(Trajectory(f"t{g}", f"p{g}", f"g{g}", "gen-0", 0, 0, np.array(prompt, "<i4"), built))
+            behav = logp[0, len(prompt) - 1 :].numpy() + behav_shift
+            built.append(
+                Sample(
+                    np.array(resp, "<i4"),
+                    behav.astype("<f4"),
+                    np.zeros(len(resp), "<i4"),
+                    reward=reward,
+                    finished=finished,
+                    text=text,
+                )
+            )
+        out.append(
+            Trajectory(f"t{g}", f"p{g}", f"g{g}", "gen-0", 0, 0, np.array(prompt, "<i4"), built)
+        )
     return out
 
 
-MIXED = [[("14", 1.0, True), ("15", 0.1, True), ("9", 0.0, True), ("145", 0.1, False)],
-         [("16", 0.1, True), ("18", 1.0, True), ("1", 0.0, True), ("18", 1.0, True)],
-         [("20", 0.0, True), ("2", 0.1, True), ("20", 0.0, True), ("2000", 0.0, False)]]
+MIXED = [
+    [("14", 1.0, True), ("15", 0.1, True), ("9", 0.0, True), ("145", 0.1, False)],
+    [("16", 0.1, True), ("18", 1.0, True), ("1", 0.0, True), ("18", 1.0, True)],
+    [("20", 0.0, True), ("2", 0.1, True), ("20", 0.0, True), ("2000", 0.0, False)],
+]
 
 
 @pytest.fixture(scope="module")
@@ -64,14 +82,25 @@ def _changed(before: dict, module: torch.nn.Module) -> int:
     return sum(not torch.equal(before[k], v) for k, v in module.state_dict().items())
 
 
-COMBOS = ([{"policy_loss": p} for p in algos.POLICY_LOSSES]
-          + [{"adv_estimator": e, "critic": e in algos.CRITIC_ESTIMATORS, "clip_range_value": 0.2}
-             for e in algos.ADVANTAGE_ESTIMATORS]
-          + [{"kl_coef": 0.1, "entropy_coef": 0.01, "loss_agg_mode": "seq-mean-token-sum-norm"},
-             {"kl_coef": 0.1, "use_kl_in_reward": True, "kl_estimator": "k1", "reward_norm": "running"},
-             {"is_mode": "mask", "is_low": 0.5, "is_level": "geometric", "reward_norm": "batch"},
-             {"dynamic_sampling": True, "overlong_filter": True, "overlong_buffer": 2,
-              "clip_high": 0.28, "reward_clip": 0.5}])
+COMBOS = (
+    [{"policy_loss": p} for p in algos.POLICY_LOSSES]
+    + [
+        {"adv_estimator": e, "critic": e in algos.CRITIC_ESTIMATORS, "clip_range_value": 0.2}
+        for e in algos.ADVANTAGE_ESTIMATORS
+    ]
+    + [
+        {"kl_coef": 0.1, "entropy_coef": 0.01, "loss_agg_mode": "seq-mean-token-sum-norm"},
+        {"kl_coef": 0.1, "use_kl_in_reward": True, "kl_estimator": "k1", "reward_norm": "running"},
+        {"is_mode": "mask", "is_low": 0.5, "is_level": "geometric", "reward_norm": "batch"},
+        {
+            "dynamic_sampling": True,
+            "overlong_filter": True,
+            "overlong_buffer": 2,
+            "clip_high": 0.28,
+            "reward_clip": 0.5,
+        },
+    ]
+)
 
 
 @pytest.mark.parametrize("algo", COMBOS, ids=lambda a: ",".join(f"{k}={v}" for k, v in a.items()))
@@ -142,8 +171,11 @@ def test_micro_batches_carry_each_sequences_own_group_advantage(tiny):
     model_dir, tok = tiny
     cfg = _cfg(model_dir, n=2, micro=1)
     model, _ = _fresh(model_dir)
-    groups = _groups(model, tok, [[("1234", 1.0, True), ("1", 0.0, True)],
-                                  [("22", 0.5, True), ("333", 0.5, True)]])
+    groups = _groups(
+        model,
+        tok,
+        [[("1234", 1.0, True), ("1", 0.0, True)], [("22", 0.5, True), ("333", 0.5, True)]],
+    )
     batch = prepare_batch(groups, cfg, build_algo_models(cfg))
     expected = {(1, 2, 3, 4): 0.7071, (1,): -0.7071, (2, 2): 0.0, (3, 3, 3): 0.0}
     seen = set()
@@ -161,14 +193,25 @@ def test_kl_in_reward_lowers_the_score_by_kl_coef_times_summed_kl(tiny):
     # "14"<eos> has 3 tokens -> score 1 - 0.5 * 0.3 = 0.85; "1"<eos> has 2 -> 1 - 0.5 * 0.2 = 0.90.
     # dr_grpo: A = score - mean = 0.85 - 0.875 = -0.025 and +0.025.
     model_dir, tok = tiny
-    cfg = _cfg(model_dir, {"adv_estimator": "dr_grpo", "kl_coef": 0.5, "use_kl_in_reward": True,
-                           "kl_estimator": "k1"}, n=2)
+    cfg = _cfg(
+        model_dir,
+        {
+            "adv_estimator": "dr_grpo",
+            "kl_coef": 0.5,
+            "use_kl_in_reward": True,
+            "kl_estimator": "k1",
+        },
+        n=2,
+    )
     model, _ = _fresh(model_dir)
     groups = _groups(model, tok, [[("14", 1.0, True), ("1", 1.0, True)]], behav_shift=0.1)
     batch = prepare_batch(groups, cfg, build_algo_models(cfg))
     assert batch.metrics["kl/behav_ref_kl"] == pytest.approx(0.1, abs=1e-5)
-    advs = sorted(float(mb.advantages[i][mb.mask[i]][0]) for mb in batch.micro_batches
-                  for i in range(mb.input_ids.shape[0]))
+    advs = sorted(
+        float(mb.advantages[i][mb.mask[i]][0])
+        for mb in batch.micro_batches
+        for i in range(mb.input_ids.shape[0])
+    )
     assert advs == pytest.approx([-0.025, 0.025], abs=1e-5)
 
 
@@ -177,8 +220,13 @@ def test_all_groups_filtered_skips_the_update(tiny):
     cfg = _cfg(model_dir, {"dynamic_sampling": True}, n=2)
     model, opt = _fresh(model_dir)
     before = copy.deepcopy(model.state_dict())
-    metrics = train_step(model, opt, _groups(model, tok, [[("1", 1.0, True), ("2", 1.0, True)]]),
-                         cfg, build_algo_models(cfg))
+    metrics = train_step(
+        model,
+        opt,
+        _groups(model, tok, [[("1", 1.0, True), ("2", 1.0, True)]]),
+        cfg,
+        build_algo_models(cfg),
+    )
     assert metrics["optim/skipped"] == 1.0 and metrics["filter/dropped_in_step"] == 1.0
     assert _changed(before, model) == 0
 

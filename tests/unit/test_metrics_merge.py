@@ -1,6 +1,6 @@
 """merge_rank_metrics: how one step's per-rank metrics become one row."""
 
-from learner.metrics import merge_rank_metrics
+from rollflash.learner.metrics import merge_rank_metrics
 
 
 def test_counts_add_up_and_rank0_only_redis_counters_are_not_averaged():

@@ -4,18 +4,16 @@ gradients as a padded one, in every aggregation mode."""
 
 import copy
 
+import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from broker.config import config_from_dict
-from learner.critic import Critic
-from learner.logprobs import token_logprobs
-from learner.packing import budget_chunks, pack, unpack
-from learner.prepare import build_algo_models
-from learner.train import train_step
-
-import pytest
-
+from rollflash.broker.config import config_from_dict
+from rollflash.learner.critic import Critic
+from rollflash.learner.logprobs import token_logprobs
+from rollflash.learner.packing import budget_chunks, pack, unpack
+from rollflash.learner.prepare import build_algo_models
+from rollflash.learner.train import train_step
 from tests.integration.dist_worker import make_groups
 
 
@@ -30,7 +28,10 @@ def test_pack_lays_sequences_end_to_end_with_restarting_positions():
     # next-token positions: packed 0,1 -> row 0 cols 0,1; packed 3 -> row 1 col 0 (packed 2
     # would predict across the boundary and is dropped)
     assert list(zip(p.rows.tolist(), p.cols.tolist(), p.src.tolist())) == [
-        (0, 0, 0), (0, 1, 1), (1, 0, 3)]
+        (0, 0, 0),
+        (0, 1, 1),
+        (1, 0, 3),
+    ]
     x = torch.tensor([[10.0, 11.0, 99.0, 13.0]])
     assert unpack(x, p, (2, 2)).tolist() == [[10.0, 11.0], [13.0, 0.0]]
 
@@ -54,8 +55,8 @@ def _padded(tok, texts):
     ids = torch.zeros(len(rows), width, dtype=torch.long)
     mask = torch.zeros_like(ids)
     for i, r in enumerate(rows):
-        ids[i, :len(r)] = torch.tensor(r)
-        mask[i, :len(r)] = 1
+        ids[i, : len(r)] = torch.tensor(r)
+        mask[i, : len(r)] = 1
     return ids, mask
 
 
@@ -71,8 +72,9 @@ def test_packed_forward_equals_padded(tiny):
     assert torch.all(plogp[~target] == 0)
     critic = Critic.load(model_dir, "float32").eval()
     torch.nn.init.normal_(critic.value_head.weight)
-    torch.testing.assert_close(critic(ids, mask, packed=True)[target],
-                               critic(ids, mask)[target], atol=1e-5, rtol=0)
+    torch.testing.assert_close(
+        critic(ids, mask, packed=True)[target], critic(ids, mask)[target], atol=1e-5, rtol=0
+    )
 
 
 @pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
@@ -84,12 +86,18 @@ def test_packed_step_equals_padded_step(tiny, agg):
     base = AutoModelForCausalLM.from_pretrained(model_dir)
     results = []
     for trainer in ({"micro_batch_size": 3}, {"token_budget": 40}):
-        cfg = config_from_dict({"model": {"path": str(model_dir)},
-                                "rollout": {"num_return_sequences": 4, "max_new_tokens": 6},
-                                "trainer": trainer, "algo": {"loss_agg_mode": agg}})
+        cfg = config_from_dict(
+            {
+                "model": {"path": str(model_dir)},
+                "rollout": {"num_return_sequences": 4, "max_new_tokens": 6},
+                "trainer": trainer,
+                "algo": {"loss_agg_mode": agg},
+            }
+        )
         model = copy.deepcopy(base)
-        stats = train_step(model, torch.optim.SGD(model.parameters(), lr=1.0), groups, cfg,
-                           build_algo_models(cfg))
+        stats = train_step(
+            model, torch.optim.SGD(model.parameters(), lr=1.0), groups, cfg, build_algo_models(cfg)
+        )
         results.append((stats, model.state_dict()))
     (padded, w_pad), (packed, w_pack) = results
     torch.testing.assert_close(packed["loss/policy"], padded["loss/policy"], atol=1e-6, rtol=0)

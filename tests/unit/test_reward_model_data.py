@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from learner.reward_model import (
+from rollflash.learner.reward_model import (
     PreferenceFileError,
     PreferencePair,
     load_preferences,
@@ -28,19 +28,34 @@ def _write(tmp_path, lines) -> Path:
 
 def test_loads_pairs_and_skips_blank_lines(tmp_path):
     path = _write(tmp_path, [GOOD, "", json.dumps({"prompt": "", "chosen": "a", "rejected": "b"})])
-    assert load_preferences(path) == [PreferencePair("1+1=", "2", "3"), PreferencePair("", "a", "b")]
+    assert load_preferences(path) == [
+        PreferencePair("1+1=", "2", "3"),
+        PreferencePair("", "a", "b"),
+    ]
 
 
-@pytest.mark.parametrize("bad, message", [
-    ('{"prompt": "1+1=", "chosen": "2"', "not valid JSON"),
-    (json.dumps({"prompt": "1+1=", "chosen": "2"}), "missing field 'rejected'"),
-    (json.dumps({"chosen": "2", "rejected": "3"}), "missing field 'prompt'"),
-    (json.dumps({"prompt": "1+1=", "chosen": "", "rejected": "3"}), "field 'chosen' is empty"),
-    (json.dumps({"prompt": "1+1=", "chosen": "2", "rejected": "  "}), "field 'rejected' is empty"),
-    (json.dumps({"prompt": "1+1=", "chosen": 2, "rejected": "3"}), "field 'chosen' must be a string"),
-    (json.dumps(["1+1=", "2", "3"]), "expected a JSON object"),
-    (json.dumps({"prompt": "1+1=", "chosen": "2", "rejected": "2"}), "'chosen' and 'rejected' are the same text"),
-])
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        ('{"prompt": "1+1=", "chosen": "2"', "not valid JSON"),
+        (json.dumps({"prompt": "1+1=", "chosen": "2"}), "missing field 'rejected'"),
+        (json.dumps({"chosen": "2", "rejected": "3"}), "missing field 'prompt'"),
+        (json.dumps({"prompt": "1+1=", "chosen": "", "rejected": "3"}), "field 'chosen' is empty"),
+        (
+            json.dumps({"prompt": "1+1=", "chosen": "2", "rejected": "  "}),
+            "field 'rejected' is empty",
+        ),
+        (
+            json.dumps({"prompt": "1+1=", "chosen": 2, "rejected": "3"}),
+            "field 'chosen' must be a string",
+        ),
+        (json.dumps(["1+1=", "2", "3"]), "expected a JSON object"),
+        (
+            json.dumps({"prompt": "1+1=", "chosen": "2", "rejected": "2"}),
+            "'chosen' and 'rejected' are the same text",
+        ),
+    ],
+)
 def test_bad_line_names_file_and_line(tmp_path, bad, message):
     path = _write(tmp_path, [GOOD, GOOD, bad, GOOD])
     with pytest.raises(PreferenceFileError) as e:
@@ -69,28 +84,55 @@ def test_split_and_lr_schedule():
 
 def test_cli_rejects_a_bad_file_with_its_line_number(tmp_path):
     path = _write(tmp_path, [GOOD, json.dumps({"prompt": "1+1=", "chosen": "2", "rejected": ""})])
-    proc = subprocess.run([sys.executable, "-m", "rollctl.cli", "train-rm", "--set",
-                           f"rm.dataset={path}", "--set", f"run.run_dir={tmp_path / 'run'}"],
-                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rollflash.rollctl.cli",
+            "train-rm",
+            "--set",
+            f"rm.dataset={path}",
+            "--set",
+            f"run.run_dir={tmp_path / 'run'}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
     assert proc.returncode == 2
-    assert proc.stderr.strip().splitlines()[-1] == \
-        f"rollctl: error: {path}:2: field 'rejected' is empty"
+    assert (
+        proc.stderr.strip().splitlines()[-1]
+        == f"rollctl: error: {path}:2: field 'rejected' is empty"
+    )
 
 
-@pytest.mark.parametrize("data, message", [
-    ({"reward": {"type": "model"}}, "reward.model_path: reward.type 'model' needs"),
-    ({"reward": {"model_path": "models/rm"}}, "reward.model_path: set, but reward.type is 'rule'"),
-    ({"reward": {"type": "rm"}}, "reward.type: must be one of ['rule', 'model', 'mixed']"),
-    ({"reward": {"weight_model": -1}}, "reward.weight_model: must be >= 0"),
-    ({"rm": {"eval_split": 1.0}}, "rm.eval_split: must be in (0, 1)"),
-    ({"rm": {"train_batch_size": 48, "micro_train_batch_size": 32}}, "rm.train_batch_size: must be a multiple"),
-    ({"rm": {"learnin_rate": 1}}, "rm.learnin_rate: unknown key"),
-    ({"algo": {"kl_target": 0.1}}, "algo.kl_target: the adaptive controller needs a starting algo.kl_coef > 0"),
-    ({"algo": {"kl_coef": 0.1, "kl_target": -1}}, "algo.kl_target: must be > 0 or null"),
-    ({"guards": {"patience": 0}}, "guards.patience: must be > 0"),
-])
+@pytest.mark.parametrize(
+    "data, message",
+    [
+        ({"reward": {"type": "model"}}, "reward.model_path: reward.type 'model' needs"),
+        (
+            {"reward": {"model_path": "models/rm"}},
+            "reward.model_path: set, but reward.type is 'rule'",
+        ),
+        ({"reward": {"type": "rm"}}, "reward.type: must be one of ['rule', 'model', 'mixed']"),
+        ({"reward": {"weight_model": -1}}, "reward.weight_model: must be >= 0"),
+        ({"rm": {"eval_split": 1.0}}, "rm.eval_split: must be in (0, 1)"),
+        (
+            {"rm": {"train_batch_size": 48, "micro_train_batch_size": 32}},
+            "rm.train_batch_size: must be a multiple",
+        ),
+        ({"rm": {"learnin_rate": 1}}, "rm.learnin_rate: unknown key"),
+        (
+            {"algo": {"kl_target": 0.1}},
+            "algo.kl_target: the adaptive controller needs a starting algo.kl_coef > 0",
+        ),
+        ({"algo": {"kl_coef": 0.1, "kl_target": -1}}, "algo.kl_target: must be > 0 or null"),
+        ({"guards": {"patience": 0}}, "guards.patience: must be > 0"),
+    ],
+)
 def test_rlhf_config_errors_name_the_key(data, message):
-    from broker.config import ConfigError, config_from_dict
+    from rollflash.broker.config import ConfigError, config_from_dict
 
     with pytest.raises(ConfigError) as e:
         config_from_dict(data)

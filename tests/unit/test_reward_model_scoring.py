@@ -6,10 +6,15 @@ generator's scorer agrees with the trainer's (the shared input contract, broker/
 import pytest
 import torch
 
-from broker.config import config_from_dict
-from envs import Item, make_task
-from generators.reward_model import ModelRewarder, RewardModelScorer, RuleRewarder, make_rewarder
-from learner.reward_model import PreferencePair, load_reward_model, pair_scores
+from rollflash.broker.config import config_from_dict
+from rollflash.envs import Item, make_task
+from rollflash.generators.reward_model import (
+    ModelRewarder,
+    RewardModelScorer,
+    RuleRewarder,
+    make_rewarder,
+)
+from rollflash.learner.reward_model import PreferencePair, load_reward_model, pair_scores
 
 
 @pytest.fixture(scope="module")
@@ -33,8 +38,12 @@ def test_batched_scores_equal_single_scores_and_the_trainers(rm_dir):
     assert len(set(round(s, 4) for s in batched)) == len(batched)  # the head is not constant
     model, tokenizer = load_reward_model(rm_dir)
     with torch.no_grad():
-        chosen, _ = pair_scores(model.eval(), tokenizer,
-                                [PreferencePair(p, r, r + "x") for p, r in zip(prompts, responses)], 32)
+        chosen, _ = pair_scores(
+            model.eval(),
+            tokenizer,
+            [PreferencePair(p, r, r + "x") for p, r in zip(prompts, responses)],
+            32,
+        )
     torch.testing.assert_close(chosen, torch.tensor(batched), atol=1e-5, rtol=0)
 
 
@@ -46,10 +55,14 @@ def test_mixed_reward_is_the_weighted_sum(rm_dir):
     model_scores = [scorer.score([it.prompt] * 2, rs) for it, rs in zip(items, responses)]
     rule = RuleRewarder(task).score_groups(items, responses)
     assert rule == [[1.1, 0.1], [1.1, 0.0]]  # correct 1 + format 0.1; wrong but well formed 0.1
-    mixed = ModelRewarder(task, scorer, weight_model=0.5, weight_rule=2.0).score_groups(items, responses)
+    mixed = ModelRewarder(task, scorer, weight_model=0.5, weight_rule=2.0).score_groups(
+        items, responses
+    )
     for g in range(2):
         for j in range(2):
-            assert mixed[g][j] == pytest.approx(2.0 * rule[g][j] + 0.5 * model_scores[g][j], abs=1e-5)
+            assert mixed[g][j] == pytest.approx(
+                2.0 * rule[g][j] + 0.5 * model_scores[g][j], abs=1e-5
+            )
 
 
 def test_make_rewarder_follows_the_config(rm_dir):
@@ -59,9 +72,12 @@ def test_make_rewarder_follows_the_config(rm_dir):
     rewarder = make_rewarder(cfg, task)
     assert isinstance(rewarder, ModelRewarder) and rewarder.weight_rule == 0.0
     bad = config_from_dict({"reward": {"type": "model", "model_path": str(rm_dir / "nope")}})
-    with pytest.raises(FileNotFoundError, match="reward.model_path: no Hugging Face model directory"):
+    with pytest.raises(
+        FileNotFoundError, match="reward.model_path: no Hugging Face model directory"
+    ):
         make_rewarder(bad, task)
-    grid = config_from_dict({"task": {"name": "gridworld"},
-                             "reward": {"type": "mixed", "model_path": str(rm_dir)}})
+    grid = config_from_dict(
+        {"task": {"name": "gridworld"}, "reward": {"type": "mixed", "model_path": str(rm_dir)}}
+    )
     with pytest.raises(ValueError, match="reward.type: 'mixed' scores single responses"):
         make_rewarder(grid, make_task("gridworld", {}))

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from envs.sandbox import Sandbox, SandboxLimits, network_namespace_available
+from rollflash.envs.sandbox import Sandbox, SandboxLimits, network_namespace_available
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -65,9 +65,11 @@ def test_fork_bomb_without_the_hook_is_stopped_by_rlimit_nproc():
     user) stops the bomb, and the process-group kill reaps every child it made."""
     box = Sandbox(SandboxLimits(cpu_s=2, wall_s=4.0, nproc=6), audit_hook=False)
     try:
-        r = box.run("import os, time\nn = 0\ntry:\n    while True:\n        if os.fork() == 0:\n"
-                    "            time.sleep(30)\n            os._exit(0)\n        n += 1\n"
-                    "except OSError as e:\n    print(n, e.errno)")
+        r = box.run(
+            "import os, time\nn = 0\ntry:\n    while True:\n        if os.fork() == 0:\n"
+            "            time.sleep(30)\n            os._exit(0)\n        n += 1\n"
+            "except OSError as e:\n    print(n, e.errno)"
+        )
     finally:
         box.close()
     forks, errno = r.output.split()
@@ -84,8 +86,11 @@ def test_huge_allocation_fails_with_memory_error(sandbox):
 
 
 def test_reading_outside_scratch_is_refused(sandbox):
-    for code in ("print(open('/etc/hostname').read())", "import os\nprint(os.listdir('/'))",
-                 "print(open('../' * 10 + 'etc/hostname').read())"):
+    for code in (
+        "print(open('/etc/hostname').read())",
+        "import os\nprint(os.listdir('/'))",
+        "print(open('../' * 10 + 'etc/hostname').read())",
+    ):
         r = sandbox.run(code)
         assert not r.ok and "outside the scratch directory" in r.error, code
         assert r.output == ""
@@ -118,8 +123,9 @@ def test_network_is_refused(sandbox):
 def test_network_namespace_without_the_hook_has_no_route():
     box = Sandbox(SandboxLimits(wall_s=5.0), audit_hook=False)
     try:
-        r = box.run("import socket\ns = socket.socket()\ns.settimeout(2)\n"
-                    "s.connect(('1.1.1.1', 80))")
+        r = box.run(
+            "import socket\ns = socket.socket()\ns.settimeout(2)\ns.connect(('1.1.1.1', 80))"
+        )
     finally:
         box.close()
     assert not r.ok and r.network == "namespace" and "unreachable" in r.error
@@ -139,9 +145,15 @@ def test_output_flood_is_capped(sandbox):
 def test_sandbox_dies_with_a_killed_parent():
     """kill -9 of the process running the sandbox (a generator) leaves no sandbox process."""
     before = set(glob.glob(os.path.join(tempfile.gettempdir(), "rollflash-sandbox-*")))
-    parent = subprocess.Popen([sys.executable, "-c", "from envs.sandbox import Sandbox, SandboxLimits\n"
-                               "Sandbox(SandboxLimits(wall_s=60)).run('import time\\ntime.sleep(60)')"],
-                              cwd=ROOT)
+    parent = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "from envs.sandbox import Sandbox, SandboxLimits\n"
+            "Sandbox(SandboxLimits(wall_s=60)).run('import time\\ntime.sleep(60)')",
+        ],
+        cwd=ROOT,
+    )
     try:
         deadline = time.monotonic() + 20
         while _sandbox_processes() == 0:

@@ -2,8 +2,16 @@ import msgpack
 import numpy as np
 import pytest
 
-from broker.schema import (PromptWork, Sample, Trajectory, WireError, decode_prompt,
-                           decode_trajectory, encode_prompt, encode_trajectory)
+from rollflash.broker.schema import (
+    PromptWork,
+    Sample,
+    Trajectory,
+    WireError,
+    decode_prompt,
+    decode_trajectory,
+    encode_prompt,
+    encode_trajectory,
+)
 
 VOCAB = 50
 
@@ -14,12 +22,24 @@ def _fields(d: dict) -> dict[bytes, bytes]:
 
 
 def _traj(**over) -> Trajectory:
-    s = Sample(response_ids=np.array([5, 6, 2], np.int32),
-               logprobs=np.array([-0.5, -1.25, -0.01], np.float32),
-               token_versions=np.array([3, 3, 4], np.int32), reward=1.1, finished=True, text="12")
-    t = Trajectory(traj_id="g1", prompt_id="train-1", group_id="g1", generator="gen-0",
-                   behavior_version=3, issued_version=2, prompt_ids=np.array([1, 7, 8], np.int32),
-                   samples=[s, s])
+    s = Sample(
+        response_ids=np.array([5, 6, 2], np.int32),
+        logprobs=np.array([-0.5, -1.25, -0.01], np.float32),
+        token_versions=np.array([3, 3, 4], np.int32),
+        reward=1.1,
+        finished=True,
+        text="12",
+    )
+    t = Trajectory(
+        traj_id="g1",
+        prompt_id="train-1",
+        group_id="g1",
+        generator="gen-0",
+        behavior_version=3,
+        issued_version=2,
+        prompt_ids=np.array([1, 7, 8], np.int32),
+        samples=[s, s],
+    )
     for k, v in over.items():
         setattr(t, k, v)
     return t
@@ -43,8 +63,13 @@ def test_trajectory_round_trip_keeps_every_field():
 
 
 def test_prompt_round_trip():
-    w = PromptWork(prompt_id="train-3", group_id="g000000003", n=4, issued_version=7,
-                   item={"id": "train-3", "prompt": "1+2=", "answer": "3"})
+    w = PromptWork(
+        prompt_id="train-3",
+        group_id="g000000003",
+        n=4,
+        issued_version=7,
+        item={"id": "train-3", "prompt": "1+2=", "answer": "3"},
+    )
     back = decode_prompt(_fields(encode_prompt(w)), 10_000)
     assert back == w
 
@@ -57,21 +82,42 @@ def _mutated(mutate) -> dict[bytes, bytes]:
     return fields
 
 
-@pytest.mark.parametrize("mutate, reason", [
-    (lambda f, b: f.__setitem__(b"schema", b"99"), "schema"),
-    (lambda f, b: b["samples"][0].__setitem__("reward", float("nan")), "reward: not finite"),
-    (lambda f, b: b["samples"][1].__setitem__("reward", "high"), "wrong type str"),
-    (lambda f, b: b["samples"][0]["logprobs"].__setitem__(
-        "data", np.array([-0.5, np.inf, -1], np.float32).tobytes()), "logprobs: not finite"),
-    (lambda f, b: b["samples"][0]["response_ids"].__setitem__(
-        "data", np.array([5, VOCAB, 2], np.int32).tobytes()), "outside the vocabulary"),
-    (lambda f, b: b["prompt_ids"].__setitem__("data", np.array([-1, 7, 8], np.int32).tobytes()),
-     "prompt_ids: token id outside"),
-    (lambda f, b: b["samples"][0]["logprobs"].__setitem__("shape", [4]), "does not match shape"),
-    (lambda f, b: b["samples"][0]["logprobs"].__setitem__("dtype", "<f8"), "expected a <f4 array"),
-    (lambda f, b: b.__setitem__("samples", []), "no samples"),
-    (lambda f, b: f.pop(b"traj_id"), "bad scalar field"),
-])
+@pytest.mark.parametrize(
+    "mutate, reason",
+    [
+        (lambda f, b: f.__setitem__(b"schema", b"99"), "schema"),
+        (lambda f, b: b["samples"][0].__setitem__("reward", float("nan")), "reward: not finite"),
+        (lambda f, b: b["samples"][1].__setitem__("reward", "high"), "wrong type str"),
+        (
+            lambda f, b: b["samples"][0]["logprobs"].__setitem__(
+                "data", np.array([-0.5, np.inf, -1], np.float32).tobytes()
+            ),
+            "logprobs: not finite",
+        ),
+        (
+            lambda f, b: b["samples"][0]["response_ids"].__setitem__(
+                "data", np.array([5, VOCAB, 2], np.int32).tobytes()
+            ),
+            "outside the vocabulary",
+        ),
+        (
+            lambda f, b: b["prompt_ids"].__setitem__(
+                "data", np.array([-1, 7, 8], np.int32).tobytes()
+            ),
+            "prompt_ids: token id outside",
+        ),
+        (
+            lambda f, b: b["samples"][0]["logprobs"].__setitem__("shape", [4]),
+            "does not match shape",
+        ),
+        (
+            lambda f, b: b["samples"][0]["logprobs"].__setitem__("dtype", "<f8"),
+            "expected a <f4 array",
+        ),
+        (lambda f, b: b.__setitem__("samples", []), "no samples"),
+        (lambda f, b: f.pop(b"traj_id"), "bad scalar field"),
+    ],
+)
 def test_invalid_trajectories_are_rejected_with_a_reason(mutate, reason):
     with pytest.raises(WireError, match=reason):
         decode_trajectory(_mutated(mutate), 1_000_000, VOCAB)

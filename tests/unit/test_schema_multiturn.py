@@ -4,7 +4,13 @@ import msgpack
 import numpy as np
 import pytest
 
-from broker.schema import Sample, Trajectory, WireError, decode_trajectory, encode_trajectory
+from rollflash.broker.schema import (
+    Sample,
+    Trajectory,
+    WireError,
+    decode_trajectory,
+    encode_trajectory,
+)
 
 VOCAB = 50
 
@@ -15,20 +21,34 @@ def _fields(d: dict) -> dict[bytes, bytes]:
 
 def _episode_sample(**over) -> Sample:
     # response = action "5 2" | observation "9 9" | action "6 2"
-    s = Sample(response_ids=np.array([5, 2, 9, 9, 6, 2], np.int32),
-               logprobs=np.array([-0.5, -0.1, 0, 0, -0.7, -0.2], np.float32),
-               token_versions=np.zeros(6, np.int32), reward=1.0, finished=True, text="",
-               loss_mask=np.array([1, 1, 0, 0, 1, 1], np.uint8),
-               turn_starts=np.array([0, 4], np.int32), turn_rewards=np.array([0.0, 1.0], np.float32),
-               turn_states=np.array([2**62 + 5, 17], np.int64))
+    s = Sample(
+        response_ids=np.array([5, 2, 9, 9, 6, 2], np.int32),
+        logprobs=np.array([-0.5, -0.1, 0, 0, -0.7, -0.2], np.float32),
+        token_versions=np.zeros(6, np.int32),
+        reward=1.0,
+        finished=True,
+        text="",
+        loss_mask=np.array([1, 1, 0, 0, 1, 1], np.uint8),
+        turn_starts=np.array([0, 4], np.int32),
+        turn_rewards=np.array([0.0, 1.0], np.float32),
+        turn_states=np.array([2**62 + 5, 17], np.int64),
+    )
     for k, v in over.items():
         setattr(s, k, v)
     return s
 
 
 def _round_trip(sample: Sample) -> Sample:
-    t = Trajectory(traj_id="g", prompt_id="p", group_id="g", generator="x", behavior_version=0,
-                   issued_version=0, prompt_ids=np.array([1, 3], np.int32), samples=[sample])
+    t = Trajectory(
+        traj_id="g",
+        prompt_id="p",
+        group_id="g",
+        generator="x",
+        behavior_version=0,
+        issued_version=0,
+        prompt_ids=np.array([1, 3], np.int32),
+        samples=[sample],
+    )
     return decode_trajectory(_fields(encode_trajectory(t)), 1_000_000, VOCAB).samples[0]
 
 
@@ -42,23 +62,40 @@ def test_multi_turn_fields_round_trip():
 
 def test_single_turn_samples_carry_no_turn_keys():
     s = _episode_sample(loss_mask=None, turn_starts=None, turn_rewards=None, turn_states=None)
-    t = Trajectory(traj_id="g", prompt_id="p", group_id="g", generator="x", behavior_version=0,
-                   issued_version=0, prompt_ids=np.array([1], np.int32), samples=[s])
+    t = Trajectory(
+        traj_id="g",
+        prompt_id="p",
+        group_id="g",
+        generator="x",
+        behavior_version=0,
+        issued_version=0,
+        prompt_ids=np.array([1], np.int32),
+        samples=[s],
+    )
     body = msgpack.unpackb(encode_trajectory(t)["data"])
-    assert set(body["samples"][0]) == {"response_ids", "logprobs", "token_versions", "reward",
-                                       "finished", "text"}
+    assert set(body["samples"][0]) == {
+        "response_ids",
+        "logprobs",
+        "token_versions",
+        "reward",
+        "finished",
+        "text",
+    }
     assert _round_trip(s).loss_mask is None
 
 
-@pytest.mark.parametrize("over, reason", [
-    ({"turn_states": None}, "incomplete, missing turn_states"),
-    ({"loss_mask": np.array([1, 1, 0, 2, 1, 1], np.uint8)}, "loss_mask: must be 0/1"),
-    ({"loss_mask": np.array([1, 1, 0], np.uint8)}, "loss_mask: must be 0/1"),
-    ({"turn_starts": np.array([0, 2], np.int32)}, "turn_starts: not increasing model-token"),
-    ({"turn_starts": np.array([4, 0], np.int32)}, "turn_starts: not increasing"),
-    ({"turn_rewards": np.array([0.0], np.float32)}, "must be \\[K\\]"),
-    ({"turn_rewards": np.array([0.0, np.nan], np.float32)}, "turn_rewards: not finite"),
-])
+@pytest.mark.parametrize(
+    "over, reason",
+    [
+        ({"turn_states": None}, "incomplete, missing turn_states"),
+        ({"loss_mask": np.array([1, 1, 0, 2, 1, 1], np.uint8)}, "loss_mask: must be 0/1"),
+        ({"loss_mask": np.array([1, 1, 0], np.uint8)}, "loss_mask: must be 0/1"),
+        ({"turn_starts": np.array([0, 2], np.int32)}, "turn_starts: not increasing model-token"),
+        ({"turn_starts": np.array([4, 0], np.int32)}, "turn_starts: not increasing"),
+        ({"turn_rewards": np.array([0.0], np.float32)}, "must be \\[K\\]"),
+        ({"turn_rewards": np.array([0.0, np.nan], np.float32)}, "turn_rewards: not finite"),
+    ],
+)
 def test_bad_multi_turn_fields_are_rejected(over, reason):
     with pytest.raises(WireError, match=reason):
         _round_trip(_episode_sample(**over))

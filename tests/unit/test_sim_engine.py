@@ -2,10 +2,10 @@
 
 import pytest
 
-from broker.config import ConfigError, SimConfig, config_from_dict
-from generators.engine import SamplingParams
-from generators.rollout import Generator
-from generators.sim_engine import SimEngine
+from rollflash.broker.config import ConfigError, SimConfig, config_from_dict
+from rollflash.generators.engine import SamplingParams
+from rollflash.generators.rollout import Generator
+from rollflash.generators.sim_engine import SimEngine
 
 PARAMS = SamplingParams(n=3, temperature=1.0, top_p=1.0, max_new_tokens=40)
 
@@ -63,9 +63,14 @@ def test_abort_stops_the_unfinished_samples_of_one_request_only():
 def test_continuous_batching_refuses_a_multi_turn_task_before_touching_redis():
     """The episode runner drives multi-turn tasks; the key is refused with one line naming it
     (the Redis URL points nowhere: the check comes first)."""
-    cfg = config_from_dict({"rollout": {"engine": "sim", "inflight_samples": 8},
-                            "task": {"name": "sim_env"},
-                            "redis": {"url": "redis://127.0.0.1:1/0"}})
-    with pytest.raises(ConfigError,
-                       match="^rollout.inflight_samples: task 'sim_env' is multi-turn"):
+    cfg = config_from_dict(
+        {
+            "rollout": {"engine": "sim", "inflight_samples": 8},
+            "task": {"name": "sim_env"},
+            "redis": {"url": "redis://127.0.0.1:1/0"},
+        }
+    )
+    with pytest.raises(
+        ConfigError, match="^rollout.inflight_samples: task 'sim_env' is multi-turn"
+    ):
         Generator(cfg, "gen-0")

@@ -7,14 +7,32 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from envs import make_task
+from rollflash.envs import make_task
 from scripts.make_tiny_model import build_tokenizer, main, sft_items
 
 
 def test_build_and_load_back(tmp_path, capsys):
     out = tmp_path / "tiny"
-    main(["--out", str(out), "--sft-steps", "3", "--sft-batch-size", "8", "--layers", "1",
-          "--hidden", "32", "--heads", "2", "--threads", "1", "--seed", "0"])
+    main(
+        [
+            "--out",
+            str(out),
+            "--sft-steps",
+            "3",
+            "--sft-batch-size",
+            "8",
+            "--layers",
+            "1",
+            "--hidden",
+            "32",
+            "--heads",
+            "2",
+            "--threads",
+            "1",
+            "--seed",
+            "0",
+        ]
+    )
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert summary["sft_steps"] == 3 and 0.0 <= summary["heldout_acc"] <= 1.0
     assert {"config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in out.iterdir()}
@@ -39,8 +57,23 @@ def test_build_and_load_back(tmp_path, capsys):
 
 
 def test_deterministic_for_a_seed(tmp_path, capsys):
-    args = ["--sft-steps", "2", "--sft-batch-size", "4", "--layers", "1", "--hidden", "32",
-            "--heads", "2", "--threads", "1", "--seed", "3", "--no-eval"]
+    args = [
+        "--sft-steps",
+        "2",
+        "--sft-batch-size",
+        "4",
+        "--layers",
+        "1",
+        "--hidden",
+        "32",
+        "--heads",
+        "2",
+        "--threads",
+        "1",
+        "--seed",
+        "3",
+        "--no-eval",
+    ]
     main(["--out", str(tmp_path / "a"), *args])
     main(["--out", str(tmp_path / "b"), *args])
     a = AutoModelForCausalLM.from_pretrained(tmp_path / "a").state_dict()
@@ -58,19 +91,38 @@ def test_teacher_error_shifts_answers_by_one():
     assert [it.prompt for it in noisy] == [it.prompt for it in clean]
     offsets = [int(n.answer) - int(c.answer) for n, c in zip(noisy, clean)]
     assert set(offsets) == {0, 1}
-    assert 0.5 < sum(offsets) / 200 < 0.7  # Binomial(200, 0.6): mean 120, sd 7 -> 0.53..0.67 at 2 sd
+    assert (
+        0.5 < sum(offsets) / 200 < 0.7
+    )  # Binomial(200, 0.6): mean 120, sd 7 -> 0.53..0.67 at 2 sd
 
 
 def test_target_acc_zero_stops_at_first_check(tmp_path, capsys):
-    main(["--out", str(tmp_path / "t"), "--sft-steps", "100", "--sft-target-acc", "0", "--sft-batch-size",
-          "4", "--layers", "1", "--hidden", "32", "--heads", "2", "--no-eval"])
+    main(
+        [
+            "--out",
+            str(tmp_path / "t"),
+            "--sft-steps",
+            "100",
+            "--sft-target-acc",
+            "0",
+            "--sft-batch-size",
+            "4",
+            "--layers",
+            "1",
+            "--hidden",
+            "32",
+            "--heads",
+            "2",
+            "--no-eval",
+        ]
+    )
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert summary["sft_steps"] == 25  # first validation check (every 25 steps) meets a 0.0 target
 
 
 def test_special_tokens_inside_a_response_are_not_skipped_when_scoring():
     """A policy must not earn the reward for "4<pad>2" as if it had written "42"."""
-    from envs import Item, make_task, response_text
+    from rollflash.envs import Item, make_task, response_text
 
     tok = build_tokenizer()
     task = make_task("arithmetic", {"ops": ["+"]})

@@ -4,7 +4,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from broker.weights import CorruptWeights, WeightStore
+from rollflash.broker.weights import CorruptWeights, WeightStore
 
 
 def _state(seed: float) -> dict[str, torch.Tensor]:
@@ -22,7 +22,9 @@ def test_publish_then_load_round_trip(tmp_path):
     torch.testing.assert_close(loaded["layer.bias"], torch.tensor([1.0, 2.0, 3.0]))
     assert store.latest() == 1 and store.versions() == [1]
     manifest = json.loads((store.version_dir(1) / "manifest.json").read_text())
-    assert manifest["version"] == 1 and manifest["files"]["model.safetensors"]["sha256"] == info.sha256
+    assert (
+        manifest["version"] == 1 and manifest["files"]["model.safetensors"]["sha256"] == info.sha256
+    )
 
 
 def test_republishing_a_version_is_refused(tmp_path):
@@ -32,13 +34,16 @@ def test_republishing_a_version_is_refused(tmp_path):
         store.publish(_state(2.0), 1, 1)
 
 
-@pytest.mark.parametrize("damage, reason", [
-    (lambda p: p.write_bytes(p.read_bytes()[:-7]), "wrong size"),
-    (lambda p: p.write_bytes(bytes([p.read_bytes()[0] ^ 1]) + p.read_bytes()[1:]), "sha256"),
-    (lambda p: (p.parent / "manifest.json").unlink(), "no manifest"),
-    (lambda p: (p.parent / "manifest.json").write_text("{"), "unreadable manifest"),
-    (lambda p: p.unlink(), "missing"),
-])
+@pytest.mark.parametrize(
+    "damage, reason",
+    [
+        (lambda p: p.write_bytes(p.read_bytes()[:-7]), "wrong size"),
+        (lambda p: p.write_bytes(bytes([p.read_bytes()[0] ^ 1]) + p.read_bytes()[1:]), "sha256"),
+        (lambda p: (p.parent / "manifest.json").unlink(), "no manifest"),
+        (lambda p: (p.parent / "manifest.json").write_text("{"), "unreadable manifest"),
+        (lambda p: p.unlink(), "missing"),
+    ],
+)
 def test_damaged_versions_are_never_returned(tmp_path, damage, reason):
     store = WeightStore(tmp_path)
     store.publish(_state(1.0), 1, 1)

@@ -30,9 +30,11 @@ def pytest_configure(config):
     try:
         import vllm  # noqa: F401
     except Exception as e:  # ImportError, or a broken install (torchvision against the CPU torch)
-        raise pytest.UsageError(f"ROLLFLASH_REQUIRE_VLLM=1 but vllm does not import "
-                                f"({type(e).__name__}: {e}); build .venv-vllm with "
-                                "`make install-vllm`") from e
+        raise pytest.UsageError(
+            f"ROLLFLASH_REQUIRE_VLLM=1 but vllm does not import "
+            f"({type(e).__name__}: {e}); build .venv-vllm with "
+            "`make install-vllm`"
+        ) from e
 
 
 @pytest.fixture(scope="session")
@@ -41,9 +43,26 @@ def model_dirs(tmp_path_factory) -> dict[str, Path]:
 
     root = tmp_path_factory.mktemp("vllm_models")
     tied = root / "tied"
-    subprocess.run([sys.executable, str(ROOT / "scripts" / "make_tiny_model.py"),
-                    "--out", str(tied), "--sft-steps", "40", "--layers", "1", "--hidden", "64",
-                    "--heads", "2", "--no-eval"], check=True, cwd=ROOT, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "make_tiny_model.py"),
+            "--out",
+            str(tied),
+            "--sft-steps",
+            "40",
+            "--layers",
+            "1",
+            "--hidden",
+            "64",
+            "--heads",
+            "2",
+            "--no-eval",
+        ],
+        check=True,
+        cwd=ROOT,
+        capture_output=True,
+    )
     model = AutoModelForCausalLM.from_pretrained(tied)
     config = model.config
     config.tie_word_embeddings = False
@@ -63,7 +82,7 @@ class Harness:
     """A running engine for one model, its weight store, and the HF reference for any version."""
 
     def __init__(self, engine, model_dir: Path, run_dir: Path):
-        from broker.weights import WeightStore
+        from rollflash.broker.weights import WeightStore
 
         self.engine, self.model_dir = engine, model_dir
         self.store = WeightStore(run_dir)
@@ -104,23 +123,29 @@ class Harness:
         logp = torch.log_softmax(logits / temperature, dim=-1)
         start = len(sample.prompt_ids) - 1
         targets = torch.tensor(sample.response_ids)
-        return logp[start:start + len(targets)].gather(-1, targets[:, None])[:, 0]  # [R]
+        return logp[start : start + len(targets)].gather(-1, targets[:, None])[:, 0]  # [R]
 
     def max_error(self, samples, version: int, temperature: float) -> float:
         """Largest |engine logprob - HF logprob under `version`| over all tokens of `samples`."""
-        return max((self.reference_logprobs(s, version, temperature)
-                    - torch.tensor(s.logprobs)).abs().max().item() for s in samples)
+        return max(
+            (self.reference_logprobs(s, version, temperature) - torch.tensor(s.logprobs))
+            .abs()
+            .max()
+            .item()
+            for s in samples
+        )
 
 
 @pytest.fixture(scope="module", params=["tied", "untied"])
 def harness(request, model_dirs, tmp_path_factory):
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    from generators.vllm_engine import VLLMEngine
+    from rollflash.generators.vllm_engine import VLLMEngine
 
     engine = VLLMEngine(str(model_dirs[request.param]), dtype="float32", seed=0)
     try:
-        yield Harness(engine, model_dirs[request.param],
-                      tmp_path_factory.mktemp(f"run_{request.param}"))
+        yield Harness(
+            engine, model_dirs[request.param], tmp_path_factory.mktemp(f"run_{request.param}")
+        )
     finally:
         engine.close()

@@ -15,7 +15,7 @@ import torch
 # an empty namespace package named vllm
 pytest.importorskip("vllm")
 
-from generators.engine import SamplingParams  # noqa: E402
+from rollflash.generators.engine import SamplingParams  # noqa: E402
 
 T = 0.7
 PROMPTS = ["1+2=", "33+4=", "7*8=", "12-5="]
@@ -27,18 +27,20 @@ def _flat(groups):
 
 
 def test_samples_follow_the_hf_engine_definitions(harness):
-    from generators.hf_engine import HFEngine
+    from rollflash.generators.hf_engine import HFEngine
 
     h = harness
     h.engine.load_weights(h.model_dir / "model.safetensors", 0)
-    groups = h.engine.generate(PROMPTS, SamplingParams(n=3, temperature=T, top_p=1.0,
-                                                       max_new_tokens=10))
+    groups = h.engine.generate(
+        PROMPTS, SamplingParams(n=3, temperature=T, top_p=1.0, max_new_tokens=10)
+    )
     hf = HFEngine(str(h.model_dir))
-    hf_groups = hf.generate(PROMPTS, SamplingParams(n=2, temperature=T, top_p=1.0,
-                                                    max_new_tokens=10))
+    hf_groups = hf.generate(
+        PROMPTS, SamplingParams(n=2, temperature=T, top_p=1.0, max_new_tokens=10)
+    )
     assert [len(g) for g in groups] == [3] * len(PROMPTS)
     eos = hf.eos_id
-    for prompt, group, hf_group in zip(PROMPTS, groups, hf_groups):
+    for group, hf_group in zip(groups, hf_groups):
         for s in group:
             assert s.prompt_ids == hf_group[0].prompt_ids  # same tokenizer call: <bos> + chars
             assert s.prompt_ids[0] == hf.tokenizer.bos_token_id
@@ -58,8 +60,11 @@ def test_top_p_logprobs_are_taken_before_truncation(harness):
     h = harness
     h.engine.load_weights(h.model_dir / "model.safetensors", 0)
     top_p = 0.8
-    samples = _flat(h.engine.generate(PROMPTS, SamplingParams(n=4, temperature=T, top_p=top_p,
-                                                              max_new_tokens=10)))
+    samples = _flat(
+        h.engine.generate(
+            PROMPTS, SamplingParams(n=4, temperature=T, top_p=top_p, max_new_tokens=10)
+        )
+    )
     assert h.max_error(samples, 0, T) < TOL
     # the renormalised nucleus log-probability vLLM reports by default would fail that check:
     # log p_nucleus(x) = log p(x) - log(mass of the nucleus), and the mass is < 1 for some token
@@ -67,7 +72,7 @@ def test_top_p_logprobs_are_taken_before_truncation(harness):
     for s in samples:
         ids = torch.tensor([s.prompt_ids + s.response_ids])
         with torch.no_grad():
-            probs = torch.softmax(h.hf(0)(ids).logits[0, len(s.prompt_ids) - 1:-1] / T, dim=-1)
+            probs = torch.softmax(h.hf(0)(ids).logits[0, len(s.prompt_ids) - 1 : -1] / T, dim=-1)
         for row in probs:  # [V] per response token
             sorted_p = row.sort(descending=True).values
             keep = int((sorted_p.cumsum(0) - sorted_p < top_p).sum())  # vLLM keeps the top one too
@@ -93,8 +98,8 @@ def test_reload_makes_logprobs_match_the_new_weights(harness):
 
 
 def test_a_version_with_a_bad_checksum_is_never_loaded(harness, broker):
-    from broker.notify import VersionPublisher
-    from generators.reload import WeightFollower
+    from rollflash.broker.notify import VersionPublisher
+    from rollflash.generators.reload import WeightFollower
 
     h = harness
     publisher = VersionPublisher()
@@ -112,8 +117,11 @@ def test_a_version_with_a_bad_checksum_is_never_loaded(harness, broker):
         assert not follower.maybe_reload()
         assert follower.loaded_version == good and h.engine.version == good
 
-        samples = _flat(h.engine.generate(PROMPTS, SamplingParams(n=3, temperature=T, top_p=1.0,
-                                                                  max_new_tokens=10)))
+        samples = _flat(
+            h.engine.generate(
+                PROMPTS, SamplingParams(n=3, temperature=T, top_p=1.0, max_new_tokens=10)
+            )
+        )
         assert h.max_error(samples, good, T) < TOL
         assert h.max_error(samples, bad, T) > 50 * TOL
     finally:
@@ -136,9 +144,13 @@ def test_interrupt_swaps_weights_between_tokens(harness):
         if len(steps) == 3:
             h.engine.load_weights(path_b, b)
 
-    samples = _flat(h.engine.generate(PROMPTS, SamplingParams(n=8, temperature=T, top_p=1.0,
-                                                              max_new_tokens=12),
-                                      on_step=on_step))
+    samples = _flat(
+        h.engine.generate(
+            PROMPTS,
+            SamplingParams(n=8, temperature=T, top_p=1.0, max_new_tokens=12),
+            on_step=on_step,
+        )
+    )
     # enough samples must span the swap; EOS within 3 tokens took 8 of 12 samples in one run
     # (tied model), so 32 samples with at least 4 spanning it
     assert sum(len(s.response_ids) > 3 for s in samples) >= 4
@@ -150,8 +162,13 @@ def test_interrupt_swaps_weights_between_tokens(harness):
         torch.testing.assert_close(got[k:], h.reference_logprobs(s, b, T)[k:], atol=TOL, rtol=0)
     # without the swap the later tokens would not match v_b: the versions really differ
     long = [s for s in samples if len(s.response_ids) > 3]
-    assert max((h.reference_logprobs(s, a, T)[3:] - torch.tensor(s.logprobs[3:])).abs().max().item()
-               for s in long) > 50 * TOL
+    assert (
+        max(
+            (h.reference_logprobs(s, a, T)[3:] - torch.tensor(s.logprobs[3:])).abs().max().item()
+            for s in long
+        )
+        > 50 * TOL
+    )
 
 
 def test_a_file_that_does_not_fit_the_model_is_refused(harness, tmp_path):
@@ -169,8 +186,9 @@ def test_a_file_that_does_not_fit_the_model_is_refused(harness, tmp_path):
     with pytest.raises(ValueError, match=dropped):
         h.engine.load_weights(tmp_path / "partial.safetensors", version)
     assert h.engine.version == 0
-    samples = _flat(h.engine.generate(PROMPTS, SamplingParams(n=2, temperature=T, top_p=1.0,
-                                                              max_new_tokens=10)))
+    samples = _flat(
+        h.engine.generate(PROMPTS, SamplingParams(n=2, temperature=T, top_p=1.0, max_new_tokens=10))
+    )
     assert h.max_error(samples, 0, T) < TOL
 
 

@@ -28,31 +28,59 @@ ROOT = Path(__file__).resolve().parents[2]
 STEPS = 12
 
 
-def _run_demo(tmp_path, redis_url, warm_model_dir, run_id, steps: int,
-              *sets: str) -> tuple[dict, dict[int, float]]:
+def _run_demo(
+    tmp_path, redis_url, warm_model_dir, run_id, steps: int, *sets: str
+) -> tuple[dict, dict[int, float]]:
     """`rollctl run` of the demo at a = 0 with one vLLM generator; returns the summary and the
     per-step train-inference mismatch."""
     run_dir = tmp_path / "run"
-    args = ["--set", f"model.path={warm_model_dir}", "--set", f"run.run_dir={run_dir}",
-            "--set", f"run.run_id={run_id}", "--set", f"trainer.total_steps={steps}",
-            "--set", "trainer.async_ratio=0"]
+    args = [
+        "--set",
+        f"model.path={warm_model_dir}",
+        "--set",
+        f"run.run_dir={run_dir}",
+        "--set",
+        f"run.run_id={run_id}",
+        "--set",
+        f"trainer.total_steps={steps}",
+        "--set",
+        "trainer.async_ratio=0",
+    ]
     for s in sets:
         args += ["--set", s]
-    proc = subprocess.run([sys.executable, "-m", "rollctl.cli", "run", "--config",
-                           str(ROOT / "configs" / "demo.yaml"), "--redis-url", redis_url,
-                           "--generators", "1", "--engine", "vllm", *args],
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rollflash.rollctl.cli",
+            "run",
+            "--config",
+            str(ROOT / "configs" / "demo.yaml"),
+            "--redis-url",
+            redis_url,
+            "--generators",
+            "1",
+            "--engine",
+            "vllm",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "vLLM engine ready" in (run_dir / "logs" / "gen-0.log").read_text()
     summary = json.loads((run_dir / "summary.json").read_text())
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    mismatch = {m["step"]: m["mismatch/abs_dlogp_mean"] for m in metrics
-                if "mismatch/abs_dlogp_mean" in m}
+    mismatch = {
+        m["step"]: m["mismatch/abs_dlogp_mean"] for m in metrics if "mismatch/abs_dlogp_mean" in m
+    }
     return summary, mismatch
 
 
-def test_grpo_with_vllm_generators_improves_heldout_accuracy(tmp_path, redis_url,
-                                                             warm_model_dir, run_id):
+def test_grpo_with_vllm_generators_improves_heldout_accuracy(
+    tmp_path, redis_url, warm_model_dir, run_id
+):
     summary, mismatch = _run_demo(tmp_path, redis_url, warm_model_dir, run_id, STEPS)
     assert summary["steps"] == STEPS and summary["max_staleness"] == 0, summary
     # observed +0.48 in 10 steps; the margin allows a much worse run
@@ -61,14 +89,14 @@ def test_grpo_with_vllm_generators_improves_heldout_accuracy(tmp_path, redis_url
     assert max(mismatch.values()) < 1e-4, mismatch  # vLLM vs HF, both float32: observed ~6e-7
 
 
-def test_continuous_batching_with_vllm_stays_on_policy(tmp_path, redis_url, warm_model_dir,
-                                                       run_id):
+def test_continuous_batching_with_vllm_stays_on_policy(tmp_path, redis_url, warm_model_dir, run_id):
     """`rollout.inflight_samples` with vLLM (generators/continuous.py): prompts join the running
     batch as slots free up; at a = 0 a prompt for the next version waits until the running samples
     drain and the new weights are loaded, so the mismatch stays at float32 noise on every step."""
     steps_n = 6
-    summary, mismatch = _run_demo(tmp_path, redis_url, warm_model_dir, run_id, steps_n,
-                                  "rollout.inflight_samples=64")
+    summary, mismatch = _run_demo(
+        tmp_path, redis_url, warm_model_dir, run_id, steps_n, "rollout.inflight_samples=64"
+    )
     assert summary["steps"] == steps_n and summary["max_staleness"] == 0, summary
     assert sorted(mismatch) == list(range(1, steps_n + 1)), sorted(mismatch)
     assert max(mismatch.values()) < 1e-4, mismatch
