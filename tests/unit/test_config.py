@@ -94,3 +94,112 @@ def test_saved_config_round_trips_and_fingerprint_ignores_local_fields(tmp_path)
     assert again.fingerprint() == cfg.fingerprint()
     again.trainer.actor_lr = 0.02
     assert again.fingerprint() != cfg.fingerprint()
+
+
+# Fingerprints computed by the loader this config replaced (dataclasses, hand-written checks) on
+# the same files: processes of one run compare them, so the config's representation may not change
+# them. A new field or default changes them on purpose (update the values then).
+@pytest.mark.parametrize(
+    "name, overrides, expected",
+    [
+        (None, [], "bc0495cac044f7c5"),
+        ("demo.yaml", [], "7d77cb6cdd13eead"),
+        ("ppo_gae.yaml", [], "e02a9e6d7719e0fc"),
+        ("dapo.yaml", [], "eb8e4fa42d2ee0fa"),
+        ("rlhf.yaml", [], "1f710d43c6621dc6"),
+        ("rm.yaml", [], "9599666151ba04e7"),
+        ("agentic_gridworld.yaml", [], "5fbc851a2f01e312"),
+        (
+            None,
+            # ints given for floats are hashed as the floats they are stored as (1 -> 1.0)
+            [
+                "trainer.actor_lr=1",
+                "algo.tis_cap=null",
+                "task.params={max_operand: 9}",
+                "rollout.temperature=2",
+                "algo.kl_target=0.1",
+                "algo.kl_coef=1",
+            ],
+            "429b49f20c612fc7",
+        ),
+    ],
+)
+def test_fingerprint_is_unchanged_from_the_dataclass_config(name, overrides, expected):
+    path = ROOT / "configs" / name if name else None
+    assert load_config(path, overrides).fingerprint() == expected
+
+
+def test_saved_yaml_has_every_section_and_key_in_declaration_order(tmp_path):
+    cfg = load_config(None, ["trainer.actor_lr=1"])
+    cfg.save(tmp_path / "resolved.yaml")
+    saved = yaml.safe_load((tmp_path / "resolved.yaml").read_text())
+    assert list(saved) == [
+        "run", "redis", "model", "task", "rollout", "trainer", "algo", "sim", "reward", "rm",
+        "guards",
+    ]  # fmt: skip
+    assert list(saved["run"]) == ["run_id", "run_dir", "seed", "torch_threads"]
+    assert saved["trainer"]["actor_lr"] == 1.0 and isinstance(saved["trainer"]["actor_lr"], float)
+    # every field of the dataclass config this replaced, counted by hand, and no property
+    assert {name: len(section) for name, section in saved.items()} == {
+        "run": 4, "redis": 3, "model": 2, "task": 3, "rollout": 14, "trainer": 16, "algo": 29,
+        "sim": 6, "reward": 6, "rm": 14, "guards": 11,
+    }  # fmt: skip
+    assert "max_staleness" not in saved["trainer"] and "key_prefix" not in saved
+
+
+@pytest.mark.parametrize(
+    "data, message",
+    [
+        ({"trainer": {"actor_lr": "fast"}}, "trainer.actor_lr: expected a number, got 'fast'"),
+        (
+            {"trainer": {"total_steps": "many"}},
+            "trainer.total_steps: expected an integer, got 'many'",
+        ),
+        ({"trainer": {"total_steps": True}}, "trainer.total_steps: expected an integer, got True"),
+        ({"rollout": {"top_p": 1.5}}, "rollout.top_p: must be in (0, 1], got 1.5"),
+        ({"trainer": {"async_ratio": -1}}, "trainer.async_ratio: must be >= 0, got -1.0"),
+        ({"trainer": {"rollout_batch_size": 0}}, "trainer.rollout_batch_size: must be > 0, got 0"),
+        ({"rollout": {"interrupt": "no"}}, "rollout.interrupt: expected true or false, got 'no'"),
+        ({"run": {"run_id": 7}}, "run.run_id: expected a string, got 7"),
+        ({"task": {"params": [1]}}, "task.params: expected a mapping, got [1]"),
+        ({"sim": None}, "sim: expected a mapping, got None"),
+        (
+            {"redis": {"connect_timeout_s": float("nan")}},
+            "redis.connect_timeout_s: must be finite, got nan",
+        ),
+        (
+            {"model": {"dtype": "fp16"}},
+            "model.dtype: must be one of ['float32', 'bfloat16'], got 'fp16'",
+        ),
+        (
+            {"trainer": {"strategy": "fsdp"}, "algo": {"adv_estimator": "gae", "critic": True}},
+            "trainer.strategy: fsdp does not shard the critic yet; use ddp with algo.critic: true",
+        ),
+        (
+            {"rollout": {"replicate_prompts": True}, "trainer": {"num_trainer_workers": 2}},
+            "rollout.replicate_prompts: not supported with trainer.num_trainer_workers > 1 (a "
+            "group's samples would be read by different learner ranks)",
+        ),
+        (
+            {"guards": {"enabld": True}},
+            "guards.enabld: unknown key (known: enabled, kl_max_rise, kl_window, max_ngram_repeat, "
+            "max_truncated_frac, min_length, ngram_n, patience, score_std_drop, score_std_min, "
+            "stop_on_guard)",
+        ),
+        (
+            {"bogus": {}},
+            "bogus: unknown key (known: algo, guards, model, redis, reward, rm, rollout, run, "
+            "sim, task, trainer)",
+        ),
+    ],
+)
+def test_messages_are_exactly_one_line_naming_the_key(data, message):
+    with pytest.raises(ConfigError) as e:
+        config_from_dict(data)
+    assert str(e.value) == message
+
+
+def test_a_top_level_that_is_not_a_mapping_is_refused():
+    with pytest.raises(ConfigError) as e:
+        config_from_dict([1, 2])  # type: ignore[arg-type]
+    assert str(e.value) == "config: expected a mapping, got [1, 2]"
