@@ -49,7 +49,6 @@ from rollflash.algos.rewards import (
     normalize_rewards,
 )
 from rollflash.algos.types import LossOutput
-from rollflash.algos.validate import validate_algo_choice
 from rollflash.algos.value_loss import value_loss
 
 __all__ = [
@@ -104,6 +103,5 @@ __all__ = [
     "topr_loss",
     "turn_returns",
     "turns_to_tokens",
-    "validate_algo_choice",
     "value_loss",
 ]

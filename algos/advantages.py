@@ -192,5 +192,6 @@ ADVANTAGE_ESTIMATORS: dict[str, Callable[[AdvantageInputs, AdvantageConfig], Adv
     "gigpo": gigpo_estimator,
 }
 
-# Estimators that need a value model; validate_algo_choice enforces this at config load.
+# Estimators that need a value model; the config's algo section (broker/config_algo.py) spells
+# them out and requires algo.critic: true with them.
 CRITIC_ESTIMATORS: frozenset[str] = frozenset({"gae"})

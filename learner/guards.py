@@ -26,7 +26,6 @@ that `algos.next_kl_coef` adapts (fixed unless `algo.kl_target` is set).
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 from collections.abc import Sequence
@@ -176,7 +175,9 @@ class GuardMonitor:
         """`cfg` with the current (adaptive) kl_coef; `cfg` itself when the coefficient is fixed."""
         if cfg.algo.kl_target is None:
             return cfg
-        return dataclasses.replace(cfg, algo=dataclasses.replace(cfg.algo, kl_coef=self.kl_coef))
+        return cfg.model_copy(
+            update={"algo": cfg.algo.model_copy(update={"kl_coef": self.kl_coef})}
+        )
 
     def after_step(
         self, metrics: dict[str, float], n_samples: int, broker: Any = None

@@ -1,90 +1,147 @@
-"""validate_algo_choice: every error names its key."""
+"""The `algo:` section's rules (broker/config_algo.py and the cross-section ones on Config): a valid
+choice loads with exactly the values given, every error is one line naming its key."""
 
 import pytest
 
-from rollflash.algos.validate import validate_algo_choice
-
-BASE = dict(adv_estimator="grpo", policy_loss="ppo", has_critic=False)
+from rollflash.broker.config import ConfigError, config_from_dict
 
 
 @pytest.mark.parametrize(
-    "overrides",
+    "algo, rollout",
     [
-        {},
-        dict(adv_estimator="gae", has_critic=True, clip_range_value=0.2, gamma=0.99, lam=0.95),
-        dict(policy_loss="gspo", clip_low=3e-4, clip_high=4e-4, is_level="sequence"),
-        dict(
-            is_mode="mask", tis_cap=5.0, is_low=0.5, dynamic_sampling=True, num_return_sequences=8
+        ({}, {}),
+        (dict(adv_estimator="gae", critic=True, clip_range_value=0.2, gamma=0.99, lam=0.95), {}),
+        (dict(policy_loss="gspo", clip_low=3e-4, clip_high=4e-4, is_level="sequence"), {}),
+        (
+            dict(is_mode="mask", tis_cap=5.0, is_low=0.5, dynamic_sampling=True),
+            dict(num_return_sequences=8),
         ),
-        dict(loss_agg_mode="seq-mean-token-sum-norm", norm_len=1024, adv_estimator="dr_grpo"),
-        dict(overlong_buffer=256, max_new_tokens=1024, tis_cap=None, dual_clip_c=None),
+        (
+            dict(loss_agg_mode="seq-mean-token-sum-norm", norm_len=1024.0, adv_estimator="dr_grpo"),
+            {},
+        ),
+        # norm_len null: the divisor is rollout.max_new_tokens, so no norm_len is needed
+        (dict(loss_agg_mode="seq-mean-token-sum-norm"), {}),
+        (dict(overlong_buffer=256, tis_cap=None, dual_clip_c=None), dict(max_new_tokens=1024)),
+        (dict(adv_estimator="reinforce++"), dict(num_return_sequences=1)),
+        (dict(kl_target=0.1, kl_coef=0.02), {}),
     ],
 )
-def test_valid_choices_pass(overrides):
-    validate_algo_choice(**{**BASE, **overrides})
+def test_valid_choices_load_with_the_values_given(algo, rollout):
+    cfg = config_from_dict({"algo": algo, "rollout": rollout})
+    for key, value in algo.items():
+        assert getattr(cfg.algo, key) == value, key
+        assert type(getattr(cfg.algo, key)) is type(value), key
+    untouched = config_from_dict({}).algo.model_dump()
+    for key, value in cfg.algo.model_dump().items():
+        if key not in algo:
+            assert value == untouched[key], key
+
+
+def test_an_int_is_stored_as_a_float_and_the_message_shows_the_float():
+    assert config_from_dict({"algo": {"gamma": 1}}).algo.gamma == 1.0
+    assert type(config_from_dict({"algo": {"gamma": 1}}).algo.gamma) is float
+    with pytest.raises(ConfigError) as e:
+        config_from_dict({"algo": {"gamma": 2}})
+    assert str(e.value) == "algo.gamma: must be in [0, 1], got 2.0"
+
+
+ADV = "['grpo', 'dr_grpo', 'rloo', 'gae', 'reinforce++', 'reinforce++-baseline', 'gigpo']"
+AGG = "['token-mean', 'seq-mean-token-mean', 'seq-mean-token-sum', 'seq-mean-token-sum-norm']"
 
 
 @pytest.mark.parametrize(
-    "overrides, message",
+    "algo, rollout, message",
     [
         (
             dict(adv_estimator="gae"),
+            {},
             "algo.adv_estimator: 'gae' needs a critic (set algo.critic: true)",
         ),
         (
-            dict(has_critic=True),
-            "algo.critic: true but algo.adv_estimator 'grpo' does not use a critic",
+            dict(critic=True),
+            {},
+            "algo.critic: true but algo.adv_estimator 'grpo' does not use a critic "
+            "(use one of gae, or set algo.critic: false)",
         ),
-        (
-            dict(adv_estimator="gpro"),
-            "algo.adv_estimator: unknown 'gpro'; known: dr_grpo, gae, gigpo, grpo",
-        ),
+        (dict(adv_estimator="gpro"), {}, f"algo.adv_estimator: must be one of {ADV}, got 'gpro'"),
         (
             dict(policy_loss="ppo2"),
-            "algo.policy_loss: unknown 'ppo2'; known: cispo, gspo, ppo, reinforce, topr",
+            {},
+            "algo.policy_loss: must be one of ['ppo', 'gspo', 'cispo', 'topr', 'reinforce'], "
+            "got 'ppo2'",
         ),
-        (dict(is_mode="clip"), "algo.is_mode: unknown 'clip'; known: mask, truncate"),
-        (dict(is_level="seq"), "algo.is_level: unknown 'seq'; known: geometric, sequence, token"),
+        (dict(is_mode="clip"), {}, "algo.is_mode: must be one of ['truncate', 'mask'], got 'clip'"),
+        (
+            dict(is_level="seq"),
+            {},
+            "algo.is_level: must be one of ['token', 'sequence', 'geometric'], got 'seq'",
+        ),
         (
             dict(kl_estimator="low_var_kl"),
-            "algo.kl_estimator: unknown 'low_var_kl'; known: k1, k2, k3",
+            {},
+            "algo.kl_estimator: must be one of ['k1', 'k2', 'k3'], got 'low_var_kl'",
         ),
-        (dict(loss_agg_mode="mean"), "algo.loss_agg_mode: unknown 'mean'"),
-        (dict(reward_norm="zscore"), "algo.reward_norm: unknown 'zscore'"),
-        (dict(clip_low=1.5), "algo.clip_low must be in (0, 1), got 1.5"),
-        (dict(clip_low=0.0), "algo.clip_low must be in (0, 1), got 0.0"),
-        (dict(clip_high=-0.1), "algo.clip_high must be > 0"),
-        (dict(dual_clip_c=1.0), "algo.dual_clip_c must be > 1"),
-        (dict(tis_cap=0.5), "algo.tis_cap must be >= 1"),
-        (dict(is_low=0.5), "algo.is_low is only used with algo.is_mode: mask"),
-        (dict(is_mode="mask", is_low=1.5), "algo.is_low must be in [0, 1]"),
-        (dict(kl_coef=-0.1), "algo.kl_coef must be >= 0"),
-        (dict(entropy_coef=-1.0), "algo.entropy_coef must be >= 0"),
+        (dict(loss_agg_mode="mean"), {}, f"algo.loss_agg_mode: must be one of {AGG}, got 'mean'"),
         (
-            dict(loss_agg_mode="seq-mean-token-sum-norm"),
-            "algo.loss_agg_mode: 'seq-mean-token-sum-norm' needs",
+            dict(reward_norm="zscore"),
+            {},
+            "algo.reward_norm: must be one of ['none', 'batch', 'group', 'running'], got 'zscore'",
         ),
-        (dict(gamma=1.5), "algo.gamma must be in [0, 1], got 1.5"),
-        (dict(lam=-0.1), "algo.lam must be in [0, 1]"),
-        (dict(clip_range_value=0.0), "algo.clip_range_value must be > 0"),
-        (dict(reward_clip=-1.0), "algo.reward_clip must be > 0"),
-        (dict(overlong_penalty_factor=0.0), "algo.overlong_penalty_factor must be > 0"),
-        (dict(overlong_buffer=0), "algo.overlong_buffer must be > 0"),
+        (dict(clip_low=1.5), {}, "algo.clip_low: must be in (0, 1), got 1.5"),
+        (dict(clip_low=0.0), {}, "algo.clip_low: must be in (0, 1), got 0.0"),
+        (dict(clip_high=-0.1), {}, "algo.clip_high: must be > 0, got -0.1"),
+        (dict(dual_clip_c=1.0), {}, "algo.dual_clip_c: must be > 1 or null, got 1.0"),
+        (dict(tis_cap=0.5), {}, "algo.tis_cap: must be >= 1 or null, got 0.5"),
         (
-            dict(overlong_buffer=1024, max_new_tokens=1024),
-            "algo.overlong_buffer must be < max_new_tokens",
+            dict(is_low=0.5),
+            {},
+            "algo.is_low: is only used with algo.is_mode: mask, got is_mode 'truncate'",
+        ),
+        (dict(is_mode="mask", is_low=1.5), {}, "algo.is_low: must be in [0, 1] or null, got 1.5"),
+        (dict(kl_coef=-0.1), {}, "algo.kl_coef: must be >= 0, got -0.1"),
+        (dict(entropy_coef=-1.0), {}, "algo.entropy_coef: must be >= 0, got -1.0"),
+        (dict(norm_len=0), {}, "algo.norm_len: must be > 0 or null, got 0.0"),
+        (dict(gamma=1.5), {}, "algo.gamma: must be in [0, 1], got 1.5"),
+        (dict(lam=-0.1), {}, "algo.lam: must be in [0, 1], got -0.1"),
+        (dict(clip_range_value=0.0), {}, "algo.clip_range_value: must be > 0 or null, got 0.0"),
+        (dict(reward_clip=-1.0), {}, "algo.reward_clip: must be > 0 or null, got -1.0"),
+        (
+            dict(overlong_penalty_factor=0.0),
+            {},
+            "algo.overlong_penalty_factor: must be > 0, got 0.0",
+        ),
+        (dict(overlong_buffer=0), {}, "algo.overlong_buffer: must be > 0 or null, got 0"),
+        (dict(overlong_buffer=2.5), {}, "algo.overlong_buffer: expected an integer, got 2.5"),
+        (
+            dict(overlong_buffer=1024),
+            dict(max_new_tokens=1024),
+            "algo.overlong_buffer: must be < max_new_tokens (1024), got 1024",
         ),
         (
+            {},
             dict(num_return_sequences=1),
-            "algo.adv_estimator: 'grpo' needs num_return_sequences >= 2",
+            "rollout.num_return_sequences: algo.adv_estimator 'grpo' and "
+            "algo.dynamic_sampling need groups of at least 2 samples, got 1",
         ),
         (
-            dict(adv_estimator="reinforce++", dynamic_sampling=True, num_return_sequences=1),
-            "algo.dynamic_sampling needs num_return_sequences >= 2",
+            dict(adv_estimator="reinforce++", dynamic_sampling=True),
+            dict(num_return_sequences=1),
+            "rollout.num_return_sequences: algo.adv_estimator 'reinforce++' and "
+            "algo.dynamic_sampling need groups of at least 2 samples, got 1",
+        ),
+        (dict(gamma=float("inf")), {}, "algo.gamma: must be finite, got inf"),
+        (dict(kl_coef=True), {}, "algo.kl_coef: expected a number, got True"),
+        (dict(critic="yes"), {}, "algo.critic: expected true or false, got 'yes'"),
+        (
+            dict(kl_target=0.1),
+            {},
+            "algo.kl_target: the adaptive controller needs a starting algo.kl_coef > 0 "
+            "(InstructGPT: 0.02)",
         ),
     ],
 )
-def test_errors_name_the_key(overrides, message):
-    with pytest.raises(ValueError) as info:
-        validate_algo_choice(**{**BASE, **overrides})
-    assert str(info.value).startswith(message), str(info.value)
+def test_errors_are_one_line_naming_the_key(algo, rollout, message):
+    with pytest.raises(ConfigError) as info:
+        config_from_dict({"algo": algo, "rollout": rollout})
+    assert str(info.value) == message

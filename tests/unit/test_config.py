@@ -203,3 +203,13 @@ def test_a_top_level_that_is_not_a_mapping_is_refused():
     with pytest.raises(ConfigError) as e:
         config_from_dict([1, 2])  # type: ignore[arg-type]
     assert str(e.value) == "config: expected a mapping, got [1, 2]"
+
+
+def test_every_field_has_a_type_and_a_description():
+    sections = Config.model_fields
+    assert len(sections) == 11
+    for name, section in sections.items():
+        assert section.description, name
+        for key, info in section.annotation.model_fields.items():
+            assert info.annotation is not None, f"{name}.{key}"
+            assert info.description and "\n" not in info.description, f"{name}.{key}"

@@ -8,6 +8,7 @@ import pytest
 
 from rollflash import algos
 from rollflash.broker.config import AlgoConfig, ConfigError, config_from_dict, load_config
+from rollflash.broker.config_algo import CRITIC_ESTIMATORS, GROUP_BASELINES
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -27,6 +28,14 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_config_literals_are_exactly_the_registry_names(field, registry):
     # the config spells the names out (no torch import at load); this keeps the two in step
     assert set(typing.get_args(typing.get_type_hints(AlgoConfig)[field])) == set(registry)
+
+
+def test_config_estimator_sets_are_exactly_the_registry_names():
+    assert CRITIC_ESTIMATORS == algos.CRITIC_ESTIMATORS
+    # every estimator is either group-based or fine with one sample per prompt (gae: critic
+    # baseline; reinforce++: batch baseline)
+    assert GROUP_BASELINES <= set(algos.ADVANTAGE_ESTIMATORS)
+    assert set(algos.ADVANTAGE_ESTIMATORS) - GROUP_BASELINES == {"gae", "reinforce++"}
 
 
 def test_defaults_are_grpo_with_ppo_clip_and_tis_cap_2():

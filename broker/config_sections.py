@@ -1,0 +1,339 @@
+"""The sections of the run config (`run:`, `redis:`, `rollout:`, ...) other than `algo:`.
+
+Each field's type, bounds and one-line description are the single source of truth: the loader
+(broker/config.py) turns a violated bound into the one-line `ConfigError`, and the descriptions are
+the reference for docs. Types are strict: an integer field refuses 2.5 and `true`, a number field
+takes an integer (stored as a float) but refuses strings, booleans, `.inf` and `.nan`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    AllowInfNan,
+    BaseModel,
+    ConfigDict,
+    Field,
+    Strict,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+    model_validator,
+)
+
+from rollflash.broker.config_errors import ConfigError
+
+# a finite float; an int is accepted and stored as a float
+Number = Annotated[float, Strict(), AllowInfNan(False)]
+
+
+class Section(BaseModel):
+    """Base of every config section: unknown keys are errors, assignment is not re-validated."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=False)
+
+
+class RunConfig(Section):
+    run_id: StrictStr = Field(
+        "demo", description="names the Redis keys rl:{run_id}:* and the run directory"
+    )
+    run_dir: StrictStr = Field(
+        "runs/demo", description="checkpoints, weights, metrics, summary.json"
+    )
+    seed: StrictInt = Field(0, description="seeds prompt order, sampling and initialisation")
+    torch_threads: StrictInt = Field(
+        0, ge=0, description="intra-op threads per process (0 = torch's default)"
+    )
+
+
+class RedisConfig(Section):
+    url: StrictStr | None = Field(
+        None,
+        description="redis://, rediss:// or unix://; null lets `rollctl run` start its own",
+    )
+    connect_timeout_s: Number = Field(
+        30.0, gt=0, description="give up connecting (with backoff) after this long"
+    )
+    max_payload_bytes: StrictInt = Field(
+        8_000_000,
+        gt=0,
+        description="entries larger than this go to the dead-letter stream undecoded",
+    )
+
+
+class ModelConfig(Section):
+    path: StrictStr = Field(
+        "models/tiny",
+        description="local Hugging Face model directory (config, tokenizer, weights)",
+    )
+    dtype: Literal["float32", "bfloat16"] = Field(
+        "float32", description="parameter dtype in learner and generators"
+    )
+
+
+class TaskConfig(Section):
+    name: StrictStr = Field("arithmetic", description="a task from envs.registry")
+    params: dict[Any, Any] = Field(
+        default_factory=dict, description="passed to the task's constructor"
+    )
+    eval_size: StrictInt = Field(
+        200, ge=0, description="held-out items used for greedy evaluation (0 = all)"
+    )
+
+
+class RolloutConfig(Section):
+    engine: Literal["hf", "vllm", "sim"] = Field(
+        "hf", description="inference engine of the generators"
+    )
+    num_return_sequences: StrictInt = Field(
+        8, gt=0, description="samples per prompt: the GRPO group size"
+    )
+    max_new_tokens: StrictInt = Field(8, gt=0, description="response length limit")
+    temperature: Number = Field(
+        1.0, gt=0, description="sampling temperature (the learner scales logits by it too)"
+    )
+    top_p: Number = Field(1.0, gt=0, le=1, description="nucleus sampling threshold")
+    prompts_per_pull: StrictInt = Field(
+        4, gt=0, description="prompts a generator claims and samples as one batch"
+    )
+    inflight_samples: StrictInt = Field(
+        0,
+        ge=0,
+        description="> 0: continuous batching instead of pulls: up to this many samples "
+        "decoding, new prompts claimed as their slots free up",
+    )
+    num_rollout_workers: StrictInt = Field(
+        2, ge=0, description="generator processes started by `rollctl run`"
+    )
+    heartbeat_ttl_s: Number = Field(
+        30.0, gt=0, description="a generator's status hash expires this long after its last beat"
+    )
+    interrupt: StrictBool = Field(
+        False,
+        description="on a new version mid-generation: false finishes the batch on the old "
+        "weights, true swaps weights in and continues (per-token versions)",
+    )
+    redundant_samples: StrictInt = Field(
+        0, ge=0, description="r: start n + r samples per group, keep the first n to finish"
+    )
+    reclaim_idle_s: Number = Field(
+        120.0,
+        gt=0,
+        description="take over prompts another generator claimed this long ago and never "
+        "finished (it probably died)",
+    )
+    replicate_prompts: StrictBool = Field(
+        False,
+        description="issue each sample of a group as its own prompt entry, so one group is "
+        "spread over generators",
+    )
+    max_episode_tokens: StrictInt = Field(
+        1024,
+        gt=0,
+        description="multi-turn environments: an episode's response budget (actions + "
+        "observations); max_new_tokens limits each turn",
+    )
+
+
+class SimConfig(Section):
+    """Timing of the simulated engine and learner (`rollout.engine: sim`), for scheduling benchmarks."""
+
+    per_token_s: Number = Field(0.002, gt=0, description="one decode step of a single sequence")
+    batch_slowdown: Number = Field(
+        0.02, ge=0, description="each extra sequence in a batch slows a decode step by this share"
+    )
+    length_median: StrictInt = Field(64, gt=0, description="median response length (log-normal)")
+    length_sigma: Number = Field(
+        1.0, gt=0, description="log-normal sigma: larger means a longer tail"
+    )
+    learner_step_s: Number = Field(
+        0.0, ge=0, description="> 0: the learner sleeps this long per step instead of training"
+    )
+    vocab_size: StrictInt = Field(64, gt=0, description="token ids the simulated engine draws from")
+
+
+class TrainerConfig(Section):
+    actor_lr: Number = Field(1e-4, gt=0, description="AdamW learning rate of the policy")
+    weight_decay: Number = Field(0.0, ge=0, description="AdamW weight decay")
+    max_grad_norm: Number = Field(1.0, ge=0, description="gradient clipping (0 = off)")
+    rollout_batch_size: StrictInt = Field(
+        8, gt=0, description="prompts (groups) per learner step: B"
+    )
+    micro_batch_size: StrictInt = Field(
+        16, gt=0, description="sequences per forward/backward pass (without token_budget)"
+    )
+    token_budget: StrictInt = Field(
+        0,
+        ge=0,
+        description="> 0: pack sequences, without padding, up to this many tokens per "
+        "forward/backward pass instead of micro_batch_size padded rows",
+    )
+    total_steps: StrictInt = Field(
+        20, gt=0, description="learner steps (= weight versions published)"
+    )
+    async_ratio: Number = Field(
+        1.0, ge=0, description="how many versions ahead prompts may be issued (0 = on-policy)"
+    )
+    eval_every: StrictInt = Field(
+        0, ge=0, description="greedy held-out evaluation every N steps (0 = only before and after)"
+    )
+    keep_versions: StrictInt = Field(
+        3, gt=0, description="weight versions kept on disk (plus any a live generator has loaded)"
+    )
+    num_trainer_workers: StrictInt = Field(
+        1, gt=0, description="learner ranks (`rollctl start-learner --nproc` overrides)"
+    )
+    strategy: Literal["ddp", "fsdp"] = Field(
+        "ddp",
+        description="with several ranks: full replicas (DDP) or parameters, gradients and "
+        "optimiser state sharded (FSDP2)",
+    )
+    wait_timeout_s: Number = Field(
+        600.0, gt=0, description="fail if no trajectory arrives for this long"
+    )
+    checkpoint_every: StrictInt = Field(
+        10,
+        ge=0,
+        description="checkpoint every N steps and at the end; trajectories are acknowledged "
+        "only once their checkpoint is durable (0 = never: acknowledged at publish, and a "
+        "crash loses those updates)",
+    )
+    lr_warmup_steps: StrictInt = Field(
+        0, ge=0, description="linear learning-rate warm-up over this many steps"
+    )
+    lr_schedule: Literal["constant", "cosine"] = Field("constant", description="after warm-up")
+
+    @property
+    def max_staleness(self) -> int:
+        """Samples older than `version - max_staleness` are dropped (ARCHITECTURE.md)."""
+        return math.ceil(self.async_ratio)
+
+
+class RewardConfig(Section):
+    """The `reward:` section: how generators score a finished response (docs/algorithms.md, RLHF)."""
+
+    # `model_path` is a config key, not pydantic's `model_` API
+    model_config = ConfigDict(extra="forbid", validate_assignment=False, protected_namespaces=())
+
+    type: Literal["rule", "model", "mixed"] = Field(
+        "rule", description="the task's verifier, a reward model, or both"
+    )
+    model_path: StrictStr | None = Field(
+        None, description="HF dir with a scalar head (`rollctl train-rm`); model / mixed"
+    )
+    weight_rule: Number = Field(
+        1.0, ge=0, description="mixed: reward = weight_rule * rule + weight_model * model score"
+    )
+    weight_model: Number = Field(
+        1.0, ge=0, description="scale of the reward-model score (model and mixed)"
+    )
+    micro_batch_size: StrictInt = Field(
+        64, gt=0, description="responses per reward-model forward pass in the generator"
+    )
+    max_len: StrictInt = Field(
+        512,
+        gt=0,
+        description="reward-model input tokens (prompt + response + EOS), cut from the left",
+    )
+
+    @model_validator(mode="after")
+    def _model_path_matches_type(self) -> RewardConfig:
+        if self.type != "rule" and not self.model_path:
+            raise ConfigError(
+                f"reward.model_path: reward.type {self.type!r} needs a reward-model "
+                "directory (train one with `rollctl train-rm`)"
+            )
+        if self.type == "rule" and self.model_path:
+            raise ConfigError(
+                "reward.model_path: set, but reward.type is 'rule' (use 'model' or 'mixed')"
+            )
+        return self
+
+
+class RewardModelTrainConfig(Section):
+    """The `rm:` section, read by `rollctl train-rm` only: Bradley-Terry reward-model training
+    (names as OpenRLHF's train_rm)."""
+
+    pretrain: StrictStr | None = Field(
+        None, description="initial weights, a local HF dir (null = model.path)"
+    )
+    dataset: StrictStr = Field(
+        "data/preferences.jsonl", description='JSONL of {"prompt", "chosen", "rejected"}'
+    )
+    eval_dataset: StrictStr | None = Field(
+        None, description="held-out pairs (null = the last eval_split of dataset)"
+    )
+    eval_split: Number = Field(
+        0.1, gt=0, lt=1, description="share of dataset held out when eval_dataset is null"
+    )
+    save_path: StrictStr = Field(
+        "models/rm", description="where the trained model is saved (a standard HF directory)"
+    )
+    max_epochs: StrictInt = Field(1, gt=0, description="passes over the training pairs")
+    max_steps: StrictInt = Field(
+        0, ge=0, description="stop after this many optimiser steps (0 = max_epochs decides)"
+    )
+    learning_rate: Number = Field(
+        1e-4, gt=0, description="AdamW peak lr (linear warm-up, cosine decay to 10%)"
+    )
+    weight_decay: Number = Field(0.0, ge=0, description="AdamW weight decay")
+    max_grad_norm: Number = Field(1.0, ge=0, description="gradient clipping (0 = off)")
+    train_batch_size: StrictInt = Field(
+        32, gt=0, description="preference pairs per optimiser step, over all ranks"
+    )
+    micro_train_batch_size: StrictInt = Field(
+        32, gt=0, description="pairs per forward/backward on one rank"
+    )
+    max_len: StrictInt = Field(
+        512, gt=0, description="tokens of prompt + response + EOS, cut from the left"
+    )
+    eval_every: StrictInt = Field(
+        0, ge=0, description="held-out accuracy every N steps (0 = only before and after)"
+    )
+
+    @model_validator(mode="after")
+    def _train_batch_is_whole_micro_batches(self) -> RewardModelTrainConfig:
+        if self.train_batch_size % self.micro_train_batch_size:
+            raise ConfigError(
+                f"rm.train_batch_size: must be a multiple of rm.micro_train_batch_size "
+                f"({self.micro_train_batch_size}), got {self.train_batch_size}"
+            )
+        return self
+
+
+class GuardsConfig(Section):
+    """The `guards:` section: reward-hacking warnings (`guard/*` metrics, `rollctl status`)."""
+
+    enabled: StrictBool = Field(True, description="compute the guard/* metrics every step")
+    stop_on_guard: StrictBool = Field(
+        False, description="end training (summary `stopped_by_guard`) once a guard persists"
+    )
+    patience: StrictInt = Field(
+        3, gt=0, description="consecutive steps a guard must fire before stop_on_guard stops"
+    )
+    kl_window: StrictInt = Field(
+        5, gt=0, description="steps over which the rise of the KL to the reference is measured"
+    )
+    kl_max_rise: Number = Field(
+        0.5, ge=0, description="warn if KL(behaviour || reference) rose more than this in kl_window"
+    )
+    score_std_min: Number = Field(
+        1e-3, ge=0, description="warn if the batch's reward std falls below this (model rewards)"
+    )
+    score_std_drop: Number = Field(
+        0.05, ge=0, description="... or below this share of the first step's reward std"
+    )
+    min_length: Number = Field(
+        1.5,
+        ge=0,
+        description="warn if the mean response length (tokens, EOS included) falls below this",
+    )
+    max_truncated_frac: Number = Field(
+        0.5, ge=0, description="warn if more than this share of responses hit max_new_tokens"
+    )
+    ngram_n: StrictInt = Field(3, gt=0, description="n of the repeated n-gram check")
+    max_ngram_repeat: Number = Field(
+        0.3, ge=0, description="warn if the mean share of repeated n-grams exceeds this"
+    )
