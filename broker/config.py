@@ -188,6 +188,7 @@ class RewardConfig:
     weight_model: float = 1.0  # scale of the reward-model score (model and mixed)
     micro_batch_size: int = 64  # responses per reward-model forward pass in the generator
     max_len: int = 512  # reward-model input tokens (prompt + response + EOS), cut from the left
+    max_abs_reward: float = 1e6  # the learner dead-letters a sample whose |reward| is larger
 
 
 @dataclass
@@ -347,6 +348,7 @@ def _check_rlhf(cfg: Config) -> None:
     flat = _flatten(cfg.to_dict())
     for key in (
         "reward.micro_batch_size",
+        "reward.max_abs_reward",
         "reward.max_len",
         "rm.learning_rate",
         "rm.train_batch_size",

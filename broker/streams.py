@@ -65,6 +65,7 @@ from rollflash.broker.schema import (
     encode_prompt,
     encode_trajectory,
 )
+from rollflash.broker.wire import WireLimits
 
 log = logging.getLogger(__name__)
 
@@ -120,12 +121,19 @@ def _text(v: bytes | str | None) -> str | None:
 
 class RunBroker:
     def __init__(
-        self, client: redis.Redis, run_id: str, max_payload_bytes: int, busy_timeout_s: float = 60.0
+        self,
+        client: redis.Redis,
+        run_id: str,
+        max_payload_bytes: int,
+        busy_timeout_s: float = 60.0,
+        limits: WireLimits | None = None,
     ):
         self.r = client
         self.busy_timeout_s = busy_timeout_s  # how long writes wait out Redis at maxmemory
         self.prefix = f"rl:{run_id}:"
         self.max_payload_bytes = max_payload_bytes
+        # what the learner accepts in a trajectory entry (the vocabulary is given per read)
+        self.limits = limits or WireLimits(max_bytes=max_payload_bytes)
         self.prompts = self.prefix + "prompts"
         self.trajectories = self.prefix + "trajectories"
         self.dlq = self.prefix + "dlq"
@@ -493,7 +501,12 @@ class RunBroker:
             entry_id = _text(entry_id)
             try:
                 good.append(
-                    (entry_id, decode_trajectory(fields or {}, self.max_payload_bytes, vocab_size))
+                    (
+                        entry_id,
+                        decode_trajectory(
+                            fields or {}, replace(self.limits, vocab_size=vocab_size)
+                        ),
+                    )
                 )
             except WireError as e:
                 self.dead_letter(self.trajectories, LEARNER_GROUP, entry_id, str(e), fields or {})
