@@ -137,6 +137,7 @@ class RunBroker:
         self.prompts = self.prefix + "prompts"
         self.trajectories = self.prefix + "trajectories"
         self.dlq = self.prefix + "dlq"
+        self.dlq_reasons = self.prefix + "dlq_reasons"  # hash: reason code -> dead letters
         self.weights_key = self.prefix + "weights"
         self.run_key = self.prefix + "run"
         self.lost: Counter = Counter()  # acknowledged writes Redis forgot: prompts, trajectories
@@ -414,7 +415,7 @@ class RunBroker:
             try:
                 work = decode_prompt(fields, self.max_payload_bytes)
             except WireError as e:
-                self.dead_letter(self.prompts, GEN_GROUP, entry_id, str(e), fields)
+                self.dead_letter(self.prompts, GEN_GROUP, entry_id, e, fields)
                 continue
             if (work.group_id, work.sample_index) in self._completed:
                 # we added its trajectory and acknowledged it in one transaction: Redis forgot both
@@ -509,7 +510,7 @@ class RunBroker:
                     )
                 )
             except WireError as e:
-                self.dead_letter(self.trajectories, LEARNER_GROUP, entry_id, str(e), fields or {})
+                self.dead_letter(self.trajectories, LEARNER_GROUP, entry_id, e, fields or {})
                 bad.append(Rejected(entry_id, str(e)))
         return good, bad
 
@@ -535,11 +536,13 @@ class RunBroker:
         return int(self.r.hget(self.run_key, "replaced") or 0)
 
     def dead_letter(
-        self, stream: str, group: str, entry_id: str, reason: str, fields: dict
+        self, stream: str, group: str, entry_id: str, error: WireError, fields: dict
     ) -> None:
-        """Copy a rejected entry to the dlq with its reason, then acknowledge the original."""
+        """Copy a rejected entry to the dlq with its reason, count it by reason code in the
+        `dlq_reasons` hash, then acknowledge the original, all in one transaction."""
+        reason = str(error)
         log.warning("dead-lettering %s %s: %s", stream, entry_id, reason)
-        entry = {"reason": reason, "source": stream, "original_id": entry_id}
+        entry = {"reason": reason, "code": error.code, "source": stream, "original_id": entry_id}
         for k, v in fields.items():
             entry[f"orig_{_text(k)}"] = v if len(v) <= self.max_payload_bytes else b"<oversize>"
 
@@ -547,6 +550,7 @@ class RunBroker:
             pipe = self.r.pipeline(transaction=True)
             pipe.xadd(self.dlq, entry, maxlen=100_000, approximate=True)
             pipe.xack(stream, group, entry_id)
+            pipe.hincrby(self.dlq_reasons, error.code, 1)
             if group == LEARNER_GROUP:  # the learner replaces a rejected group with a fresh prompt
                 pipe.hincrby(self.run_key, "replaced", 1)
             pipe.execute()
