@@ -1,8 +1,9 @@
 """Least-privilege Redis ACL users for a run.
 
 `generator_acl` lets a generator do exactly what its loop needs: read and acknowledge prompts
-(XREADGROUP, XAUTOCLAIM, XACK), add trajectories and dead letters (XADD, write-only keys), read the
-`run` and `weights` hashes, and write its own heartbeat hash. It cannot issue prompts, read or
+(XREADGROUP, XAUTOCLAIM, XACK), add trajectories and dead letters (XADD, write-only keys), count
+dead letters by reason (HINCRBY `dlq_reasons`), read the `run` and `weights` hashes, and write its
+own heartbeat hash. It cannot issue prompts, read or
 delete trajectories, change weights, or touch another run's keys. `learner_acl` may use any
 non-admin command on its run's keys only.
 
@@ -30,6 +31,7 @@ def generator_acl(run_id: str, password: str) -> list[str]:
         "+discard",
         f"(+xreadgroup +xautoclaim +xack ~{p}prompts)",
         f"(+xadd %W~{p}trajectories %W~{p}dlq)",
+        f"(+hincrby ~{p}dlq_reasons)",
         f"(+hget +hgetall +hmget %R~{p}run %R~{p}weights)",
         f"(+hset +pexpire ~{p}gen:*)",
     ]

@@ -237,6 +237,9 @@ class RewardConfig(Section):
         gt=0,
         description="reward-model input tokens (prompt + response + EOS), cut from the left",
     )
+    max_abs_reward: Number = Field(
+        1e6, gt=0, description="the learner dead-letters a sample whose |reward| is larger"
+    )
 
     @model_validator(mode="after")
     def _model_path_matches_type(self) -> RewardConfig:

@@ -3,42 +3,39 @@
 Rules (ARCHITECTURE.md, "Wire rules"):
 - msgpack only, never pickle; every entry carries `schema` = SCHEMA_VERSION.
 - Arrays travel as {"dtype", "shape", "data"} with raw little-endian bytes.
-- The encoded size is checked against a limit *before* msgpack decodes anything, and msgpack is
-  given explicit length limits, so a hostile entry cannot make a reader allocate unbounded memory.
-- Decoding validates types, finiteness and token-id ranges; any failure raises `WireError` with a
-  one-line reason, which callers put in the dead-letter stream.
+- Readers decode through broker/wire.py's `BodyReader`: the size is checked before anything is
+  decoded, an unknown key is refused before its value is decoded, and the object count is capped,
+  so a hostile entry cannot make a reader allocate unbounded memory.
+- Every field has a declared type, dtype, rank and range (`WireLimits`): ids are 1-D with at least
+  one element, token ids lie in the vocabulary, token versions are >= 0 and `behavior_version` is
+  the oldest of them, rewards are finite and within `reward.max_abs_reward`, a trajectory holds 1
+  to n samples and says so in `n`. Any failure, whatever its cause, raises `WireError` with a
+  one-line reason and a category (`code`), which readers put in the dead-letter stream.
 
-A trajectory entry is one finished group: the n samples a generator drew for one prompt. A sample
-of a multi-turn episode (envs/episode.py) adds `loss_mask`, `turn_starts`, `turn_rewards` and
-`turn_states`; they are optional keys, so single-turn entries are unchanged and SCHEMA_VERSION
-stays 1 (a reader that predates them would ignore them, and train on observation tokens). So is
-`retried` (true when the prompt had been delivered before). Its small
-scalar fields (`traj_id`, `behavior_version`, `reward_mean`, ...) sit beside the msgpack `data`
-field so that `redis-cli XRANGE` shows them readably.
+A trajectory entry is one finished group: the n samples a generator drew for one prompt (or one
+sample, with prompt replication). A sample of a multi-turn episode (envs/episode.py) adds
+`loss_mask`, `turn_starts`, `turn_rewards` and `turn_states`, all four or none; `retried` (true
+when the prompt had been delivered before) is optional too. Readers refuse keys they do not know,
+so a new field needs a new SCHEMA_VERSION. The small scalar fields (`traj_id`,
+`behavior_version`, `reward_mean`, ...) sit beside the msgpack `data` field so that
+`redis-cli XRANGE` shows them readably.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import msgpack
 import numpy as np
 
+from rollflash.broker.wire import BodyReader, WireError, WireLimits, check_range, pack_array
+
 SCHEMA_VERSION = 1
 
-_MAX_ITEMS = 65_536  # msgpack array/map length limit: far above any group size or field count
-_DTYPES = {
-    "<i4": np.dtype("<i4"),
-    "<f4": np.dtype("<f4"),
-    "<i8": np.dtype("<i8"),
-    "|u1": np.dtype("|u1"),
-}
-
-
-class WireError(ValueError):
-    """An entry that cannot be accepted; the message is the dead-letter reason."""
+_MAX_TEXT = 256  # bytes of an id or a generator name on the wire
 
 
 @dataclass
@@ -113,55 +110,6 @@ class Trajectory:
         )
 
 
-def pack_array(a: np.ndarray, dtype: str) -> dict[str, Any]:
-    a = np.ascontiguousarray(a, dtype=_DTYPES[dtype])
-    return {"dtype": dtype, "shape": list(a.shape), "data": a.tobytes()}
-
-
-def unpack_array(d: Any, dtype: str, what: str) -> np.ndarray:
-    if not isinstance(d, dict) or d.get("dtype") != dtype:
-        raise WireError(f"{what}: expected a {dtype} array")
-    shape, data = d.get("shape"), d.get("data")
-    if not isinstance(shape, list) or not all(isinstance(s, int) and s >= 0 for s in shape):
-        raise WireError(f"{what}: bad shape {shape!r}")
-    if not isinstance(data, bytes) or len(data) != math.prod(shape) * _DTYPES[dtype].itemsize:
-        raise WireError(f"{what}: data length does not match shape {shape}")
-    return np.frombuffer(data, dtype=_DTYPES[dtype]).reshape(shape)
-
-
-def _unpackb(raw: Any, max_bytes: int) -> Any:
-    if not isinstance(raw, bytes):
-        raise WireError("data field missing")
-    if len(raw) > max_bytes:
-        raise WireError(f"payload of {len(raw)} bytes exceeds the limit of {max_bytes}")
-    try:
-        return msgpack.unpackb(
-            raw,
-            raw=False,
-            strict_map_key=True,
-            max_bin_len=max_bytes,
-            max_str_len=max_bytes,
-            max_array_len=_MAX_ITEMS,
-            max_map_len=_MAX_ITEMS,
-            max_ext_len=0,
-        )
-    except Exception as e:  # msgpack raises several unrelated types for corrupt input
-        raise WireError(f"corrupt msgpack ({e.__class__.__name__})") from None
-
-
-def _check_schema(fields: dict[bytes, bytes]) -> None:
-    schema = fields.get(b"schema")
-    if schema != str(SCHEMA_VERSION).encode():
-        raise WireError(f"schema {schema!r} is not the supported {SCHEMA_VERSION}")
-
-
-def _get(d: dict, key: str, kind: type | tuple[type, ...], what: str) -> Any:
-    value = d.get(key)
-    if not isinstance(value, kind) or isinstance(value, bool) and kind is not bool:
-        raise WireError(f"{what}.{key}: wrong type {type(value).__name__}")
-    return value
-
-
 def encode_prompt(w: PromptWork) -> dict[str, Any]:
     data = msgpack.packb({"item": w.item}, use_bin_type=True)
     return {
@@ -173,24 +121,6 @@ def encode_prompt(w: PromptWork) -> dict[str, Any]:
         "sample_index": w.sample_index,
         "data": data,
     }
-
-
-def decode_prompt(fields: dict[bytes, bytes], max_bytes: int) -> PromptWork:
-    _check_schema(fields)
-    body = _unpackb(fields.get(b"data"), max_bytes)
-    if not isinstance(body, dict) or not isinstance(body.get("item"), dict):
-        raise WireError("prompt: item missing")
-    try:
-        return PromptWork(
-            prompt_id=fields[b"prompt_id"].decode(),
-            group_id=fields[b"group_id"].decode(),
-            n=int(fields[b"n"]),
-            issued_version=int(fields[b"issued_version"]),
-            item=body["item"],
-            sample_index=int(fields.get(b"sample_index", -1)),
-        )
-    except (KeyError, ValueError, UnicodeDecodeError) as e:
-        raise WireError(f"prompt: bad scalar field ({e})") from None
 
 
 _TURN_FIELDS = (
@@ -238,86 +168,222 @@ def encode_trajectory(t: Trajectory) -> dict[str, Any]:
     }
 
 
-def _decode_sample(s: Any, i: int) -> Sample:
-    what = f"samples[{i}]"
-    if not isinstance(s, dict):
-        raise WireError(f"{what}: not a mapping")
-    ids = unpack_array(s.get("response_ids"), "<i4", f"{what}.response_ids")
-    logprobs = unpack_array(s.get("logprobs"), "<f4", f"{what}.logprobs")
-    versions = unpack_array(s.get("token_versions"), "<i4", f"{what}.token_versions")
-    if not (ids.ndim == 1 and ids.shape == logprobs.shape == versions.shape):
-        raise WireError(f"{what}: response_ids, logprobs and token_versions differ in shape")
-    reward = _get(s, "reward", (int, float), what)
-    if not math.isfinite(reward):
-        raise WireError(f"{what}.reward: not finite ({reward})")
+def _check_schema(fields: dict[bytes, bytes]) -> None:
+    schema = fields.get(b"schema")
+    if schema != str(SCHEMA_VERSION).encode():
+        raise WireError(f"schema {schema!r} is not the supported {SCHEMA_VERSION}", "schema")
+
+
+def _text_field(fields: dict[bytes, bytes], key: str, what: str) -> str:
+    raw = fields.get(key.encode())
+    if not isinstance(raw, bytes) or not 0 < len(raw) <= _MAX_TEXT:
+        raise WireError(
+            f"{what}: bad scalar field {key} (missing or over {_MAX_TEXT} bytes)", "bad_type"
+        )
+    try:
+        return raw.decode()
+    except UnicodeDecodeError:
+        raise WireError(f"{what}: bad scalar field {key} (not UTF-8)", "bad_type") from None
+
+
+def _int_field(fields: dict[bytes, bytes], key: str, what: str, low: int, high: int) -> int:
+    raw = fields.get(key.encode())
+    try:
+        value = int(raw)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise WireError(f"{what}: bad scalar field {key} ({raw!r:.40})", "bad_type") from None
+    if not low <= value <= high:
+        raise WireError(f"{what}.{key}: {value} outside [{low}, {high}]", "out_of_range")
+    return value
+
+
+_MAX_VERSION = 2**31 - 1  # versions travel as int32 token versions
+_PROMPT_BODY = frozenset({"item"})
+
+
+def decode_prompt(fields: dict[bytes, bytes], max_bytes: int) -> PromptWork:
+    """Decode and validate one prompt entry; raises WireError with the reason."""
+    return _decoded("prompt", lambda: _decode_prompt(fields, WireLimits(max_bytes=max_bytes)))
+
+
+def _decode_prompt(fields: dict[bytes, bytes], limits: WireLimits) -> PromptWork:
+    _check_schema(fields)
+    body = BodyReader(fields.get(b"data"), limits)
+    item = None
+    for _ in body.fields("prompt", _PROMPT_BODY):
+        item = body.typed("prompt.item", dict)
+    body.finish()
+    if item is None:
+        raise WireError("prompt: item missing", "schema")
+    n = _int_field(fields, "n", "prompt", 1, limits.max_samples)
+    return PromptWork(
+        prompt_id=_text_field(fields, "prompt_id", "prompt"),
+        group_id=_text_field(fields, "group_id", "prompt"),
+        n=n,
+        issued_version=_int_field(fields, "issued_version", "prompt", 0, _MAX_VERSION),
+        item=item,
+        sample_index=int(fields[b"sample_index"]) if b"sample_index" in fields else -1,
+    )
+
+
+_TRAJECTORY_BODY = frozenset({"prompt_ids", "issued_version", "samples", "retried"})
+_SAMPLE_BODY = frozenset(
+    {"response_ids", "logprobs", "token_versions", "reward", "finished", "text"}
+    | {name for name, _ in _TURN_FIELDS}
+)
+
+
+def decode_trajectory(fields: dict[bytes, bytes], limits: WireLimits) -> Trajectory:
+    """Decode and validate one trajectory entry against `limits`; raises WireError (and nothing
+    else) with the reason."""
+    return _decoded("trajectory", lambda: _decode_trajectory(fields, limits))
+
+
+def _decoded(what: str, decode: Callable[[], Any]) -> Any:
+    """Run a decoder; an exception that is not already a WireError becomes one, so a reader can
+    dead-letter every entry it cannot take, whatever went wrong."""
+    try:
+        return decode()
+    except WireError:
+        raise
+    except Exception as e:
+        raise WireError(f"{what}: undecodable ({e.__class__.__name__}: {e!s:.80})") from None
+
+
+def _decode_trajectory(fields: dict[bytes, bytes], limits: WireLimits) -> Trajectory:
+    _check_schema(fields)
+    body = BodyReader(fields.get(b"data"), limits)
+    parts: dict[str, Any] = {"retried": False}
+    for key in body.fields("trajectory", _TRAJECTORY_BODY):
+        if key == "prompt_ids":
+            parts[key] = body.array("prompt_ids", "<i4", 1, limits.max_tokens)
+        elif key == "samples":
+            count = body.items("trajectory.samples", limits.max_samples)
+            parts[key] = [_decode_sample(body, f"samples[{i}]") for i in range(count)]
+        elif key == "issued_version":
+            parts[key] = body.typed("trajectory.issued_version", int)
+        else:
+            parts[key] = body.typed("trajectory.retried", bool)
+    body.finish()
+    missing = _TRAJECTORY_BODY - {"retried"} - parts.keys()
+    if missing:
+        raise WireError(f"trajectory: missing {', '.join(sorted(missing))}", "schema")
+    samples, prompt_ids = parts["samples"], parts["prompt_ids"]
+    if not samples:
+        raise WireError("trajectory: no samples", "out_of_range")
+    _check_ids(prompt_ids, "prompt_ids", limits)
+    for i, s in enumerate(samples):
+        _check_ids(s.response_ids, f"samples[{i}].response_ids", limits)
+        check_range(
+            np.array([s.reward]),
+            -limits.max_abs_reward,
+            limits.max_abs_reward,
+            f"samples[{i}].reward",
+        )
+    behavior = _int_field(fields, "behavior_version", "trajectory", 0, _MAX_VERSION)
+    oldest = min(int(s.token_versions.min()) for s in samples)
+    if behavior != oldest:
+        raise WireError(
+            f"trajectory.behavior_version: {behavior} is not its oldest token's version {oldest}",
+            "out_of_range",
+        )
+    if _int_field(fields, "n", "trajectory", 1, limits.max_samples) != len(samples):
+        raise WireError(f"trajectory.n: does not match its {len(samples)} samples", "out_of_range")
+    if not 0 <= parts["issued_version"] <= _MAX_VERSION:
+        raise WireError("trajectory.issued_version: out of range", "out_of_range")
+    return Trajectory(
+        traj_id=_text_field(fields, "traj_id", "trajectory"),
+        prompt_id=_text_field(fields, "prompt_id", "trajectory"),
+        group_id=_text_field(fields, "group_id", "trajectory"),
+        generator=_text_field(fields, "generator", "trajectory"),
+        behavior_version=behavior,
+        issued_version=parts["issued_version"],
+        prompt_ids=prompt_ids,
+        samples=samples,
+        retried=parts["retried"],
+    )
+
+
+def _check_ids(ids: np.ndarray, what: str, limits: WireLimits) -> None:
+    """1-D token ids, at least one, inside the vocabulary."""
+    if ids.size == 0:
+        raise WireError(f"{what}: empty", "bad_shape")
+    high = (limits.vocab_size or 2**31) - 1
+    if ids.min() < 0 or ids.max() > high:
+        raise WireError(
+            f"{what}: token id outside the vocabulary [0, {limits.vocab_size})", "out_of_range"
+        )
+
+
+def _decode_sample(body: BodyReader, what: str) -> Sample:
+    limits, parts = body.limits, {}
+    for key in body.fields(what, _SAMPLE_BODY):
+        name = f"{what}.{key}"
+        if key in _SAMPLE_ARRAYS:
+            dtype, ndim = _SAMPLE_ARRAYS[key]
+            parts[key] = body.array(name, dtype, ndim, limits.max_tokens)
+        elif key == "reward":
+            parts[key] = float(body.typed(name, (int, float)))
+        else:
+            parts[key] = body.typed(name, bool if key == "finished" else str)
+    missing = _SAMPLE_BODY - set(_TURN_NAMES) - parts.keys()
+    if missing:
+        raise WireError(f"{what}: missing {', '.join(sorted(missing))}", "schema")
+    ids, logprobs, versions = parts["response_ids"], parts["logprobs"], parts["token_versions"]
+    if not ids.shape == logprobs.shape == versions.shape:
+        raise WireError(
+            f"{what}: response_ids, logprobs and token_versions differ in shape", "bad_shape"
+        )
     if not np.all(np.isfinite(logprobs)) or np.any(logprobs > 1e-4):
-        raise WireError(f"{what}.logprobs: not finite or positive")
+        raise WireError(f"{what}.logprobs: not finite or positive", "out_of_range")
+    check_range(versions, 0, _MAX_VERSION, f"{what}.token_versions")
+    if not math.isfinite(parts["reward"]):
+        raise WireError(f"{what}.reward: not finite ({parts['reward']})", "out_of_range")
     return Sample(
         response_ids=ids,
         logprobs=logprobs,
         token_versions=versions,
-        reward=float(reward),
-        finished=_get(s, "finished", bool, what),
-        text=_get(s, "text", str, what),
-        **_decode_turns(s, ids.shape[0], what),
+        reward=parts["reward"],
+        finished=parts["finished"],
+        text=parts["text"],
+        **_check_turns({k: parts[k] for k in _TURN_NAMES if k in parts}, ids.shape[0], what),
     )
 
 
-def _decode_turns(s: dict, length: int, what: str) -> dict[str, np.ndarray]:
+_TURN_NAMES = tuple(name for name, _ in _TURN_FIELDS)
+_SAMPLE_ARRAYS = {
+    "response_ids": ("<i4", 1),
+    "logprobs": ("<f4", 1),
+    "token_versions": ("<i4", 1),
+    **{name: (dtype, 1) for name, dtype in _TURN_FIELDS},
+}
+
+
+def _check_turns(turns: dict[str, np.ndarray], length: int, what: str) -> dict[str, np.ndarray]:
     """The optional multi-turn arrays: all four or none; loss_mask is 0/1 over the response, turn
     starts strictly increase inside it and each starts on a model token, rewards are finite."""
-    present = {name: s.get(name) is not None for name, _ in _TURN_FIELDS}
-    if not any(present.values()):
+    if not turns:
         return {}
-    if not all(present.values()):
-        missing = [n for n, p in present.items() if not p]
-        raise WireError(f"{what}: multi-turn fields incomplete, missing {', '.join(missing)}")
-    out = {name: unpack_array(s[name], dtype, f"{what}.{name}") for name, dtype in _TURN_FIELDS}
-    mask, starts = out["loss_mask"], out["turn_starts"]
+    if len(turns) != len(_TURN_NAMES):
+        missing = [n for n in _TURN_NAMES if n not in turns]
+        raise WireError(
+            f"{what}: multi-turn fields incomplete, missing {', '.join(missing)}", "schema"
+        )
+    mask, starts = turns["loss_mask"], turns["turn_starts"]
     if mask.shape != (length,) or np.any(mask > 1):
-        raise WireError(f"{what}.loss_mask: must be 0/1 with the response's shape")
+        raise WireError(f"{what}.loss_mask: must be 0/1 with the response's shape", "bad_shape")
     k = starts.shape
-    if len(k) != 1 or k[0] < 1 or out["turn_rewards"].shape != k or out["turn_states"].shape != k:
-        raise WireError(f"{what}: turn_starts, turn_rewards and turn_states must be [K], K >= 1")
+    if k[0] < 1 or turns["turn_rewards"].shape != k or turns["turn_states"].shape != k:
+        raise WireError(
+            f"{what}: turn_starts, turn_rewards and turn_states must be [K], K >= 1", "bad_shape"
+        )
     if (
         np.any(np.diff(starts) <= 0)
         or starts[0] < 0
         or starts[-1] >= length
         or not np.all(mask[starts] == 1)
     ):
-        raise WireError(f"{what}.turn_starts: not increasing model-token positions")
-    if not np.all(np.isfinite(out["turn_rewards"])):
-        raise WireError(f"{what}.turn_rewards: not finite")
-    return out
-
-
-def decode_trajectory(fields: dict[bytes, bytes], max_bytes: int, vocab_size: int) -> Trajectory:
-    """Decode and validate one trajectory entry; raises WireError with the reason."""
-    _check_schema(fields)
-    body = _unpackb(fields.get(b"data"), max_bytes)
-    if not isinstance(body, dict):
-        raise WireError("trajectory: body is not a mapping")
-    raw_samples = _get(body, "samples", list, "trajectory")
-    samples = [_decode_sample(s, i) for i, s in enumerate(raw_samples)]
-    prompt_ids = unpack_array(body.get("prompt_ids"), "<i4", "prompt_ids")
-    for name, ids in [("prompt_ids", prompt_ids)] + [
-        (f"samples[{i}].response_ids", s.response_ids) for i, s in enumerate(samples)
-    ]:
-        if ids.size and (ids.min() < 0 or ids.max() >= vocab_size):
-            raise WireError(f"{name}: token id outside the vocabulary [0, {vocab_size})")
-    if not samples:
-        raise WireError("trajectory: no samples")
-    try:
-        return Trajectory(
-            traj_id=fields[b"traj_id"].decode(),
-            prompt_id=fields[b"prompt_id"].decode(),
-            group_id=fields[b"group_id"].decode(),
-            generator=fields[b"generator"].decode(),
-            behavior_version=int(fields[b"behavior_version"]),
-            issued_version=_get(body, "issued_version", int, "trajectory"),
-            prompt_ids=prompt_ids,
-            samples=samples,
-            retried=body.get("retried", False) is True,
-        )
-    except (KeyError, ValueError, UnicodeDecodeError) as e:
-        raise WireError(f"trajectory: bad scalar field ({e})") from None
+        raise WireError(f"{what}.turn_starts: not increasing model-token positions", "bad_shape")
+    if not np.all(np.isfinite(turns["turn_rewards"])):
+        raise WireError(f"{what}.turn_rewards: not finite", "out_of_range")
+    return turns

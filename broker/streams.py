@@ -65,6 +65,7 @@ from rollflash.broker.schema import (
     encode_prompt,
     encode_trajectory,
 )
+from rollflash.broker.wire import WireLimits
 
 log = logging.getLogger(__name__)
 
@@ -120,15 +121,23 @@ def _text(v: bytes | str | None) -> str | None:
 
 class RunBroker:
     def __init__(
-        self, client: redis.Redis, run_id: str, max_payload_bytes: int, busy_timeout_s: float = 60.0
+        self,
+        client: redis.Redis,
+        run_id: str,
+        max_payload_bytes: int,
+        busy_timeout_s: float = 60.0,
+        limits: WireLimits | None = None,
     ):
         self.r = client
         self.busy_timeout_s = busy_timeout_s  # how long writes wait out Redis at maxmemory
         self.prefix = f"rl:{run_id}:"
         self.max_payload_bytes = max_payload_bytes
+        # what the learner accepts in a trajectory entry (the vocabulary is given per read)
+        self.limits = limits or WireLimits(max_bytes=max_payload_bytes)
         self.prompts = self.prefix + "prompts"
         self.trajectories = self.prefix + "trajectories"
         self.dlq = self.prefix + "dlq"
+        self.dlq_reasons = self.prefix + "dlq_reasons"  # hash: reason code -> dead letters
         self.weights_key = self.prefix + "weights"
         self.run_key = self.prefix + "run"
         self.lost: Counter = Counter()  # acknowledged writes Redis forgot: prompts, trajectories
@@ -406,7 +415,7 @@ class RunBroker:
             try:
                 work = decode_prompt(fields, self.max_payload_bytes)
             except WireError as e:
-                self.dead_letter(self.prompts, GEN_GROUP, entry_id, str(e), fields)
+                self.dead_letter(self.prompts, GEN_GROUP, entry_id, e, fields)
                 continue
             if (work.group_id, work.sample_index) in self._completed:
                 # we added its trajectory and acknowledged it in one transaction: Redis forgot both
@@ -493,10 +502,15 @@ class RunBroker:
             entry_id = _text(entry_id)
             try:
                 good.append(
-                    (entry_id, decode_trajectory(fields or {}, self.max_payload_bytes, vocab_size))
+                    (
+                        entry_id,
+                        decode_trajectory(
+                            fields or {}, replace(self.limits, vocab_size=vocab_size)
+                        ),
+                    )
                 )
             except WireError as e:
-                self.dead_letter(self.trajectories, LEARNER_GROUP, entry_id, str(e), fields or {})
+                self.dead_letter(self.trajectories, LEARNER_GROUP, entry_id, e, fields or {})
                 bad.append(Rejected(entry_id, str(e)))
         return good, bad
 
@@ -522,11 +536,13 @@ class RunBroker:
         return int(self.r.hget(self.run_key, "replaced") or 0)
 
     def dead_letter(
-        self, stream: str, group: str, entry_id: str, reason: str, fields: dict
+        self, stream: str, group: str, entry_id: str, error: WireError, fields: dict
     ) -> None:
-        """Copy a rejected entry to the dlq with its reason, then acknowledge the original."""
+        """Copy a rejected entry to the dlq with its reason, count it by reason code in the
+        `dlq_reasons` hash, then acknowledge the original, all in one transaction."""
+        reason = str(error)
         log.warning("dead-lettering %s %s: %s", stream, entry_id, reason)
-        entry = {"reason": reason, "source": stream, "original_id": entry_id}
+        entry = {"reason": reason, "code": error.code, "source": stream, "original_id": entry_id}
         for k, v in fields.items():
             entry[f"orig_{_text(k)}"] = v if len(v) <= self.max_payload_bytes else b"<oversize>"
 
@@ -534,6 +550,7 @@ class RunBroker:
             pipe = self.r.pipeline(transaction=True)
             pipe.xadd(self.dlq, entry, maxlen=100_000, approximate=True)
             pipe.xack(stream, group, entry_id)
+            pipe.hincrby(self.dlq_reasons, error.code, 1)
             if group == LEARNER_GROUP:  # the learner replaces a rejected group with a fresh prompt
                 pipe.hincrby(self.run_key, "replaced", 1)
             pipe.execute()

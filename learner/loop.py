@@ -40,6 +40,7 @@ from rollflash.broker.notify import VersionPublisher
 from rollflash.broker.process import setup_process
 from rollflash.broker.streams import RunBroker
 from rollflash.broker.weights import WeightStore
+from rollflash.broker.wire import WireLimits
 from rollflash.envs import Item, Task, make_task
 from rollflash.learner.admission import Admission
 from rollflash.learner.checkpoint import (
@@ -223,6 +224,7 @@ def start(cfg: Config, resume: bool | None = None) -> Learner:
         connect(cfg.redis.url, cfg.redis.connect_timeout_s),
         cfg.run.run_id,
         cfg.redis.max_payload_bytes,
+        limits=WireLimits.for_config(cfg, vocab_size=None),
     )
     broker.ensure_groups()  # before registering: generators wait for the registration
     broker.register_run(cfg.fingerprint())

@@ -55,6 +55,9 @@ def collect_status(cfg: Config) -> dict:
         "weights": broker.weights(),
         "streams": streams,
         "generators": gens,
+        "dead_letters": {
+            k.decode(): int(v) for k, v in broker.r.hgetall(broker.dlq_reasons).items()
+        },
     }
 
 
@@ -83,6 +86,13 @@ def redis_lost_line(learner: dict, generators: dict) -> str:
     )
 
 
+def dead_letter_line(by_code: dict[str, int]) -> str:
+    """Entries rejected by a reader, by reason code (broker/wire.py); the dlq stream holds each
+    with its full reason and original fields."""
+    detail = ", ".join(f"{code}={n}" for code, n in sorted(by_code.items()))
+    return f"dead letters: {sum(by_code.values())}" + (f" ({detail})" if detail else "")
+
+
 def show_status(cfg: Config, as_json: bool) -> None:
     s = collect_status(cfg)
     if as_json:
@@ -105,6 +115,7 @@ def show_status(cfg: Config, as_json: bool) -> None:
     )
     print(guard_line(lr))
     print(redis_lost_line(lr, s["generators"]))
+    print(dead_letter_line(s["dead_letters"]))
     w = s["weights"]
     print(f"weights: v{w.get('version', '-')} {w.get('path', '')}")
     for name, st in s["streams"].items():

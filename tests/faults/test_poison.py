@@ -9,7 +9,15 @@ import math
 import msgpack
 import numpy as np
 import redis
-from harness import start, steps_done, stop_all, trained_ids, wait_until, write_config
+from harness import (
+    start,
+    status_text,
+    steps_done,
+    stop_all,
+    trained_ids,
+    wait_until,
+    write_config,
+)
 
 from rollflash.broker.schema import Sample, Trajectory, encode_trajectory
 
@@ -89,6 +97,17 @@ TRAJECTORY_POISON = {
     ),
     "wrong types": (_traj_fields(_set_sample("reward", "high")), "wrong type str"),
     "oversize": ({**_traj_fields(), "data": b"\x00" * (LIMIT + 1)}, "exceeds the limit"),
+    # crafted to raise past a decoder that only checked the byte count against the shape
+    "crafted shape": (
+        _traj_fields(
+            lambda b: b.__setitem__(
+                "prompt_ids", {"dtype": "<i4", "shape": [2**62, 0], "data": b""}
+            )
+        ),
+        "shape",
+    ),
+    "unknown key": (_traj_fields(lambda b: b.__setitem__("extra", [[]] * 1000)), "unknown key"),
+    "behaviour version lie": ({**_traj_fields(), "behavior_version": 5}, "oldest token"),
 }
 
 
@@ -130,6 +149,11 @@ def test_poison_on_both_streams_is_dead_lettered_acked_counted_and_training_goes
     assert sum(m["async/rejected"] for m in metrics) == len(TRAJECTORY_POISON)
     gen_hash = {k.decode(): v.decode() for k, v in r.hgetall(prefix + "gen:gen-0").items()}
     assert int(gen_hash["dead_letters"]) == len(PROMPT_POISON)
+    # rollctl status counts them by reason code, e.g. "dead letters: 16 (bad_shape=2, ...)"
+    line = next(x for x in status_text(config).splitlines() if x.startswith("dead letters:"))
+    by_code = dict(part.split("=") for part in line.split("(", 1)[1].rstrip(")").split(", "))
+    assert sum(map(int, by_code.values())) == len(PROMPT_POISON) + len(TRAJECTORY_POISON), line
+    assert {"corrupt", "too_large", "schema", "unknown_key", "out_of_range"} <= by_code.keys()
     for stream, poison in (("prompts", PROMPT_POISON), ("trajectories", TRAJECTORY_POISON)):
         fault_report(
             f"poison {stream} ({len(poison)} kinds)",

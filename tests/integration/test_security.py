@@ -256,19 +256,20 @@ def test_nothing_on_the_wire_or_in_weights_reaches_pickle(tmp_path, monkeypatch)
         encode_trajectory,
     )
     from rollflash.broker.weights import WeightStore
+    from rollflash.broker.wire import WireLimits
     from rollflash.generators.sim_engine import SimEngine  # noqa: F401
 
     calls = []
-    real_unpackb = msgpack.unpackb
+    real_unpacker = msgpack.Unpacker
 
-    def checked_unpackb(data, **kw):
+    def checked_unpacker(*args, **kw):
         calls.append(kw)
-        return real_unpackb(data, **kw)
+        return real_unpacker(*args, **kw)
 
     def forbidden(*a, **k):
         raise AssertionError("pickle was called")
 
-    monkeypatch.setattr(msgpack, "unpackb", checked_unpackb)
+    monkeypatch.setattr(msgpack, "Unpacker", checked_unpacker)
     for name in ("load", "loads", "Unpickler"):
         monkeypatch.setattr(pickle, name, forbidden)
     monkeypatch.setattr(torch, "load", forbidden)
@@ -282,7 +283,7 @@ def test_nothing_on_the_wire_or_in_weights_reaches_pickle(tmp_path, monkeypatch)
         np.array([5], np.int32), np.array([-1.0], np.float32), np.array([0], np.int32), 1.0, True
     )
     t = Trajectory("g", "p", "g", "gen", 0, 0, np.array([1], np.int32), [s])
-    assert decode_trajectory(fields(encode_trajectory(t)), 10_000, 10).traj_id == "g"
+    assert decode_trajectory(fields(encode_trajectory(t)), WireLimits(10_000, 10)).traj_id == "g"
     store = WeightStore(tmp_path)
     store.publish({"w": torch.ones(3)}, 1, 1)
     assert load_file(str(store.verified_path(1)))["w"].sum() == 3

@@ -12,8 +12,10 @@ from rollflash.broker.schema import (
     encode_prompt,
     encode_trajectory,
 )
+from rollflash.broker.wire import WireLimits
 
 VOCAB = 50
+LIMITS = WireLimits(max_bytes=1_000_000, vocab_size=VOCAB)
 
 
 def _fields(d: dict) -> dict[bytes, bytes]:
@@ -49,7 +51,7 @@ def test_trajectory_round_trip_keeps_every_field():
     t = _traj()
     fields = encode_trajectory(t)
     assert fields["reward_mean"] == "1.1000" and fields["n"] == 2  # readable in redis-cli
-    back = decode_trajectory(_fields(fields), 1_000_000, VOCAB)
+    back = decode_trajectory(_fields(fields), LIMITS)
     assert (back.traj_id, back.behavior_version, back.issued_version) == ("g1", 3, 2)
     np.testing.assert_array_equal(back.prompt_ids, t.prompt_ids)
     for a, b in zip(back.samples, t.samples):
@@ -58,7 +60,7 @@ def test_trajectory_round_trip_keeps_every_field():
         np.testing.assert_array_equal(a.token_versions, b.token_versions)
         assert (a.reward, a.finished, a.text) == (b.reward, b.finished, b.text)
     assert back.retried is False and "retried" not in msgpack.unpackb(fields["data"])
-    again = decode_trajectory(_fields(encode_trajectory(_traj(retried=True))), 1_000_000, VOCAB)
+    again = decode_trajectory(_fields(encode_trajectory(_traj(retried=True))), LIMITS)
     assert again.retried is True
 
 
@@ -120,16 +122,16 @@ def _mutated(mutate) -> dict[bytes, bytes]:
 )
 def test_invalid_trajectories_are_rejected_with_a_reason(mutate, reason):
     with pytest.raises(WireError, match=reason):
-        decode_trajectory(_mutated(mutate), 1_000_000, VOCAB)
+        decode_trajectory(_mutated(mutate), LIMITS)
 
 
 def test_corrupt_and_oversize_payloads_are_rejected_before_use():
     fields = _fields(encode_trajectory(_traj()))
     with pytest.raises(WireError, match="exceeds the limit"):
-        decode_trajectory(fields, max_bytes=10, vocab_size=VOCAB)
+        decode_trajectory(fields, WireLimits(max_bytes=10, vocab_size=VOCAB))
     fields[b"data"] = b"\xc1\xff\x00garbage"
     with pytest.raises(WireError, match="corrupt msgpack"):
-        decode_trajectory(fields, 1_000_000, VOCAB)
+        decode_trajectory(fields, LIMITS)
 
 
 def test_pickle_is_never_accepted():
@@ -138,4 +140,4 @@ def test_pickle_is_never_accepted():
     fields = _fields(encode_trajectory(_traj()))
     fields[b"data"] = pickle.dumps({"samples": []})
     with pytest.raises(WireError):
-        decode_trajectory(fields, 1_000_000, VOCAB)
+        decode_trajectory(fields, LIMITS)

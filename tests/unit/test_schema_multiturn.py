@@ -11,6 +11,7 @@ from rollflash.broker.schema import (
     decode_trajectory,
     encode_trajectory,
 )
+from rollflash.broker.wire import WireLimits
 
 VOCAB = 50
 
@@ -49,7 +50,7 @@ def _round_trip(sample: Sample) -> Sample:
         prompt_ids=np.array([1, 3], np.int32),
         samples=[sample],
     )
-    return decode_trajectory(_fields(encode_trajectory(t)), 1_000_000, VOCAB).samples[0]
+    return decode_trajectory(_fields(encode_trajectory(t)), WireLimits(1_000_000, VOCAB)).samples[0]
 
 
 def test_multi_turn_fields_round_trip():

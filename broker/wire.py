@@ -1,0 +1,194 @@
+"""Bounded decoding of untrusted msgpack: what a hostile entry can cost a reader is capped.
+
+Anything in Redis that a generator wrote is untrusted (docs/security.md). A reader of such an
+entry goes through `BodyReader`, which reads a msgpack body one object at a time:
+- the payload's byte size is checked against `WireLimits.max_bytes` before anything is decoded;
+- a mapping's keys are read first and a key outside the declared set is refused *before* its
+  value is decoded, so no unknown field costs memory;
+- every decoded container counts towards `WireLimits.max_objects`, so nested lists cannot turn a
+  few megabytes into gigabytes of Python objects;
+- arrays travel as {"dtype", "shape", "data"} with raw little-endian bytes; their dtype, rank and
+  every dimension are declared and capped, and the byte length must match before numpy sees it;
+- any failure, whatever its cause, is a `WireError` whose message is a one-line reason and whose
+  `code` is a short stable category (what `rollctl status` counts dead letters by).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+import numpy as np
+
+DTYPES = {
+    "<i4": np.dtype("<i4"),
+    "<f4": np.dtype("<f4"),
+    "<i8": np.dtype("<i8"),
+    "|u1": np.dtype("|u1"),
+}
+
+
+class WireError(ValueError):
+    """An entry that cannot be accepted; the message is the dead-letter reason and `code` its
+    category: corrupt, too_large, schema, unknown_key, bad_type, bad_shape, out_of_range."""
+
+    def __init__(self, message: str, code: str = "invalid"):
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass(frozen=True)
+class WireLimits:
+    """What a reader accepts. The learner derives them from the run config (`for_config`)."""
+
+    max_bytes: int  # encoded size of the msgpack body (redis.max_payload_bytes)
+    vocab_size: int | None = None  # token ids must lie in [0, vocab_size) (None: not checked)
+    max_tokens: int = 1 << 16  # longest id array: a prompt, or a response with its observations
+    max_samples: int = 1024  # samples in one trajectory entry
+    max_abs_reward: float = 1e6  # |reward| of a sample and of each turn
+    max_objects: int = 200_000  # msgpack containers and their items in one body
+
+    @classmethod
+    def for_config(cls, cfg: Any, vocab_size: int | None) -> WireLimits:
+        """The learner's limits: at most a group of n samples per entry (one with prompt
+        replication), rewards within `reward.max_abs_reward`."""
+        return cls(
+            max_bytes=cfg.redis.max_payload_bytes,
+            vocab_size=vocab_size,
+            max_samples=cfg.rollout.num_return_sequences,
+            max_abs_reward=cfg.reward.max_abs_reward,
+        )
+
+
+class BodyReader:
+    """Reads one msgpack object (a body) incrementally under `limits`; see the module docstring."""
+
+    def __init__(self, raw: Any, limits: WireLimits):
+        if not isinstance(raw, bytes):
+            raise WireError("data field missing", "schema")
+        if len(raw) > limits.max_bytes:
+            raise WireError(
+                f"payload of {len(raw)} bytes exceeds the limit of {limits.max_bytes}", "too_large"
+            )
+        self.limits = limits
+        self.objects = 0
+        self._u = msgpack.Unpacker(
+            raw=False,
+            strict_map_key=True,
+            max_buffer_size=max(len(raw), 1),
+            max_bin_len=limits.max_bytes,
+            max_str_len=limits.max_bytes,
+            max_array_len=limits.max_objects,
+            max_map_len=limits.max_objects,
+            max_ext_len=0,
+            list_hook=self._count_list,
+            object_hook=self._count_map,
+        )
+        self._u.feed(raw)
+
+    def _count(self, n: int) -> None:
+        self.objects += n
+        if self.objects > self.limits.max_objects:
+            raise WireError(f"more than {self.limits.max_objects} msgpack objects", "too_large")
+
+    def _count_list(self, value: list) -> list:
+        self._count(1 + len(value))
+        return value
+
+    def _count_map(self, value: dict) -> dict:
+        self._count(1 + 2 * len(value))
+        return value
+
+    def _guard(self, read: Callable[[], Any], what: str, expected: str) -> Any:
+        try:
+            return read()
+        except WireError:
+            raise
+        except (ValueError, TypeError, msgpack.UnpackException) as e:
+            raise WireError(
+                f"corrupt msgpack: {what} is not {expected} ({e.__class__.__name__})", "corrupt"
+            ) from None
+
+    def value(self, what: str) -> Any:
+        """The next object, whatever it is (containers count towards max_objects)."""
+        return self._guard(self._u.unpack, what, "a msgpack value")
+
+    def fields(self, what: str, allowed: frozenset[str]) -> Iterator[str]:
+        """Iterate over a mapping's keys; the caller must read (or `skip`) each key's value before
+        the next key. A key outside `allowed` is refused before its value is decoded."""
+        n = self._guard(self._u.read_map_header, what, "a mapping")
+        self._count(1 + 2 * n)
+        seen = set()
+        for _ in range(n):
+            key = self._guard(self._u.unpack, what, "a string key")
+            if not isinstance(key, str) or key not in allowed:
+                shown = repr(key)[:40]
+                raise WireError(f"{what}: unknown key {shown}", "unknown_key")
+            if key in seen:
+                raise WireError(f"{what}: key {key!r} repeated", "unknown_key")
+            seen.add(key)
+            yield key
+
+    def items(self, what: str, max_len: int) -> int:
+        """The length of the next array (its items are then read one by one)."""
+        n = self._guard(self._u.read_array_header, what, "an array")
+        if n > max_len:
+            raise WireError(f"{what}: {n} items, more than {max_len}", "out_of_range")
+        self._count(1 + n)
+        return n
+
+    def typed(self, what: str, kind: type | tuple[type, ...]) -> Any:
+        """The next object, which must be a scalar of `kind` (bool is not an int here)."""
+        value = self.value(what)
+        kinds = kind if isinstance(kind, tuple) else (kind,)
+        if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+            raise WireError(f"{what}: wrong type {type(value).__name__}", "bad_type")
+        return value
+
+    def array(self, what: str, dtype: str, ndim: int, max_dim: int) -> np.ndarray:
+        """A packed array of `dtype` with exactly `ndim` dimensions, each at most `max_dim`."""
+        parts: dict[str, Any] = {}
+        for key in self.fields(what, _ARRAY_KEYS):
+            if key == "shape":
+                parts[key] = [self.typed(f"{what}.shape", int) for _ in range(self.items(what, 8))]
+            else:
+                parts[key] = self.typed(f"{what}.{key}", str if key == "dtype" else bytes)
+        if parts.keys() != _ARRAY_KEYS or parts["dtype"] != dtype:
+            raise WireError(f"{what}: expected a {dtype} array", "bad_type")
+        shape, data = parts["shape"], parts["data"]
+        if len(shape) != ndim or not all(0 <= s <= max_dim for s in shape):
+            raise WireError(
+                f"{what}: shape {shape} is not {ndim}-D with dimensions <= {max_dim}", "bad_shape"
+            )
+        if len(data) != math.prod(shape) * DTYPES[dtype].itemsize:
+            raise WireError(f"{what}: data length does not match shape {shape}", "bad_shape")
+        return np.frombuffer(data, dtype=DTYPES[dtype]).reshape(shape)
+
+    def finish(self) -> None:
+        """Refuse bytes after the body's one object."""
+        try:
+            self._u.skip()
+        except msgpack.OutOfData:
+            return
+        except Exception:
+            pass
+        raise WireError("corrupt msgpack: trailing data after the body", "corrupt")
+
+
+_ARRAY_KEYS = frozenset({"dtype", "shape", "data"})
+
+
+def pack_array(a: np.ndarray, dtype: str) -> dict[str, Any]:
+    a = np.ascontiguousarray(a, dtype=DTYPES[dtype])
+    return {"dtype": dtype, "shape": list(a.shape), "data": a.tobytes()}
+
+
+def check_range(values: np.ndarray, low: float, high: float, what: str) -> None:
+    """Every value finite and in [low, high]."""
+    if values.size and (
+        not np.all(np.isfinite(values)) or values.min() < low or values.max() > high
+    ):
+        raise WireError(f"{what}: values outside [{low}, {high}] or not finite", "out_of_range")
