@@ -41,6 +41,7 @@ from rollflash.broker.config_sections import (
     TaskConfig,
     TrainerConfig,
 )
+from rollflash.broker.secrets import make_private_dir, without_password, write_private
 
 __all__ = [
     "AlgoConfig",
@@ -105,8 +106,13 @@ class Config(BaseModel):
         return hashlib.sha256(blob).hexdigest()[:16]
 
     def save(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(yaml.safe_dump(self.to_dict(), sort_keys=False))
+        """Write the resolved config with mode 0600 in a directory of mode 0700, without the Redis
+        password (broker/secrets.py)."""
+        data = self.to_dict()
+        if data["redis"]["url"]:
+            data["redis"]["url"] = without_password(data["redis"]["url"])
+        make_private_dir(path.parent)
+        write_private(path, yaml.safe_dump(data, sort_keys=False))
 
     @model_validator(mode="after")
     def _group_baselines_need_two_samples(self) -> Config:

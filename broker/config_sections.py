@@ -24,6 +24,7 @@ from pydantic import (
 )
 
 from rollflash.broker.config_errors import ConfigError
+from rollflash.broker.secrets import env_password, read_password_file, url_password, with_password
 
 # a finite float; an int is accepted and stored as a float
 Number = Annotated[float, Strict(), AllowInfNan(False)]
@@ -61,6 +62,32 @@ class RedisConfig(Section):
         gt=0,
         description="entries larger than this go to the dead-letter stream undecoded",
     )
+    password_file: StrictStr | None = Field(
+        None,
+        description="file whose first line is the Redis password, when redis.url holds none",
+    )
+
+    @model_validator(mode="after")
+    def _password_into_url(self) -> RedisConfig:
+        """Put the password from `password_file` or $ROLLFLASH_REDIS_PASSWORD into the in-memory
+        URL (broker/secrets.py); it is never saved."""
+        if self.url is None:
+            return self
+        if self.password_file is not None:
+            if url_password(self.url) is not None:
+                raise ConfigError(
+                    "redis.password_file: redis.url already holds a password; keep one of them"
+                )
+            try:
+                password = read_password_file(self.password_file)
+            except (OSError, ValueError) as e:
+                raise ConfigError(
+                    f"redis.password_file: cannot read a password from {self.password_file} ({e})"
+                ) from None
+            self.url = with_password(self.url, password)
+        elif url_password(self.url) is None and env_password() is not None:
+            self.url = with_password(self.url, env_password() or "")
+        return self
 
 
 class ModelConfig(Section):

@@ -24,11 +24,12 @@ import logging
 import time
 from collections.abc import Callable
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import redis
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
+
+from rollflash.broker.secrets import redact
 
 log = logging.getLogger(__name__)
 
@@ -38,16 +39,6 @@ BACKOFF_CAP_S = 5.0
 
 class BrokerUnavailable(RuntimeError):
     """Redis could not be reached (or refused writes) within the allowed time."""
-
-
-def redact(url: str) -> str:
-    """The URL with its password replaced by ***, for messages and logs."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    user = parts.username or ""
-    host = parts.netloc.rsplit("@", 1)[1]
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
 
 
 def _fatal(e: BaseException) -> bool:
@@ -112,7 +103,9 @@ def connect(url: str, timeout_s: float) -> redis.Redis:
             retry=DeadlineRetry(timeout_s, shown),
         )
     except ValueError as e:
-        raise BrokerUnavailable(f"redis.url {shown} is not a valid Redis URL ({e})") from None
+        # the parser's message may quote part of the password: show it only without credentials
+        detail = f"({e})" if shown == url else "(percent-encode special characters in the password)"
+        raise BrokerUnavailable(f"redis.url {shown} is not a valid Redis URL {detail}") from None
     try:
         client.ping()
     except redis.AuthenticationError as e:

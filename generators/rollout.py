@@ -27,9 +27,10 @@ import numpy as np
 import redis
 
 from rollflash.broker.config import Config, ConfigError
-from rollflash.broker.connection import BrokerUnavailable, connect, redact
+from rollflash.broker.connection import BrokerUnavailable, connect
 from rollflash.broker.process import setup_process
 from rollflash.broker.schema import PromptWork, Sample, Trajectory
+from rollflash.broker.secrets import redact
 from rollflash.broker.streams import RunBroker, is_oom
 from rollflash.broker.weights import WeightStore
 from rollflash.envs import Item, Task, is_multi_turn, make_task

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import signal
 import subprocess
 import sys
@@ -19,6 +20,7 @@ from pathlib import Path
 
 from rollflash.broker.config import Config
 from rollflash.broker.redis_server import EmbeddedRedis, die_with_parent
+from rollflash.broker.secrets import PASSWORD_ENV, url_password
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +32,7 @@ def _die_with_run() -> None:
     die_with_parent(signal.SIGKILL)
 
 
-def _spawn(args: list[str], log_path: Path) -> subprocess.Popen:
+def _spawn(args: list[str], log_path: Path, env: dict[str, str]) -> subprocess.Popen:
     out = open(log_path, "ab")
     try:
         return subprocess.Popen(
@@ -39,6 +41,7 @@ def _spawn(args: list[str], log_path: Path) -> subprocess.Popen:
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             preexec_fn=_die_with_run,
+            env=env,
         )
     finally:
         out.close()
@@ -90,11 +93,15 @@ def run_local(cfg: Config, echo: bool = True) -> int:
         cfg.redis.url = server.url
         log.info("embedded redis-server at %s", server.url)
     config_path = run_dir / "run.yaml"
-    cfg.save(config_path)
+    cfg.save(config_path)  # without the Redis password: the children get it in their environment
+    env = {k: v for k, v in os.environ.items() if k != PASSWORD_ENV}
+    password = url_password(cfg.redis.url)
+    if password:
+        env[PASSWORD_ENV] = password
     common = ["--config", str(config_path)]
-    learner = _spawn(["start-learner", *common], logs / "learner.log")
+    learner = _spawn(["start-learner", *common], logs / "learner.log", env)
     gens = [
-        _spawn(["start-generator", *common, "--id", f"gen-{i}"], logs / f"gen-{i}.log")
+        _spawn(["start-generator", *common, "--id", f"gen-{i}"], logs / f"gen-{i}.log", env)
         for i in range(cfg.rollout.num_rollout_workers)
     ]
     offset = 0

@@ -142,7 +142,7 @@ def test_saved_yaml_has_every_section_and_key_in_declaration_order(tmp_path):
     assert saved["trainer"]["actor_lr"] == 1.0 and isinstance(saved["trainer"]["actor_lr"], float)
     # every field of the dataclass config this replaced, counted by hand, and no property
     assert {name: len(section) for name, section in saved.items()} == {
-        "run": 4, "redis": 3, "model": 2, "task": 3, "rollout": 14, "trainer": 16, "algo": 29,
+        "run": 4, "redis": 4, "model": 2, "task": 3, "rollout": 14, "trainer": 16, "algo": 29,
         "sim": 6, "reward": 7, "rm": 14, "guards": 11,
     }  # fmt: skip
     assert "max_staleness" not in saved["trainer"] and "key_prefix" not in saved

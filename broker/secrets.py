@@ -1,0 +1,86 @@
+"""The Redis password: where it may come from, and where it must never go.
+
+A password may be written in `redis.url` (`redis://user:pw@host:6379`), kept in a file named by
+`redis.password_file` (its first line), or passed in the environment variable
+`ROLLFLASH_REDIS_PASSWORD`; the first of these that is set wins, and a URL with a password plus a
+password file is refused as ambiguous. `load_config` puts the password into the in-memory URL, so
+every process connects the same way.
+
+It never reaches the disk or a log: `Config.save` writes the URL without its password into a file
+of mode 0600 inside a run directory of mode 0700, and every message shows the URL through
+`redact`. `rollctl run` hands the password to its children in `ROLLFLASH_REDIS_PASSWORD`, since
+the config file it gives them holds none.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from urllib.parse import quote, unquote, urlsplit, urlunsplit
+
+PASSWORD_ENV = "ROLLFLASH_REDIS_PASSWORD"
+
+
+def _with_netloc_password(url: str, password: str | None) -> str:
+    parts = urlsplit(url)
+    host = parts.netloc.rsplit("@", 1)[-1]
+    user = parts.username or ""
+    if password is None:
+        netloc = f"{user}@{host}" if user else host
+    else:
+        netloc = f"{user}:{password}@{host}"
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def redact(url: str) -> str:
+    """The URL with its password replaced by ***, for messages and logs. Works on text, not a
+    parse, so that a URL too malformed to parse (a '/' in an unencoded password) is masked too:
+    whatever lies between `user:` and the last '@' is the password."""
+    scheme, sep, rest = url.partition("://")
+    creds, at, host = rest.rpartition("@")
+    if not sep or not at or ":" not in creds:
+        return url
+    return f"{scheme}://{creds.split(':', 1)[0]}:***@{host}"
+
+
+def without_password(url: str) -> str:
+    """The URL with no password at all (the user, host and options stay): what is saved."""
+    return url if urlsplit(url).password is None else _with_netloc_password(url, None)
+
+
+def url_password(url: str) -> str | None:
+    """The password written in the URL, decoded, or None."""
+    password = urlsplit(url).password
+    return None if password is None else unquote(password)
+
+
+def with_password(url: str, password: str) -> str:
+    """The URL carrying `password` (percent-encoded)."""
+    return _with_netloc_password(url, quote(password, safe=""))
+
+
+def read_password_file(path: str) -> str:
+    """The first line of `path`; raises OSError or ValueError with the cause."""
+    text = Path(path).read_text()
+    password = text.splitlines()[0].strip() if text.strip() else ""
+    if not password:
+        raise ValueError("the file is empty")
+    return password
+
+
+def env_password() -> str | None:
+    return os.environ.get(PASSWORD_ENV) or None
+
+
+def make_private_dir(path: Path) -> None:
+    """Create `path` (and its parents) and make it readable by its owner only (0700)."""
+    path.mkdir(parents=True, exist_ok=True)
+    os.chmod(path, 0o700)
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write `text` to `path` with mode 0600, even if the file existed with wider bits."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        os.fchmod(f.fileno(), 0o600)
+        f.write(text)
