@@ -35,8 +35,9 @@ from typing import Protocol
 from rollflash.broker.config import Config
 from rollflash.broker.schema import PromptWork
 from rollflash.broker.streams import RunBroker
-from rollflash.generators.engine import GeneratedSample, SamplingParams, StreamingEngine
+from rollflash.generators.engine import StreamingEngine
 from rollflash.generators.reload import WeightFollower
+from rollflash.generators.sampling import GeneratedSample, SamplingParams
 
 log = logging.getLogger(__name__)
 

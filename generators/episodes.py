@@ -47,7 +47,8 @@ from rollflash.broker.config import Config
 from rollflash.broker.schema import PromptWork, Sample, Trajectory
 from rollflash.broker.streams import RunBroker
 from rollflash.envs import EnvTask, Episode
-from rollflash.generators.engine import EpisodeEngine, GeneratedSample, SamplingParams
+from rollflash.generators.engine import EpisodeEngine
+from rollflash.generators.sampling import GeneratedSample, SamplingParams
 
 log = logging.getLogger(__name__)
 

@@ -34,10 +34,11 @@ from rollflash.broker.streams import RunBroker, is_oom
 from rollflash.broker.weights import WeightStore
 from rollflash.envs import Item, Task, is_multi_turn, make_task
 from rollflash.generators.continuous import ContinuousRollout
-from rollflash.generators.engine import Engine, GeneratedSample, SamplingParams, make_engine
+from rollflash.generators.engine import Engine, make_engine
 from rollflash.generators.episodes import rollout_episodes
 from rollflash.generators.reload import WeightFollower
 from rollflash.generators.reward_model import Rewarder, make_rewarder
+from rollflash.generators.sampling import GeneratedSample, SamplingParams
 
 log = logging.getLogger(__name__)
 

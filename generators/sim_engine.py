@@ -25,8 +25,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rollflash.broker.config import SimConfig
-from rollflash.generators.engine import GeneratedSample, SamplingParams
+from rollflash.broker.config import Config, SimConfig
+from rollflash.generators.sampling import GeneratedSample, SamplingParams
 
 
 @dataclass
@@ -44,6 +44,11 @@ class SimEngine:
         self.rng = random.Random(seed)
         self.version = 0
         self._active: list[_Seq] = []
+
+    @classmethod
+    def from_config(cls, cfg: Config, seed: int) -> SimEngine:
+        """The timing of `cfg.sim`; `seed` draws the response lengths and token ids."""
+        return cls(cfg.sim, seed)
 
     def load_weights(self, model_file: Path, version: int) -> None:
         self.version = version
