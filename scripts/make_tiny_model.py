@@ -174,10 +174,35 @@ class SFTConfig:
     eval_every: int = 25  # steps between validation checks (only with target_acc)
 
 
+def sft_optimizer(
+    model: torch.nn.Module, lr: float, steps: int
+) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler]:
+    """AdamW (no weight decay, betas 0.9/0.98) at peak `lr`, on the `warmup_cosine(steps)` schedule."""
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0, betas=(0.9, 0.98))
+    return opt, torch.optim.lr_scheduler.LambdaLR(opt, warmup_cosine(steps))
+
+
+def sft_step(
+    model: torch.nn.Module,
+    opt: torch.optim.Optimizer,
+    sched: torch.optim.lr_scheduler.LRScheduler,
+    batch: dict[str, torch.Tensor],
+) -> torch.Tensor:
+    """One optimiser step on HF's loss of `batch` (labels -100 where no loss), gradient norm
+    clipped to 1.0; returns the loss."""
+    loss = model(**batch).loss
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    sched.step()
+    return loss
+
+
 def sft(
     model: Qwen2ForCausalLM, tokenizer: PreTrainedTokenizerFast, task: Task, cfg: SFTConfig
 ) -> tuple[int, float]:
-    """AdamW (no weight decay, betas 0.9/0.98, grad clip 1.0) on the `warmup_cosine(steps)` schedule.
+    """`sft_step`s of `sft_optimizer` (AdamW, grad clip 1.0, the `warmup_cosine(steps)` schedule).
 
     HF's loss is a mean over answer tokens (labels shift inside the model). With `target_acc`, stop as
     soon as greedy accuracy on 200 validation items (train problems from another seed's stream, never
@@ -190,18 +215,12 @@ def sft(
     if cfg.steps <= 0:
         return 0, float("nan")
     items = sft_items(task, cfg.seed, cfg.teacher_error)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0, betas=(0.9, 0.98))
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, warmup_cosine(cfg.steps))
+    opt, sched = sft_optimizer(model, cfg.lr, cfg.steps)
     model.train()
     loss = torch.tensor(float("nan"))
     for step in range(1, cfg.steps + 1):
         batch = sft_batch(tokenizer, list(itertools.islice(items, cfg.batch_size)))
-        loss = model(**batch).loss
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
+        loss = sft_step(model, opt, sched, batch)
         if step % 100 == 0:
             logger.info("sft step %d loss %.4f", step, loss.item())
         if cfg.target_acc is not None and step % cfg.eval_every == 0:
