@@ -313,15 +313,9 @@ def rollout_episodes(
     """Play and stream one pull of multi-turn prompts; returns (episodes, tokens) streamed."""
     _check_supported(engine, task, cfg)
     extra = 0 if cfg.rollout.replicate_prompts else cfg.rollout.redundant_samples
-    params = SamplingParams(
-        n=1,
-        temperature=cfg.rollout.temperature,
-        top_p=cfg.rollout.top_p,
-        max_new_tokens=cfg.rollout.max_new_tokens,
-    )
     runner = EpisodeRunner(
         engine,
-        params,
+        SamplingParams.for_rollout(cfg.rollout, 1),  # one action per episode turn
         cfg.rollout.max_episode_tokens,
         version=lambda: follower.loaded_version,
         on_step=follower.maybe_reload if cfg.rollout.interrupt else None,

@@ -132,12 +132,7 @@ def rollout_batch(
     n = claimed[0][1].n
     # with prompt replication the learner issued the redundant samples as extra entries
     extra = 0 if cfg.rollout.replicate_prompts else cfg.rollout.redundant_samples
-    params = SamplingParams(
-        n=n + extra,
-        temperature=cfg.rollout.temperature,
-        top_p=cfg.rollout.top_p,
-        max_new_tokens=cfg.rollout.max_new_tokens,
-    )
+    params = SamplingParams.for_rollout(cfg.rollout, n + extra)
     version = follower.loaded_version
     on_step = follower.maybe_reload if cfg.rollout.interrupt else None
     groups = engine.generate([w.item["prompt"] for _, w in claimed], params, on_step=on_step)

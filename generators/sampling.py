@@ -11,6 +11,10 @@ else of the generator package; the rollout loop finds them through generators/en
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rollflash.broker.config import RolloutConfig
 
 
 @dataclass(frozen=True)
@@ -19,6 +23,16 @@ class SamplingParams:
     temperature: float  # > 0; behaviour log-probabilities are log_softmax(logits / temperature)
     top_p: float  # nucleus sampling; 1.0 samples from the whole distribution
     max_new_tokens: int  # a sample that reaches it is cut (finished=False)
+
+    @classmethod
+    def for_rollout(cls, rollout: RolloutConfig, n: int) -> SamplingParams:
+        """`n` samples per prompt at `rollout.temperature`, `top_p` and `max_new_tokens`."""
+        return cls(
+            n=n,
+            temperature=rollout.temperature,
+            top_p=rollout.top_p,
+            max_new_tokens=rollout.max_new_tokens,
+        )
 
 
 @dataclass

@@ -19,6 +19,7 @@ was decoded, so a version swapped in mid-generation (`interrupt`) shows in the l
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import time
 from collections.abc import Callable
@@ -106,12 +107,7 @@ class SimEngine:
     def generate(
         self, prompts: list[str], params: SamplingParams, on_step: Callable[[], None] | None = None
     ) -> list[list[GeneratedSample]]:
-        one = SamplingParams(
-            n=1,
-            temperature=params.temperature,
-            top_p=params.top_p,
-            max_new_tokens=params.max_new_tokens,
-        )
+        one = dataclasses.replace(params, n=1)
         for i, prompt in enumerate(prompts):
             for k in range(params.n):
                 self.add_request(f"{i}/{k}", prompt, one)

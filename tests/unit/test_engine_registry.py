@@ -59,3 +59,10 @@ def test_an_engine_missing_from_the_table_is_one_line_naming_the_key(monkeypatch
         ConfigError, match=r"^rollout.engine: unknown engine 'sim'; use one of hf, vllm$"
     ):
         make_engine(cfg, seed=0)
+
+
+def test_sampling_params_for_rollout_take_the_rollout_settings_and_the_given_n():
+    cfg = config_from_dict({"rollout": {"temperature": 0.7, "top_p": 0.9, "max_new_tokens": 12}})
+    assert SamplingParams.for_rollout(cfg.rollout, 5) == SamplingParams(
+        n=5, temperature=0.7, top_p=0.9, max_new_tokens=12
+    )
