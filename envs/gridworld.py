@@ -22,7 +22,7 @@ from __future__ import annotations
 import random
 from collections import deque
 
-from rollflash.envs.multiturn import EnvTask, StepResult, TurnLimit, check_positive
+from rollflash.envs.multiturn import StepResult, TurnLimit, check_positive
 
 MOVES = {"u": (-1, 0), "d": (1, 0), "l": (0, -1), "r": (0, 1)}
 
@@ -141,20 +141,3 @@ class GridWorld(TurnLimit):
         if self.pos == (self.size - 1, self.size - 1):
             return self._finish("", 1.0, True, success=True)
         return self._finish(self.render(), self.step_reward, False)
-
-
-def gridworld_task(
-    size: int = 4,
-    holes: int = 3,
-    max_turns: int = 8,
-    slip: float = 0.0,
-    step_reward: float = 0.0,
-    invalid_reward: float = 0.0,
-    heldout_size: int = 64,
-) -> EnvTask:
-    """The grid world as a task (registry name "gridworld"); parameters as `GridWorld`."""
-    return EnvTask(
-        "gridworld",
-        lambda: GridWorld(size, holes, max_turns, slip, step_reward, invalid_reward),
-        heldout_size,
-    )

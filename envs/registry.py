@@ -1,35 +1,46 @@
-"""Task registry: config name -> task class.
+"""Task registry: config name -> task class, or environment class for a multi-turn task.
 
 Configs name a task (or a multi-turn environment) and pass its constructor parameters as a dict;
 a typo in either is an error that names the culprit, never a silent default. Add a task by adding
-one entry to `_REGISTRY`."""
+one entry to `_TASKS`, or a multi-turn environment with one entry to `_ENVIRONMENTS`: its task's
+parameters are the environment class's own plus `heldout_size`."""
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable
 from typing import Any
 
 from rollflash.envs.arithmetic import ArithmeticTask
 from rollflash.envs.base import Task
-from rollflash.envs.gridworld import gridworld_task
-from rollflash.envs.simulated import simulated_task
-from rollflash.envs.sokoban import sokoban_task
+from rollflash.envs.gridworld import GridWorld
+from rollflash.envs.multiturn import Env, EnvTask
+from rollflash.envs.simulated import SimulatedEnv
+from rollflash.envs.sokoban import Sokoban
 from rollflash.envs.tools import tool_use_task
 
-_REGISTRY: dict[str, Callable[..., Task]] = {
+_TASKS: dict[str, Callable[..., Task]] = {
     "arithmetic": ArithmeticTask,
-    # multi-turn environments (envs/multiturn.py): an EnvTask whose items are episode seeds
-    "gridworld": gridworld_task,
-    "sokoban": sokoban_task,
-    "tool_use": tool_use_task,
-    "sim_env": simulated_task,
+    "tool_use": tool_use_task,  # multi-turn, built by its own function
+}
+
+# multi-turn environments (envs/multiturn.py): an EnvTask whose items are episode seeds;
+# name -> (environment class, default number of held-out episodes)
+_ENVIRONMENTS: dict[str, tuple[Callable[..., Env], int]] = {
+    "gridworld": (GridWorld, 64),
+    "sokoban": (Sokoban, 64),
+    "sim_env": (SimulatedEnv, 8),
 }
 
 
 def known_tasks() -> list[str]:
     """Names `make_task` accepts, sorted."""
-    return sorted(_REGISTRY)
+    return sorted([*_TASKS, *_ENVIRONMENTS])
+
+
+def _parameters(factory: Callable[..., Any]) -> list[str]:
+    return [p for p in inspect.signature(factory).parameters if p != "self"]
 
 
 def make_task(name: str, params: dict[str, Any] | None = None) -> Task:
@@ -38,14 +49,20 @@ def make_task(name: str, params: dict[str, Any] | None = None) -> Task:
     Raises ValueError naming the known tasks for an unknown name, and naming the key (and the accepted
     keys) for an unknown parameter, before the constructor runs.
     """
-    if name not in _REGISTRY:
+    if name not in known_tasks():
         raise ValueError(f"unknown task {name!r}; known tasks: {', '.join(known_tasks())}")
-    factory = _REGISTRY[name]
     params = dict(params or {})
-    accepted = [p for p in inspect.signature(factory).parameters if p != "self"]
+    if name in _TASKS:
+        accepted = _parameters(_TASKS[name])
+    else:
+        env_class, heldout_size = _ENVIRONMENTS[name]
+        accepted = [*_parameters(env_class), "heldout_size"]
     for key in params:
         if key not in accepted:
             raise ValueError(
                 f"unknown parameter {key!r} for task {name!r}; accepted: {', '.join(accepted)}"
             )
-    return factory(**params)
+    if name in _TASKS:
+        return _TASKS[name](**params)
+    heldout_size = params.pop("heldout_size", heldout_size)
+    return EnvTask(name, functools.partial(env_class, **params), heldout_size)

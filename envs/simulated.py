@@ -16,7 +16,7 @@ from __future__ import annotations
 import random
 import time
 
-from rollflash.envs.multiturn import EnvTask, StepResult, TurnLimit, check_positive
+from rollflash.envs.multiturn import StepResult, TurnLimit, check_positive
 
 
 class SimulatedEnv(TurnLimit):
@@ -57,22 +57,3 @@ class SimulatedEnv(TurnLimit):
             success = self.rng.random() < self.success_prob
             return self._finish("", 1.0 if success else 0.0, True, success=success)
         return self._finish("o" * self.obs_chars, 0.0, False)
-
-
-def simulated_task(
-    min_turns: int = 2,
-    max_turns: int = 6,
-    step_latency_s: float = 0.05,
-    latency_sigma: float = 1.0,
-    obs_chars: int = 16,
-    success_prob: float = 0.5,
-    heldout_size: int = 8,
-) -> EnvTask:
-    """The simulated environment as a task (registry name "sim_env")."""
-    return EnvTask(
-        "sim_env",
-        lambda: SimulatedEnv(
-            min_turns, max_turns, step_latency_s, latency_sigma, obs_chars, success_prob
-        ),
-        heldout_size,
-    )

@@ -21,7 +21,7 @@ from __future__ import annotations
 import random
 
 from rollflash.envs.gridworld import MOVES
-from rollflash.envs.multiturn import EnvTask, StepResult, TurnLimit, check_positive
+from rollflash.envs.multiturn import StepResult, TurnLimit, check_positive
 
 Cell = tuple[int, int]
 
@@ -106,20 +106,3 @@ class Sokoban(TurnLimit):
         if self.box == self.target:
             return self._finish("", 1.0, True, success=True)
         return self._finish(self.render(), self.step_reward, False)
-
-
-def sokoban_task(
-    width: int = 4,
-    height: int = 4,
-    pull_steps: int = 12,
-    max_turns: int = 16,
-    step_reward: float = -0.01,
-    invalid_reward: float = -0.01,
-    heldout_size: int = 64,
-) -> EnvTask:
-    """Sokoban as a task (registry name "sokoban"); parameters as `Sokoban`."""
-    return EnvTask(
-        "sokoban",
-        lambda: Sokoban(width, height, pull_steps, max_turns, step_reward, invalid_reward),
-        heldout_size,
-    )

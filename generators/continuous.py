@@ -35,8 +35,9 @@ from typing import Protocol
 from rollflash.broker.config import Config
 from rollflash.broker.schema import PromptWork
 from rollflash.broker.streams import RunBroker
-from rollflash.generators.engine import GeneratedSample, SamplingParams, StreamingEngine
+from rollflash.generators.engine import StreamingEngine
 from rollflash.generators.reload import WeightFollower
+from rollflash.generators.sampling import GeneratedSample, SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -133,12 +134,7 @@ class ContinuousRollout:
                 self.usage.restarted += 1
 
     def _params(self, work: PromptWork) -> SamplingParams:
-        return SamplingParams(
-            n=work.n + self.extra,
-            temperature=self.cfg.rollout.temperature,
-            top_p=self.cfg.rollout.top_p,
-            max_new_tokens=self.cfg.rollout.max_new_tokens,
-        )
+        return SamplingParams.for_rollout(self.cfg.rollout, work.n + self.extra)
 
     def _admit(self, full: bool) -> None:
         loaded = self.follower.loaded_version

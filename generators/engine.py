@@ -1,39 +1,23 @@
-"""The inference-engine interface that the rollout loop drives.
+"""The inference-engine interface that the rollout loop drives, and the table of engines.
 
-An engine samples `n` responses per prompt and returns, for every generated token, the log-probability
-the sampling distribution gave it: log_softmax(logits / temperature) before top-p truncation. The
-learner recomputes the same quantity, so the two can be compared token by token.
-
-Implementations: `hf` (Hugging Face transformers, CPU or GPU) and `sim` (simulated timing, for
-scheduling benchmarks) and `vllm` (vLLM, GPU or its CPU build; `make test-vllm`).
+Implementations: `hf` (Hugging Face transformers, CPU or GPU), `sim` (simulated timing, for
+scheduling benchmarks) and `vllm` (vLLM, GPU or its CPU build; `make test-vllm`). What they take and
+return (`SamplingParams`, `GeneratedSample`, the log-probability contract) is in
+generators/sampling.py, the only module of this package an engine imports. This module names the
+engines by import path in `ENGINES` and imports only the one a config asks for, so torch or vllm
+load only in a generator that uses them. A new engine is a class with a
+`from_config(cfg, seed)` classmethod and one line in `ENGINES`.
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from rollflash.broker.config import Config
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    n: int
-    temperature: float
-    top_p: float
-    max_new_tokens: int
-
-
-@dataclass
-class GeneratedSample:
-    prompt_ids: list[int]
-    response_ids: list[int]  # generated tokens, EOS included if the sample stopped
-    logprobs: list[float]  # behaviour log-probability of each response token
-    finished: bool  # ended with EOS (False: cut at max_new_tokens)
-    text: str  # decoded response without special tokens
-    token_versions: list[int] | None = None  # weight version per token; None: all the loaded one
+from rollflash.broker.config import Config, ConfigError
+from rollflash.generators.sampling import GeneratedSample, SamplingParams
 
 
 class Engine(Protocol):
@@ -87,24 +71,21 @@ class EpisodeEngine(Engine, Protocol):
         ...
 
 
+# rollout.engine -> "module:class"; the class builds itself with `from_config(cfg, seed)`
+ENGINES: dict[str, str] = {
+    "hf": "rollflash.generators.hf_engine:HFEngine",
+    "sim": "rollflash.generators.sim_engine:SimEngine",
+    "vllm": "rollflash.generators.vllm_engine:VLLMEngine",
+}
+
+
 def make_engine(cfg: Config, seed: int) -> Engine:
+    """Import the engine class that `rollout.engine` names and build it from `cfg`; `seed` seeds
+    its sampling."""
     name = cfg.rollout.engine
-    if name == "hf":
-        from rollflash.generators.hf_engine import HFEngine
-
-        return HFEngine(cfg.model.path, dtype=cfg.model.dtype)
-    if name == "sim":
-        from rollflash.generators.sim_engine import SimEngine
-
-        return SimEngine(cfg.sim, seed)
-    if name == "vllm":
-        import os
-
-        # read by vLLM's CPU backend only: unpinned OpenMP threads (5x faster on a shared
-        # machine), a 1 GiB KV cache; set before vllm is imported, a user's own values win
-        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-        from rollflash.generators.vllm_engine import VLLMEngine
-
-        return VLLMEngine(cfg.model.path, dtype=cfg.model.dtype, seed=seed)
-    raise NotImplementedError(f"rollout.engine: {name!r} is not available yet; use 'hf' or 'sim'")
+    if name not in ENGINES:
+        raise ConfigError(
+            f"rollout.engine: unknown engine {name!r}; use one of {', '.join(sorted(ENGINES))}"
+        )
+    module, _, cls = ENGINES[name].partition(":")
+    return getattr(importlib.import_module(module), cls).from_config(cfg, seed)

@@ -47,7 +47,9 @@ from rollflash.broker.config import Config
 from rollflash.broker.schema import PromptWork, Sample, Trajectory
 from rollflash.broker.streams import RunBroker
 from rollflash.envs import EnvTask, Episode
-from rollflash.generators.engine import EpisodeEngine, GeneratedSample, SamplingParams
+from rollflash.generators.engine import EpisodeEngine
+from rollflash.generators.reload import WeightFollower
+from rollflash.generators.sampling import GeneratedSample, SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -275,16 +277,9 @@ def episodes_to_trajectory(
     )
 
 
-def rollout_episodes(
-    claimed: list[tuple[str, PromptWork]],
-    engine: EpisodeEngine,
-    task: EnvTask,
-    cfg: Config,
-    broker: RunBroker,
-    generator_id: str,
-    follower,
-) -> tuple[int, int]:
-    """Play and stream one pull of multi-turn prompts; returns (episodes, tokens) streamed."""
+def _check_supported(engine: EpisodeEngine, task: EnvTask, cfg: Config) -> None:
+    """Refuse, naming the key, what the episode runner cannot do: an engine without token-id
+    generation (vllm), or a reward other than the environment's own."""
     if not hasattr(engine, "generate_ids"):
         raise NotImplementedError(
             f"rollout.engine {cfg.rollout.engine!r} cannot run multi-turn "
@@ -296,24 +291,36 @@ def rollout_episodes(
             f"reward.type {reward.type!r} is not applied to multi-turn "
             f"environments (task {task.name!r}); use reward.type: rule"
         )
-    extra = 0 if cfg.rollout.replicate_prompts else cfg.rollout.redundant_samples
-    params = SamplingParams(
-        n=1,
-        temperature=cfg.rollout.temperature,
-        top_p=cfg.rollout.top_p,
-        max_new_tokens=cfg.rollout.max_new_tokens,
+
+
+def _group_spec(task: EnvTask, work: PromptWork, extra: int) -> GroupSpec:
+    """The episodes of one claimed prompt: `work.n` kept of `work.n + extra` started, all on the
+    seed the prompt carries (so the same map)."""
+    return GroupSpec(
+        make_env=task.make_env, seed=int(work.item["answer"]), keep=work.n, start=work.n + extra
     )
+
+
+def rollout_episodes(
+    claimed: list[tuple[str, PromptWork]],
+    engine: EpisodeEngine,
+    task: EnvTask,
+    cfg: Config,
+    broker: RunBroker,
+    generator_id: str,
+    follower: WeightFollower,
+) -> tuple[int, int]:
+    """Play and stream one pull of multi-turn prompts; returns (episodes, tokens) streamed."""
+    _check_supported(engine, task, cfg)
+    extra = 0 if cfg.rollout.replicate_prompts else cfg.rollout.redundant_samples
     runner = EpisodeRunner(
         engine,
-        params,
+        SamplingParams.for_rollout(cfg.rollout, 1),  # one action per episode turn
         cfg.rollout.max_episode_tokens,
         version=lambda: follower.loaded_version,
         on_step=follower.maybe_reload if cfg.rollout.interrupt else None,
     )
-    specs = [
-        GroupSpec(make_env=task.make_env, seed=int(w.item["answer"]), keep=w.n, start=w.n + extra)
-        for _, w in claimed
-    ]
+    specs = [_group_spec(task, w, extra) for _, w in claimed]
     totals = [0, 0]
 
     def stream(index: int, episodes: list[Episode]) -> None:
@@ -335,12 +342,7 @@ def rollout_episodes(
         new = broker.claim_prompts(generator_id, 1, block_ms=None)
         ready = [(e, w) for e, w in new if w.issued_version <= follower.loaded_version]
         claimed.extend(ready)  # the rest stay pending: the next pull starts with them
-        return [
-            GroupSpec(
-                make_env=task.make_env, seed=int(w.item["answer"]), keep=w.n, start=w.n + extra
-            )
-            for _, w in ready
-        ]
+        return [_group_spec(task, w, extra) for _, w in ready]
 
     runner.run(specs, stream, refill=refill if cfg.rollout.interrupt else None)
     return totals[0], totals[1]

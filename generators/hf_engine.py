@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from safetensors.torch import load_file
@@ -18,7 +19,10 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rollflash.envs import chat_encoder, plain_encoder, response_text
 from rollflash.envs.episode import Encode
-from rollflash.generators.engine import GeneratedSample, SamplingParams
+from rollflash.generators.sampling import GeneratedSample, SamplingParams
+
+if TYPE_CHECKING:
+    from rollflash.broker.config import Config
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +45,12 @@ class HFEngine:
         self.pad_id = (
             self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos_id
         )
+
+    @classmethod
+    def from_config(cls, cfg: Config, seed: int) -> HFEngine:
+        """`model.path` in `model.dtype`; `seed` is unused: sampling draws from torch's global
+        generator, which `setup_process` seeds."""
+        return cls(cfg.model.path, dtype=cfg.model.dtype)
 
     def load_weights(self, model_file: Path, version: int) -> None:
         state = load_file(str(model_file))

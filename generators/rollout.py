@@ -35,10 +35,11 @@ from rollflash.broker.streams import RunBroker, is_oom
 from rollflash.broker.weights import WeightStore
 from rollflash.envs import Item, Task, is_multi_turn, make_task
 from rollflash.generators.continuous import ContinuousRollout
-from rollflash.generators.engine import Engine, GeneratedSample, SamplingParams, make_engine
+from rollflash.generators.engine import Engine, make_engine
 from rollflash.generators.episodes import rollout_episodes
 from rollflash.generators.reload import WeightFollower
 from rollflash.generators.reward_model import Rewarder, make_rewarder
+from rollflash.generators.sampling import GeneratedSample, SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -132,12 +133,7 @@ def rollout_batch(
     n = claimed[0][1].n
     # with prompt replication the learner issued the redundant samples as extra entries
     extra = 0 if cfg.rollout.replicate_prompts else cfg.rollout.redundant_samples
-    params = SamplingParams(
-        n=n + extra,
-        temperature=cfg.rollout.temperature,
-        top_p=cfg.rollout.top_p,
-        max_new_tokens=cfg.rollout.max_new_tokens,
-    )
+    params = SamplingParams.for_rollout(cfg.rollout, n + extra)
     version = follower.loaded_version
     on_step = follower.maybe_reload if cfg.rollout.interrupt else None
     groups = engine.generate([w.item["prompt"] for _, w in claimed], params, on_step=on_step)

@@ -19,14 +19,15 @@ was decoded, so a version swapped in mid-generation (`interrupt`) shows in the l
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rollflash.broker.config import SimConfig
-from rollflash.generators.engine import GeneratedSample, SamplingParams
+from rollflash.broker.config import Config, SimConfig
+from rollflash.generators.sampling import GeneratedSample, SamplingParams
 
 
 @dataclass
@@ -44,6 +45,11 @@ class SimEngine:
         self.rng = random.Random(seed)
         self.version = 0
         self._active: list[_Seq] = []
+
+    @classmethod
+    def from_config(cls, cfg: Config, seed: int) -> SimEngine:
+        """The timing of `cfg.sim`; `seed` draws the response lengths and token ids."""
+        return cls(cfg.sim, seed)
 
     def load_weights(self, model_file: Path, version: int) -> None:
         self.version = version
@@ -101,12 +107,7 @@ class SimEngine:
     def generate(
         self, prompts: list[str], params: SamplingParams, on_step: Callable[[], None] | None = None
     ) -> list[list[GeneratedSample]]:
-        one = SamplingParams(
-            n=1,
-            temperature=params.temperature,
-            top_p=params.top_p,
-            max_new_tokens=params.max_new_tokens,
-        )
+        one = dataclasses.replace(params, n=1)
         for i, prompt in enumerate(prompts):
             for k in range(params.n):
                 self.add_request(f"{i}/{k}", prompt, one)

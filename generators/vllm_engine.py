@@ -1,7 +1,7 @@
 """vLLM engine: the fast generator engine, hot-reloading weights from the weight store.
 
 Behaviour log-probabilities are the engine contract's log_softmax(logits / temperature) before top-p
-truncation (see `generators/engine.py`). vLLM returns, by default, raw log_softmax(logits) without
+truncation (see `generators/sampling.py`). vLLM returns, by default, raw log_softmax(logits) without
 temperature; we start it with `logprobs_mode="processed_logprobs"`, which is log_softmax(logits / T)
 after top-k / top-p masking and renormalisation. With top_p = 1 that is exactly our quantity. For
 top_p < 1 a worker hook (installed on first use) makes the sampler return the log-probabilities it
@@ -34,6 +34,11 @@ tokens sampled before the swap keep the old version's log-probabilities, every l
 sampled from the new weights over a KV cache recomputed with them, so each token's log-probability
 is exactly that of the version recorded for it. Versions come from vLLM's per-request weight-version
 spans (`CompletionOutput.weight_versions`), labelled by `set_weight_version` at each reload.
+
+Process environment: the engine core runs in this process and the model in a spawned worker, both
+configured through environment variables that vLLM reads when the engine starts, so `VLLMEngine`
+sets them (`set_vllm_environment`) before it imports vllm. A user's own values of the CPU-backend
+defaults win.
 """
 
 from __future__ import annotations
@@ -43,17 +48,46 @@ import logging
 import os
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from safetensors import safe_open
 from transformers import AutoTokenizer
 
 from rollflash.envs import response_text
-from rollflash.generators.engine import GeneratedSample, SamplingParams
+from rollflash.generators.sampling import GeneratedSample, SamplingParams
+
+if TYPE_CHECKING:
+    from rollflash.broker.config import Config
 
 log = logging.getLogger(__name__)
 
 _EXTENSION = "rollflash.generators.vllm_engine.WeightReloadExtension"
+
+# Read by vLLM's CPU backend only; defaults that a user's environment overrides.
+CPU_DEFAULTS = {
+    # OpenMP threads left unpinned: pinned threads wait for cores that other processes hold
+    # (several generators and a learner share one machine), unpinned ones run wherever is free
+    "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+    # KV cache in GiB: ample for short RL responses, and leaves host memory to the other processes
+    "VLLM_CPU_KVCACHE_SPACE": "1",
+}
+
+
+def set_vllm_environment() -> None:
+    """Set the environment variables vLLM reads when an engine starts; call before `import vllm`.
+
+    - VLLM_ENABLE_V1_MULTIPROCESSING=0 (always): the engine core runs in this process, so a
+      `step()` is one forward pass and weight reloads land between tokens (interrupt mode);
+    - VLLM_WORKER_MULTIPROC_METHOD=spawn unless set: a worker forked from a process that has run
+      torch ops inherits its OpenMP pool state and decodes several times slower on CPU; a spawned
+      worker starts clean;
+    - `CPU_DEFAULTS` unless set.
+    """
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+    for name, value in CPU_DEFAULTS.items():
+        os.environ.setdefault(name, value)
 
 
 def refresh_tied_heads(model: torch.nn.Module) -> int:
@@ -133,11 +167,7 @@ class VLLMEngine:
                 f"model.path: no Hugging Face model directory at {model_path} "
                 "(build one with scripts/make_tiny_model.py)"
             )
-        # in-process engine core: a step() is one forward pass, so reloads land between tokens
-        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-        # a worker forked from a process that already ran torch ops decoded 2-3x slower on CPU
-        # (OpenMP pool state inherited across fork, it seems); spawn starts it clean
-        os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+        set_vllm_environment()
         from vllm import LLM
         from vllm.platforms import current_platform
 
@@ -174,6 +204,11 @@ class VLLMEngine:
         self._streams: dict[str, tuple[list[int], set[str]]] = {}  # continuous: key -> requests
         self._request_ids = itertools.count()
         log.info("vLLM engine ready: %s (%s, %s)", model_dir, dtype, "cpu" if on_cpu else "gpu")
+
+    @classmethod
+    def from_config(cls, cfg: Config, seed: int) -> VLLMEngine:
+        """`model.path` in `model.dtype`, vLLM's sampling seeded with `seed`."""
+        return cls(cfg.model.path, dtype=cfg.model.dtype, seed=seed)
 
     def load_weights(self, model_file: Path, version: int) -> None:
         """Load a verified safetensors file in place; safe between steps of a running batch."""

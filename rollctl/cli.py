@@ -90,9 +90,7 @@ def start_learner(
         None,
         "--nproc",
         min=1,
-        help="Learner ranks on this node (torchrun "
-        "underneath; default "
-        "trainer.num_trainer_workers).",
+        help="Learner ranks on this node (torchrun underneath; default trainer.num_trainer_workers).",
     ),
     nnodes: int = typer.Option(1, "--nnodes", min=1, help="Nodes (torchrun)."),
     rdzv_endpoint: str | None = typer.Option(

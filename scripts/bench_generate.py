@@ -45,7 +45,7 @@ def prompts_for(count: int) -> list[str]:
 
 def rate(engine, batch: int, max_new_tokens: int) -> float:
     """Response tokens per second of one `engine.generate` call with `batch` prompts (n = 1)."""
-    from rollflash.generators.engine import SamplingParams
+    from rollflash.generators.sampling import SamplingParams
 
     params = SamplingParams(n=1, temperature=1.0, top_p=1.0, max_new_tokens=max_new_tokens)
     started = time.perf_counter()
@@ -57,9 +57,6 @@ def serve(kind: str, model_dir: str, threads: int, conn) -> None:
     """Child process: build one engine, then answer ("rate", batch, max_new_tokens) and
     ("reload", [(version, path), ...]) requests until ("stop",). Each engine gets a process of its
     own so that neither's idle OpenMP threads (or torch state) slow the other down."""
-    # vLLM's CPU backend: unpinned OpenMP threads and a small KV cache, as make_engine sets them
-    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     torch.set_num_threads(threads)
     torch.manual_seed(0)
     started = time.perf_counter()

@@ -30,6 +30,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import AutoTokenizer
@@ -38,7 +39,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from make_tiny_model import build_model, build_tokenizer, warmup_cosine  # noqa: E402
+from make_tiny_model import (  # noqa: E402
+    build_model,
+    build_tokenizer,
+    sft_optimizer,
+    sft_step,
+)
 
 from rollflash.envs import Episode, make_task, plain_encoder  # noqa: E402
 from rollflash.envs.gridworld import MOVES, GridWorld, shortest_action  # noqa: E402
@@ -123,6 +129,20 @@ def success_rate(
     return sum(ep.success for ep in episodes) / len(episodes)
 
 
+def heldout_success(
+    model, tokenizer, task, episodes: int, max_positions: int
+) -> tuple[float | None, float | None]:
+    """(greedy, sampled) success rates on the first `episodes` held-out seeds; sampled at T = 1
+    over each seed 4 times. (None, None) when `episodes` is 0."""
+    held = [int(i.answer) for i in task.heldout_items()][:episodes]
+    if not held:
+        return None, None
+    return (
+        success_rate(model, tokenizer, task, held, True, max_positions),
+        success_rate(model, tokenizer, task, held * 4, False, max_positions),
+    )
+
+
 def evaluate(model_dir: str, weights: str | None, task, episodes: int, seed: int) -> dict:
     """Greedy and sampled held-out success of a model directory, optionally with other weights."""
     from safetensors.torch import load_file
@@ -134,19 +154,20 @@ def evaluate(model_dir: str, weights: str | None, task, episodes: int, seed: int
         model.tie_weights()
     model.eval()
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    positions = model.config.max_position_embeddings
-    torch.manual_seed(seed)
-    held = [int(i.answer) for i in task.heldout_items()][:episodes]
+    torch.manual_seed(seed)  # the sampled success rate is reproducible
+    greedy, sampled = heldout_success(
+        model, tokenizer, task, episodes, model.config.max_position_embeddings
+    )
     return {
         "model": model_dir,
         "weights": weights,
-        "greedy_success": success_rate(model, tokenizer, task, held, True, positions),
-        "sampled_success": success_rate(model, tokenizer, task, held * 4, False, positions),
-        "episodes": len(held),
+        "greedy_success": greedy,
+        "sampled_success": sampled,
+        "episodes": min(episodes, len(task.heldout_items())),
     }
 
 
-def main(argv: Sequence[str] | None = None) -> None:
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", help="output directory (created)")
     p.add_argument("--evaluate", metavar="MODEL_DIR", help="only measure success rates of a model")
@@ -171,37 +192,33 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = p.parse_args(argv)
     if not 0.0 <= args.teacher_noise <= 1.0:
         p.error(f"--teacher-noise must be in [0, 1], got {args.teacher_noise}")
-    torch.set_num_threads(args.threads)
-    t0 = time.perf_counter()
-    task = make_task("gridworld", json.loads(args.task_params))
-    if args.evaluate:
-        print(
-            json.dumps(evaluate(args.evaluate, args.weights, task, args.eval_episodes, args.seed))
-        )
-        return
-    if not args.out:
+    if not args.out and not args.evaluate:
         p.error("--out is required (unless --evaluate)")
+    return args
+
+
+def build_untrained(args: argparse.Namespace) -> tuple[torch.nn.Module, Any, Path]:
+    """The model and tokenizer, saved to `args.out` and the tokenizer loaded back from there, so
+    demonstrations are tokenised exactly as generators and learner will tokenise them."""
+    tokenizer = build_tokenizer(max_positions=args.max_positions)
     model = build_model(
-        build_tokenizer(max_positions=args.max_positions),
-        args.layers,
-        args.hidden,
-        args.heads,
-        args.seed,
-        max_positions=args.max_positions,
+        tokenizer, args.layers, args.hidden, args.heads, args.seed, max_positions=args.max_positions
     )
     out = Path(args.out)
     model.save_pretrained(out)
-    build_tokenizer(max_positions=args.max_positions).save_pretrained(out)
-    # demonstrations are tokenised by the tokenizer as generators and learner will load it
-    tokenizer = AutoTokenizer.from_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return model, AutoTokenizer.from_pretrained(out), out
+
+
+def sft_on_teacher(model: torch.nn.Module, tokenizer, task, args: argparse.Namespace) -> float:
+    """`args.sft_steps` steps on batches of teacher episodes from the task's train seeds; returns
+    the last loss (nan for 0 steps) and leaves the model in eval mode."""
     encode, rng = plain_encoder(tokenizer), random.Random(args.seed + 1)
     seeds = (int(item.answer) for item in task.train_items(args.seed))
     env = task.make_env()
-    opt = torch.optim.AdamW(model.parameters(), lr=args.sft_lr, weight_decay=0.0, betas=(0.9, 0.98))
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, warmup_cosine(args.sft_steps))
+    opt, sched = sft_optimizer(model, args.sft_lr, args.sft_steps)
     model.train()
     loss = torch.tensor(float("nan"))
-    t1 = time.perf_counter()
     for _ in range(args.sft_steps):
         rows = [
             teacher_episode(
@@ -215,36 +232,41 @@ def main(argv: Sequence[str] | None = None) -> None:
             )
             for _ in range(args.sft_batch_size)
         ]
-        loss = model(**sft_batch(rows, tokenizer.pad_token_id)).loss
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
+        loss = sft_step(model, opt, sched, sft_batch(rows, tokenizer.pad_token_id))
     model.eval()
+    return loss.item()
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    t0 = time.perf_counter()
+    task = make_task("gridworld", json.loads(args.task_params))
+    if args.evaluate:
+        print(
+            json.dumps(evaluate(args.evaluate, args.weights, task, args.eval_episodes, args.seed))
+        )
+        return
+    model, tokenizer, out = build_untrained(args)
+    t1 = time.perf_counter()
+    loss = sft_on_teacher(model, tokenizer, task, args)
     t2 = time.perf_counter()
     model.save_pretrained(out)
     torch.manual_seed(args.seed)  # the sampled success rate is reproducible
-    held = [int(i.answer) for i in task.heldout_items()][: args.eval_episodes]
-    greedy = success_rate(model, tokenizer, task, held, True, args.max_positions) if held else None
-    sampled = (
-        success_rate(model, tokenizer, task, held * 4, False, args.max_positions) if held else None
+    greedy, sampled = heldout_success(
+        model, tokenizer, task, args.eval_episodes, args.max_positions
     )
-    print(
-        json.dumps(
-            {
-                "sft_steps": args.sft_steps,
-                "sft_loss": round(loss.item(), 4),
-                "sft_wall_s": round(t2 - t1, 2),
-                "wall_s": round(time.perf_counter() - t0, 2),
-                "greedy_success": greedy,
-                "sampled_success": sampled,
-                "params": sum(p.numel() for p in model.parameters()),
-                "out": str(out),
-            }
-        ),
-        flush=True,
-    )
+    summary = {
+        "sft_steps": args.sft_steps,
+        "sft_loss": round(loss, 4),
+        "sft_wall_s": round(t2 - t1, 2),
+        "wall_s": round(time.perf_counter() - t0, 2),
+        "greedy_success": greedy,
+        "sampled_success": sampled,
+        "params": sum(p.numel() for p in model.parameters()),
+        "out": str(out),
+    }
+    print(json.dumps(summary), flush=True)
 
 
 if __name__ == "__main__":

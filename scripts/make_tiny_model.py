@@ -12,7 +12,8 @@ leave room for RL (held-out greedy accuracy well below what sampling reaches):
 - `--sft-teacher-error P` (the demo's choice): an imperfect teacher whose answer is off by one with
   probability P; RL with the exact-match reward corrects it within tens of steps (see `sft_items`).
 - `--sft-target-acc A`: stop SFT once validation greedy accuracy reaches A. RL gains from such a model
-  measured -2 to +50 points in 300 steps depending on seed and lrs (see `sft`): too uneven for a demo.
+  range from -2 to +50 points in 300 steps with the seed and learning rates (see `sft`): too uneven
+  for a demo.
 
 Deterministic for a seed and a thread count. Prints one JSON line at the end:
     {"sft_steps": ..., "sft_loss": ..., "build_wall_s": ..., "sft_wall_s": ..., "wall_s": ...,
@@ -164,9 +165,7 @@ class SFTConfig:
     """Warm-start settings (flags of the same names with an `sft-` prefix)."""
 
     steps: int = 300  # optimiser steps; also the horizon of the cosine schedule
-    lr: float = (
-        1e-3  # peak AdamW lr (3e-3 learned erratically: 200 to 800+ steps to the same accuracy)
-    )
+    lr: float = 1e-3  # peak AdamW lr; 3e-3 is erratic (200 to 800+ steps to one accuracy)
     batch_size: int = 64  # train items per step
     seed: int = 0  # seeds the train stream and the teacher's errors
     target_acc: float | None = None  # stop once validation greedy accuracy reaches this
@@ -174,34 +173,53 @@ class SFTConfig:
     eval_every: int = 25  # steps between validation checks (only with target_acc)
 
 
+def sft_optimizer(
+    model: torch.nn.Module, lr: float, steps: int
+) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler]:
+    """AdamW (no weight decay, betas 0.9/0.98) at peak `lr`, on the `warmup_cosine(steps)` schedule."""
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0, betas=(0.9, 0.98))
+    return opt, torch.optim.lr_scheduler.LambdaLR(opt, warmup_cosine(steps))
+
+
+def sft_step(
+    model: torch.nn.Module,
+    opt: torch.optim.Optimizer,
+    sched: torch.optim.lr_scheduler.LRScheduler,
+    batch: dict[str, torch.Tensor],
+) -> torch.Tensor:
+    """One optimiser step on HF's loss of `batch` (labels -100 where no loss), gradient norm
+    clipped to 1.0; returns the loss."""
+    loss = model(**batch).loss
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    sched.step()
+    return loss
+
+
 def sft(
     model: Qwen2ForCausalLM, tokenizer: PreTrainedTokenizerFast, task: Task, cfg: SFTConfig
 ) -> tuple[int, float]:
-    """AdamW (no weight decay, betas 0.9/0.98, grad clip 1.0) on the `warmup_cosine(steps)` schedule.
+    """`sft_step`s of `sft_optimizer` (AdamW, grad clip 1.0, the `warmup_cosine(steps)` schedule).
 
     HF's loss is a mean over answer tokens (labels shift inside the model). With `target_acc`, stop as
     soon as greedy accuracy on 200 validation items (train problems from another seed's stream, never
     held-out ones) reaches it, checked every `eval_every` steps: where the model lands on the steep
     early-learning curve varies a lot between seeds, the accuracy it stops at much less. Give a long
-    horizon (`steps`) with a target so the lr is still near its peak at the stop; RL from a model
-    annealed onto a plateau at the same accuracy gained far less (+5 vs +25..+50 points in our runs).
+    horizon (`steps`) with a target so the lr is still near its peak at the stop: RL gains far less
+    from a model annealed onto a plateau at the same accuracy (about +5 points rather than +25 to +50).
     Returns (steps taken, last loss).
     """
     if cfg.steps <= 0:
         return 0, float("nan")
     items = sft_items(task, cfg.seed, cfg.teacher_error)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0, betas=(0.9, 0.98))
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, warmup_cosine(cfg.steps))
+    opt, sched = sft_optimizer(model, cfg.lr, cfg.steps)
     model.train()
     loss = torch.tensor(float("nan"))
     for step in range(1, cfg.steps + 1):
         batch = sft_batch(tokenizer, list(itertools.islice(items, cfg.batch_size)))
-        loss = model(**batch).loss
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
+        loss = sft_step(model, opt, sched, batch)
         if step % 100 == 0:
             logger.info("sft step %d loss %.4f", step, loss.item())
         if cfg.target_acc is not None and step % cfg.eval_every == 0:
@@ -333,7 +351,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         type=int,
         default=1,
         help="torch intra-op threads; 1 because these matrices are too small to gain from more, "
-        "and on a busy 2-core box 2 threads ran 6x slower than 1 (spinning on a taken core)",
+        "and on a busy machine a second thread spins waiting for a taken core",
     )
     p.add_argument("--no-eval", dest="eval", action="store_false", help="skip held-out evaluation")
     args = p.parse_args(argv)

@@ -98,6 +98,23 @@ def test_unknown_param_names_the_key():
         make_task("arithmetic", {"heldout_sz": 10})
 
 
+def test_an_environment_task_takes_the_class_parameters_and_heldout_size():
+    task = make_task("gridworld", {"size": 3, "holes": 1, "heldout_size": 3})
+    env = task.make_env()
+    assert (env.size, env.n_holes, env.max_turns) == (3, 1, 8)  # max_turns: GridWorld's default
+    assert [it.id for it in task.heldout_items()] == [
+        "heldout-0000",
+        "heldout-0001",
+        "heldout-0002",
+    ]
+    assert len(make_task("sim_env").heldout_items()) == 8  # the registry's default for sim_env
+    accepted = "size, holes, max_turns, slip, step_reward, invalid_reward, heldout_size"
+    with pytest.raises(
+        ValueError, match=f"^unknown parameter 'sise' for task 'gridworld'; accepted: {accepted}$"
+    ):
+        make_task("gridworld", {"sise": 3})
+
+
 @pytest.mark.parametrize(
     "params, match",
     [

@@ -12,8 +12,8 @@ import pytest
 from rollflash.broker.config import SimConfig
 from rollflash.broker.schema import PromptWork
 from rollflash.envs.multiturn import StepResult, TurnLimit
-from rollflash.generators.engine import SamplingParams
 from rollflash.generators.episodes import EpisodeRunner, GroupSpec, episodes_to_trajectory
+from rollflash.generators.sampling import SamplingParams
 from rollflash.generators.sim_engine import SimEngine
 
 

@@ -3,8 +3,8 @@
 import pytest
 
 from rollflash.broker.config import ConfigError, SimConfig, config_from_dict
-from rollflash.generators.engine import SamplingParams
 from rollflash.generators.rollout import Generator
+from rollflash.generators.sampling import SamplingParams
 from rollflash.generators.sim_engine import SimEngine
 
 PARAMS = SamplingParams(n=3, temperature=1.0, top_p=1.0, max_new_tokens=40)

@@ -138,8 +138,6 @@ class Harness:
 
 @pytest.fixture(scope="module", params=["tied", "untied"])
 def harness(request, model_dirs, tmp_path_factory):
-    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     from rollflash.generators.vllm_engine import VLLMEngine
 
     engine = VLLMEngine(str(model_dirs[request.param]), dtype="float32", seed=0)

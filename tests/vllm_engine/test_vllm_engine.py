@@ -1,4 +1,4 @@
-"""The vLLM engine against the HF engine's definitions, for tied and untied embeddings (issue 5).
+"""The vLLM engine against the HF engine's definitions, for tied and untied embeddings.
 
 Each test loads the weights it starts from, so the order of tests does not matter. Tolerance 1e-3
 on log-probabilities: both engines run float32 on CPU; observed differences are ~1e-6.
@@ -15,7 +15,7 @@ import torch
 # an empty namespace package named vllm
 pytest.importorskip("vllm")
 
-from rollflash.generators.engine import SamplingParams  # noqa: E402
+from rollflash.generators.sampling import SamplingParams  # noqa: E402
 
 T = 0.7
 PROMPTS = ["1+2=", "33+4=", "7*8=", "12-5="]
