@@ -55,6 +55,7 @@ from typing import Any
 import redis
 
 from rollflash.broker.connection import BrokerUnavailable
+from rollflash.broker.retry import retry_until
 from rollflash.broker.schema import (
     SCHEMA_VERSION,
     PromptWork,
@@ -144,21 +145,21 @@ class RunBroker:
 
     def _busy(self, write: Callable[[], Any]) -> Any:
         """Run a write, waiting out "OOM" refusals (Redis at maxmemory with noeviction)."""
-        deadline, delay = time.monotonic() + self.busy_timeout_s, 0.2
-        while True:
-            try:
-                return write()
-            except redis.ResponseError as e:
-                if not is_oom(e):
-                    raise
-                if time.monotonic() > deadline:
-                    raise BrokerUnavailable(
-                        f"Redis refused writes for {self.busy_timeout_s:.0f}s because it is at "
-                        "maxmemory: raise maxmemory or free memory"
-                    ) from None
-                log.warning("Redis is at maxmemory (%s); retrying the write in %.1fs", e, delay)
-                time.sleep(delay)
-                delay = min(delay * 2, 5.0)
+        timeout_s = self.busy_timeout_s
+
+        def give_up(e: Exception, failures: int) -> Exception:
+            return BrokerUnavailable(
+                f"Redis refused writes for {timeout_s:.0f}s because it is at "
+                "maxmemory: raise maxmemory or free memory"
+            )
+
+        return retry_until(
+            write,
+            timeout_s=timeout_s,
+            retry_if=is_oom,
+            give_up=give_up,
+            warn="Redis is at maxmemory (%s); retrying the write in %.1fs",
+        )
 
     # --- set-up -------------------------------------------------------------------------------
     def ensure_groups(self) -> None:
