@@ -29,7 +29,7 @@ import numpy as np
 SCHEMA_VERSION = 1
 
 _MAX_ITEMS = 65_536  # msgpack array/map length limit: far above any group size or field count
-_DTYPES = {
+_DTYPES: dict[str, np.dtype[Any]] = {
     "<i4": np.dtype("<i4"),
     "<f4": np.dtype("<f4"),
     "<i8": np.dtype("<i8"),
@@ -51,7 +51,7 @@ class PromptWork:
     issued_version: int  # learner version when the prompt was admitted
     item: dict[str, Any]  # the task item (prompt text, answer, ...) as plain msgpack types
     sample_index: int = -1  # with prompt replication: which sample of the group (-1: all n)
-    retried: bool = False  # set by the reader, not on the wire: delivered before (RunBroker)
+    retried: bool = False  # set by the reader, not on the wire: delivered before (streams.py)
 
 
 @dataclass

@@ -44,8 +44,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from rollflash.broker.config import Config
+from rollflash.broker.generator_side import GeneratorBroker
 from rollflash.broker.schema import PromptWork, Sample, Trajectory
-from rollflash.broker.streams import RunBroker
 from rollflash.envs import EnvTask, Episode
 from rollflash.generators.engine import EpisodeEngine, GeneratedSample, SamplingParams
 
@@ -280,7 +280,7 @@ def rollout_episodes(
     engine: EpisodeEngine,
     task: EnvTask,
     cfg: Config,
-    broker: RunBroker,
+    broker: GeneratorBroker,
     generator_id: str,
     follower,
 ) -> tuple[int, int]:

@@ -28,10 +28,11 @@ import redis
 
 from rollflash.broker.config import Config, ConfigError
 from rollflash.broker.connection import BrokerUnavailable, connect, redact
+from rollflash.broker.generator_side import GeneratorBroker
 from rollflash.broker.process import setup_process
+from rollflash.broker.redis_io import is_oom
 from rollflash.broker.retry import retry_until
 from rollflash.broker.schema import PromptWork, Sample, Trajectory
-from rollflash.broker.streams import RunBroker, is_oom
 from rollflash.broker.weights import WeightStore
 from rollflash.envs import Item, Task, is_multi_turn, make_task
 from rollflash.generators.continuous import ContinuousRollout
@@ -121,7 +122,7 @@ def rollout_batch(
     engine: Engine,
     task: Task,
     cfg: Config,
-    broker: RunBroker,
+    broker: GeneratorBroker,
     generator_id: str,
     follower: WeightFollower,
     rewarder: Rewarder | None = None,
@@ -152,7 +153,7 @@ def stream_groups(
     kept_groups: list[list[GeneratedSample]],
     versions: list[int],
     task: Task,
-    broker: RunBroker,
+    broker: GeneratorBroker,
     generator_id: str,
     rewarder: Rewarder | None,
 ) -> tuple[int, int]:
@@ -188,7 +189,7 @@ class Generator:
                 "and runs its own episode runner; set it to 0 (rollout.interrupt "
                 "refills that runner)"
             )
-        self.broker = RunBroker(
+        self.broker = GeneratorBroker(
             connect(cfg.redis.url, cfg.redis.connect_timeout_s),
             cfg.run.run_id,
             cfg.redis.max_payload_bytes,

@@ -1,12 +1,12 @@
-"""The one retry policy (broker/retry.py) and redis-py's use of it (broker/connection.py), on a
-fake clock: which errors are retried, the backoff sequence, and the error raised at the
-deadline."""
+"""The one retry policy (broker/retry.py) and its two users in broker/, on a fake clock: which
+errors are retried, the backoff sequence, and the error raised at the deadline."""
 
 import pytest
 import redis
 
 from rollflash.broker import retry
 from rollflash.broker.connection import BrokerUnavailable, ReconnectRetry
+from rollflash.broker.redis_io import RunRedis, is_oom
 
 
 class FakeClock:
@@ -137,4 +137,23 @@ def test_reconnect_policy_honours_redis_py_is_retryable(clock):
         ReconnectRetry(30, "unix:///r.sock").call_with_retry(
             call, lambda e: None, is_retryable=lambda e: False
         )
+    assert calls["n"] == 1
+
+
+def test_writes_refused_at_maxmemory_are_retried_then_reported(clock):
+    io = RunRedis(client=None, run_id="r", busy_timeout_s=3)  # type: ignore[arg-type]
+    oom = redis.exceptions.OutOfMemoryError("command not allowed when used memory > 'maxmemory'")
+    assert is_oom(oom) and is_oom(redis.ResponseError("OOM command not allowed"))
+    call, calls = failing(2, oom)
+    assert io.write(call) == "ok" and calls["n"] == 3
+    call, _ = failing(100, oom)
+    with pytest.raises(BrokerUnavailable) as info:
+        io.write(call)
+    assert str(info.value) == (
+        "Redis refused writes for 3s because it is at maxmemory: raise maxmemory or free memory"
+    )
+    # a write refused for another reason is not waited out
+    call, calls = failing(1, redis.ResponseError("WRONGTYPE"))
+    with pytest.raises(redis.ResponseError, match="WRONGTYPE"):
+        io.write(call)
     assert calls["n"] == 1
