@@ -69,6 +69,8 @@ class RunRegistry:
     def _check(self, fingerprint: str) -> None:
         reply: Any = self.io.client.hmget(self.keys.run, ["fingerprint", "schema"])
         have, schema = opt_text(reply[0]), opt_text(reply[1])
+        if have is None:  # registered a moment ago (`join` saw it): Redis lost it since
+            raise self.io.lost(f"the run hash {self.keys.run} is gone")
         if schema != str(SCHEMA_VERSION):
             raise RunMismatch(
                 f"run {self.keys.prefix} uses wire schema {schema}, "
