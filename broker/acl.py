@@ -14,10 +14,12 @@ write-only key patterns.
 
 from __future__ import annotations
 
+from rollflash.broker.keys import RunKeys
+
 
 def generator_acl(run_id: str, password: str) -> list[str]:
     """Each selector `( ... )` pairs commands with the only keys they may touch."""
-    p = f"rl:{run_id}:"
+    k = RunKeys(run_id)
     return [
         "on",
         f">{password}",
@@ -29,11 +31,11 @@ def generator_acl(run_id: str, password: str) -> list[str]:
         "+multi",
         "+exec",
         "+discard",
-        f"(+xreadgroup +xautoclaim +xack ~{p}prompts)",
-        f"(+xadd %W~{p}trajectories %W~{p}dlq)",
-        f"(+hincrby ~{p}dlq_reasons)",
-        f"(+hget +hgetall +hmget %R~{p}run %R~{p}weights)",
-        f"(+hset +pexpire ~{p}gen:*)",
+        f"(+xreadgroup +xautoclaim +xack ~{k.prompts})",
+        f"(+xadd %W~{k.trajectories} %W~{k.dlq})",
+        f"(+hincrby ~{k.dlq_reasons})",
+        f"(+hget +hgetall +hmget %R~{k.run} %R~{k.weights})",
+        f"(+hset +pexpire ~{k.gen_pattern})",
     ]
 
 
@@ -47,7 +49,7 @@ def learner_acl(run_id: str, password: str) -> list[str]:
         "-@admin",
         "-@dangerous",
         "+info",
-        f"~rl:{run_id}:*",
+        f"~{RunKeys(run_id).prefix}*",
     ]
 
 

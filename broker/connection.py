@@ -1,8 +1,8 @@
 """Connecting to Redis, and staying connected through restarts.
 
 `connect(url, timeout_s)` returns a client whose every command rides out a lost connection: it
-reconnects with exponential backoff (0.2 s doubling to 5 s) for up to `timeout_s`, then raises
-`BrokerUnavailable` naming the (password-masked) URL.
+reconnects with exponential backoff (0.2 s doubling to 5 s, broker/retry.py) for up to
+`timeout_s`, then raises `BrokerUnavailable` naming the (password-masked) URL.
 So a Redis restart shorter than `redis.connect_timeout_s` is invisible to callers apart from the
 wait: the learner, the generators and `rollctl status` all get this from `connect`.
 
@@ -21,20 +21,19 @@ certificates), `unix://[user:password@]/path/redis.sock`.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import redis
-from redis.backoff import ExponentialBackoff
+from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from rollflash.broker.retry import retry_until
 from rollflash.broker.secrets import redact
 
-log = logging.getLogger(__name__)
+T = TypeVar("T")
 
-BACKOFF_BASE_S = 0.1  # first wait 0.2 s (base * 2), doubling
-BACKOFF_CAP_S = 5.0
+log = logging.getLogger(__name__)
 
 
 class BrokerUnavailable(RuntimeError):
@@ -49,47 +48,58 @@ def _fatal(e: BaseException) -> bool:
     return "CERTIFICATE_VERIFY_FAILED" in text or "WRONGPASS" in text or "NOAUTH" in text
 
 
-class DeadlineRetry(Retry):
-    """redis-py retry policy: back off and reconnect until `timeout_s` after the first failure
-    (redis-py's own Retry counts attempts, which says nothing about how long Redis may be down)."""
+_RECONNECT_ERRORS = (redis.ConnectionError, redis.TimeoutError)
+
+
+class ReconnectRetry(Retry):
+    """What redis-py runs around every command, pipeline and reconnect: the project's retry policy
+    (broker/retry.py), which gives up `timeout_s` after the first failure with `BrokerUnavailable`.
+    redis-py's own `Retry` counts attempts, which says nothing about how long Redis may be down.
+
+    It overrides only the public `call_with_retry` that redis-py calls; the base class is built
+    with no backoff and no limit and holds nothing this class reads."""
 
     def __init__(self, timeout_s: float, shown_url: str):
-        super().__init__(
-            ExponentialBackoff(cap=BACKOFF_CAP_S, base=BACKOFF_BASE_S),
-            retries=-1,
-            supported_errors=(redis.ConnectionError, redis.TimeoutError),
-        )
+        super().__init__(NoBackoff(), retries=-1, supported_errors=_RECONNECT_ERRORS)
         self.timeout_s = timeout_s
         self.shown_url = shown_url
 
     def call_with_retry(
         self,
-        do: Callable[[], Any],
+        do: Callable[[], T],
         fail: Callable[..., Any],
         is_retryable: Callable[[Exception], bool] | None = None,
         with_failure_count: bool = False,
-    ) -> Any:
-        deadline = None
-        failures = 0
-        while True:
-            try:
-                return do()
-            except self._supported_errors as error:
-                if _fatal(error) or (is_retryable and not is_retryable(error)):
-                    raise
-                failures += 1
-                fail(error, failures) if with_failure_count else fail(error)
-                now = time.monotonic()
-                deadline = deadline or now + self.timeout_s
-                if now >= deadline:
-                    raise BrokerUnavailable(
-                        f"cannot reach Redis at {self.shown_url} after {failures} attempts in "
-                        f"{self.timeout_s:.0f}s ({error.__class__.__name__}: {error}); start "
-                        "redis-server or fix redis.url"
-                    ) from None
-                delay = min(self._backoff.compute(failures), deadline - now)
-                log.warning("Redis connection lost (%s); reconnecting in %.1fs", error, delay)
-                time.sleep(delay)
+    ) -> T:
+        def retry_if(e: Exception) -> bool:
+            return (
+                isinstance(e, _RECONNECT_ERRORS)
+                and not _fatal(e)
+                and (is_retryable is None or is_retryable(e))
+            )
+
+        def on_failure(e: Exception, failures: int) -> None:
+            if with_failure_count:  # redis-py's callback: it closes the broken connection
+                fail(e, failures)
+            else:
+                fail(e)
+
+        def give_up(e: Exception, failures: int) -> Exception:
+            return BrokerUnavailable(
+                f"cannot reach Redis at {self.shown_url} after {failures} attempts in "
+                f"{self.timeout_s:.0f}s ({e.__class__.__name__}: {e}); start "
+                "redis-server or fix redis.url"
+            )
+
+        return retry_until(
+            do,
+            timeout_s=self.timeout_s,
+            retry_if=retry_if,
+            give_up=give_up,
+            warn="Redis connection lost (%s); reconnecting in %.1fs",
+            on_failure=on_failure,
+            logger=log,
+        )
 
 
 def connect(url: str, timeout_s: float) -> redis.Redis:
@@ -100,7 +110,7 @@ def connect(url: str, timeout_s: float) -> redis.Redis:
             url,
             socket_connect_timeout=5,
             health_check_interval=30,
-            retry=DeadlineRetry(timeout_s, shown),
+            retry=ReconnectRetry(timeout_s, shown),
         )
     except ValueError as e:
         # the parser's message may quote part of the password: show it only without credentials
@@ -117,7 +127,7 @@ def connect(url: str, timeout_s: float) -> redis.Redis:
         raise BrokerUnavailable(
             f"Redis user in {shown} may not run PING ({e}): apply the ACL rules from rollctl acl"
         ) from None
-    except (redis.ConnectionError, OSError) as e:  # only fatal ones get here (DeadlineRetry)
+    except (redis.ConnectionError, OSError) as e:  # only fatal ones get here (ReconnectRetry)
         if "CERTIFICATE" in str(e):
             raise BrokerUnavailable(
                 f"TLS to Redis at {shown} failed ({e}): pass the server's "

@@ -14,7 +14,7 @@ import zmq
 
 class VersionPublisher:
     def __init__(self, bind: str = "tcp://127.0.0.1:*"):
-        self._ctx = zmq.Context.instance()
+        self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self._sock = self._ctx.socket(zmq.PUB)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.bind(bind)
@@ -31,7 +31,8 @@ class VersionPublisher:
 class VersionSubscriber:
     def __init__(self, endpoint: str):
         self.endpoint = endpoint
-        self._sock = zmq.Context.instance().socket(zmq.SUB)
+        ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
+        self._sock = ctx.socket(zmq.SUB)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.SUBSCRIBE, b"")
         self._sock.connect(endpoint)

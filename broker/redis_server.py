@@ -15,6 +15,7 @@ import signal
 import subprocess
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import redis
@@ -38,7 +39,7 @@ class EmbeddedRedis:
         self,
         workdir: str | Path | None = None,
         persistence: bool = False,
-        extra_args: list[str] = (),
+        extra_args: Sequence[str] = (),
     ):
         exe = shutil.which("redis-server")
         if exe is None:

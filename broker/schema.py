@@ -48,7 +48,7 @@ class PromptWork:
     issued_version: int  # learner version when the prompt was admitted
     item: dict[str, Any]  # the task item (prompt text, answer, ...) as plain msgpack types
     sample_index: int = -1  # with prompt replication: which sample of the group (-1: all n)
-    retried: bool = False  # set by the reader, not on the wire: delivered before (RunBroker)
+    retried: bool = False  # set by the reader, not on the wire: delivered before (streams.py)
 
 
 @dataclass

@@ -33,8 +33,8 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from rollflash.broker.config import Config
+from rollflash.broker.generator_side import GeneratorBroker
 from rollflash.broker.schema import PromptWork
-from rollflash.broker.streams import RunBroker
 from rollflash.generators.engine import StreamingEngine
 from rollflash.generators.reload import WeightFollower
 from rollflash.generators.sampling import GeneratedSample, SamplingParams
@@ -72,7 +72,7 @@ class ContinuousRollout:
         cfg: Config,
         engine: StreamingEngine,
         follower: WeightFollower,
-        broker: RunBroker,
+        broker: GeneratorBroker,
         generator_id: str,
         stream: Callable[[str, PromptWork, list[GeneratedSample], int], None],
         beat: Callable[[], bool],

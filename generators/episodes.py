@@ -44,8 +44,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from rollflash.broker.config import Config
+from rollflash.broker.generator_side import GeneratorBroker
 from rollflash.broker.schema import PromptWork, Sample, Trajectory
-from rollflash.broker.streams import RunBroker
 from rollflash.envs import EnvTask, Episode
 from rollflash.generators.engine import EpisodeEngine
 from rollflash.generators.reload import WeightFollower
@@ -306,7 +306,7 @@ def rollout_episodes(
     engine: EpisodeEngine,
     task: EnvTask,
     cfg: Config,
-    broker: RunBroker,
+    broker: GeneratorBroker,
     generator_id: str,
     follower: WeightFollower,
 ) -> tuple[int, int]:

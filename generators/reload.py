@@ -11,8 +11,8 @@ from __future__ import annotations
 import logging
 import time
 
+from rollflash.broker.generator_side import GeneratorBroker
 from rollflash.broker.notify import VersionSubscriber
-from rollflash.broker.streams import RunBroker
 from rollflash.broker.weights import CorruptWeights, WeightStore
 from rollflash.generators.engine import Engine
 
@@ -21,7 +21,11 @@ log = logging.getLogger(__name__)
 
 class WeightFollower:
     def __init__(
-        self, broker: RunBroker, store: WeightStore, engine: Engine, poll_interval_s: float = 2.0
+        self,
+        broker: GeneratorBroker,
+        store: WeightStore,
+        engine: Engine,
+        poll_interval_s: float = 2.0,
     ):
         self.broker, self.store, self.engine = broker, store, engine
         self.poll_interval_s = poll_interval_s

@@ -12,7 +12,7 @@ time (so a fast generator never waits for a slow one):
 4. sample n responses per prompt, score each with the task, XADD one trajectory per prompt and
    XACK its prompt in the same transaction.
 The process stops when the learner marks the run done, or on SIGTERM / SIGINT. It waits out Redis
-restarts and maxmemory refusals with backoff (broker/connection.py, broker/streams.py) and stops
+restarts and maxmemory refusals with backoff (broker/retry.py) and stops
 with `RunLost` if Redis comes back without the run's keys.
 """
 
@@ -28,10 +28,12 @@ import redis
 
 from rollflash.broker.config import Config, ConfigError
 from rollflash.broker.connection import BrokerUnavailable, connect
+from rollflash.broker.generator_side import GeneratorBroker
 from rollflash.broker.process import setup_process
+from rollflash.broker.redis_io import is_oom
+from rollflash.broker.retry import retry_until
 from rollflash.broker.schema import PromptWork, Sample, Trajectory
 from rollflash.broker.secrets import redact
-from rollflash.broker.streams import RunBroker, is_oom
 from rollflash.broker.weights import WeightStore
 from rollflash.envs import Item, Task, is_multi_turn, make_task
 from rollflash.generators.continuous import ContinuousRollout
@@ -122,7 +124,7 @@ def rollout_batch(
     engine: Engine,
     task: Task,
     cfg: Config,
-    broker: RunBroker,
+    broker: GeneratorBroker,
     generator_id: str,
     follower: WeightFollower,
     rewarder: Rewarder | None = None,
@@ -148,7 +150,7 @@ def stream_groups(
     kept_groups: list[list[GeneratedSample]],
     versions: list[int],
     task: Task,
-    broker: RunBroker,
+    broker: GeneratorBroker,
     generator_id: str,
     rewarder: Rewarder | None,
 ) -> tuple[int, int]:
@@ -184,7 +186,7 @@ class Generator:
                 "and runs its own episode runner; set it to 0 (rollout.interrupt "
                 "refills that runner)"
             )
-        self.broker = RunBroker(
+        self.broker = GeneratorBroker(
             connect(cfg.redis.url, cfg.redis.connect_timeout_s),
             cfg.run.run_id,
             cfg.redis.max_payload_bytes,
@@ -302,29 +304,32 @@ def run(cfg: Config, generator_id: str) -> None:
     stop = _Stop()
     gen = Generator(cfg, generator_id)
     log.info("generator %s ready (engine %s)", generator_id, cfg.rollout.engine)
-    trouble_since, delay = None, 0.2
-    while not stop.requested:
-        try:
-            if gen.finished():
-                break
-            if cfg.rollout.inflight_samples:
-                gen.serve_continuous(stop)  # returns when the run is done or on stop
-            else:
-                gen.serve_once()
-            trouble_since, delay = None, 0.2
-        except Exception as e:
-            if not _redis_trouble(e):
-                raise
-            # claimed prompts stay pending and are re-read (or reclaimed) once Redis is back
-            trouble_since = trouble_since or time.monotonic()
-            if time.monotonic() - trouble_since > cfg.redis.connect_timeout_s:
-                raise BrokerUnavailable(
-                    f"Redis at {redact(cfg.redis.url)} unusable for "
-                    f"{cfg.redis.connect_timeout_s:.0f}s: {e}"
-                ) from None
-            log.warning("Redis trouble (%s); retrying in %.1fs", e, delay)
-            time.sleep(delay)
-            delay = min(delay * 2, 5.0)
+
+    def turn() -> bool:
+        """One turn of the loop; True once the run is done or a stop was requested."""
+        if stop.requested or gen.finished():
+            return True
+        if cfg.rollout.inflight_samples:
+            gen.serve_continuous(stop)  # returns when the run is done or on stop
+        else:
+            gen.serve_once()
+        return False
+
+    def give_up(e: Exception, failures: int) -> Exception:
+        return BrokerUnavailable(
+            f"Redis at {redact(cfg.redis.url)} unusable for {cfg.redis.connect_timeout_s:.0f}s: {e}"
+        )
+
+    # claimed prompts stay pending and are re-read (or reclaimed) once Redis is back
+    while not retry_until(
+        turn,
+        timeout_s=cfg.redis.connect_timeout_s,
+        retry_if=_redis_trouble,
+        give_up=give_up,
+        warn="Redis trouble (%s); retrying in %.1fs",
+        logger=log,
+    ):
+        pass
     gen.heartbeat("stopped")
     gen.follower.close()
     log.info("generator %s stopped: %s", generator_id, gen.counters.as_fields())

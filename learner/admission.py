@@ -24,8 +24,8 @@ import dataclasses
 import math
 from collections.abc import Iterator
 
+from rollflash.broker.learner_side import LearnerBroker
 from rollflash.broker.schema import PromptWork
-from rollflash.broker.streams import RunBroker
 from rollflash.envs import Item
 
 
@@ -51,7 +51,7 @@ class Admission:
     def allowance(self, step: int) -> int:
         return math.floor((step + 1 + self.async_ratio) * self.batch_size) + self.replaced
 
-    def top_up(self, broker: RunBroker, step: int, version: int | None = None) -> int:
+    def top_up(self, broker: LearnerBroker, step: int, version: int | None = None) -> int:
         """Issue prompts up to the allowance for `step`, tagged with `version` (default: step);
         returns how many were issued."""
         version = step if version is None else version

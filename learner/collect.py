@@ -34,8 +34,8 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from rollflash.broker.learner_side import LearnerBroker
 from rollflash.broker.schema import Trajectory
-from rollflash.broker.streams import RunBroker
 from rollflash.learner.admission import Admission
 from rollflash.learner.assemble import GroupAssembler
 from rollflash.learner.checkpoint import Lineage
@@ -81,7 +81,7 @@ class Collector:
 
     def __init__(
         self,
-        broker: RunBroker,
+        broker: LearnerBroker,
         admission: Admission,
         group_size: int,
         vocab_size: int,

@@ -36,9 +36,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from rollflash.algos import RunningRewardNorm
 from rollflash.broker.config import Config
 from rollflash.broker.connection import connect
+from rollflash.broker.learner_side import LearnerBroker
 from rollflash.broker.notify import VersionPublisher
 from rollflash.broker.process import setup_process
-from rollflash.broker.streams import RunBroker
 from rollflash.broker.weights import WeightStore
 from rollflash.broker.wire import WireLimits
 from rollflash.envs import Item, Task, make_task
@@ -88,7 +88,7 @@ def load_policy(cfg: Config):
 class Publisher:
     """Writes a version to the weight store, records it in Redis and announces it over zmq."""
 
-    def __init__(self, cfg: Config, broker: RunBroker, resuming: bool):
+    def __init__(self, cfg: Config, broker: LearnerBroker, resuming: bool):
         self.store = WeightStore(cfg.run.run_dir)
         if self.store.versions() and not resuming:
             raise FileExistsError(
@@ -147,7 +147,7 @@ class Learner:
 
     cfg: Config
     dist: Dist
-    broker: RunBroker
+    broker: LearnerBroker
     task: Task
     heldout: list[Item]
     model: torch.nn.Module  # DistributedDataParallel around `policy` with several ranks
@@ -220,7 +220,7 @@ def start(cfg: Config, resume: bool | None = None) -> Learner:
     run_dir = Path(cfg.run.run_dir)
     if dist.is_main:
         cfg.save(run_dir / "config.yaml")
-    broker = RunBroker(
+    broker = LearnerBroker(
         connect(cfg.redis.url, cfg.redis.connect_timeout_s),
         cfg.run.run_id,
         cfg.redis.max_payload_bytes,

@@ -47,8 +47,8 @@ def _load(config: Path | None, overrides: list[str] | None, redis_url: str | Non
 
 def _expected_errors() -> tuple[type[BaseException], ...]:
     from rollflash.broker.connection import BrokerUnavailable
+    from rollflash.broker.redis_io import RunMismatch
     from rollflash.broker.redis_server import RedisServerError
-    from rollflash.broker.streams import RunMismatch
     from rollflash.broker.weights import CorruptWeights
 
     return (

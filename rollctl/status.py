@@ -2,7 +2,7 @@
 
 Shows stream lengths, each consumer group's pending and lag, the published weight version, the
 learner's progress, the reward-hacking guards' last warnings, what Redis forgot after a restart
-(broker/streams.py) and every live generator with its loaded version and counters.
+(broker/audit.py) and every live generator with its loaded version and counters.
 """
 
 from __future__ import annotations
@@ -12,52 +12,25 @@ import time
 
 from rollflash.broker.config import Config
 from rollflash.broker.connection import connect
-from rollflash.broker.streams import RunBroker
-
-
-def _groups(broker: RunBroker, stream: str) -> list[dict]:
-    if not broker.r.exists(stream):
-        return []
-    out = []
-    for g in broker.r.xinfo_groups(stream):
-        name = g["name"].decode() if isinstance(g["name"], bytes) else g["name"]
-        out.append(
-            {
-                "group": name,
-                "consumers": g["consumers"],
-                "pending": g["pending"],
-                "lag": g.get("lag"),
-            }
-        )
-    return out
+from rollflash.broker.redis_io import RunRedis
+from rollflash.broker.registry import RunRegistry
 
 
 def collect_status(cfg: Config) -> dict:
-    broker = RunBroker(
-        connect(cfg.redis.url, min(cfg.redis.connect_timeout_s, 5.0)),
-        cfg.run.run_id,
-        cfg.redis.max_payload_bytes,
+    registry = RunRegistry(
+        RunRedis(connect(cfg.redis.url, min(cfg.redis.connect_timeout_s, 5.0)), cfg.run.run_id)
     )
-    streams = {}
-    for name, key in (
-        ("prompts", broker.prompts),
-        ("trajectories", broker.trajectories),
-        ("dlq", broker.dlq),
-    ):
-        streams[name] = {"length": broker.r.xlen(key), "groups": _groups(broker, key)}
     now = time.time()
     gens = {}
-    for gid, f in sorted(broker.live_generators().items()):
+    for gid, f in sorted(registry.live_generators().items()):
         gens[gid] = {**f, "last_seen_s": round(now - float(f.get("heartbeat_at", now)), 1)}
     return {
         "run": cfg.run.run_id,
-        "learner": broker.run_fields(),
-        "weights": broker.weights(),
-        "streams": streams,
+        "learner": registry.fields(),
+        "weights": registry.weights(),
+        "streams": registry.stream_status(),
         "generators": gens,
-        "dead_letters": {
-            k.decode(): int(v) for k, v in broker.r.hgetall(broker.dlq_reasons).items()
-        },
+        "dead_letters": registry.dead_letters_by_code(),
     }
 
 

@@ -38,8 +38,9 @@ sys.path.insert(0, str(ROOT))
 
 from rollflash.broker.config import load_config  # noqa: E402
 from rollflash.broker.connection import connect  # noqa: E402
+from rollflash.broker.redis_io import RunRedis  # noqa: E402
 from rollflash.broker.redis_server import EmbeddedRedis  # noqa: E402
-from rollflash.broker.streams import RunBroker  # noqa: E402
+from rollflash.broker.registry import RunRegistry  # noqa: E402
 from rollflash.rollctl.local import run_local  # noqa: E402
 
 WORKLOAD = [
@@ -96,8 +97,8 @@ def run_one(ratio: float, steps: int, overrides: list[str], workdir: Path) -> di
         )
         if run_local(cfg, echo=False) != 0:
             raise SystemExit(f"run with async_ratio={ratio} failed; see {run_dir}/logs")
-        broker = RunBroker(connect(server.url, 5), cfg.run.run_id, cfg.redis.max_payload_bytes)
-        gens = list(broker.live_generators().values())
+        registry = RunRegistry(RunRedis(connect(server.url, 5), cfg.run.run_id))
+        gens = list(registry.live_generators().values())
         idle = [float(g["idle_frac"]) for g in gens]
         batch = [float(g.get("mean_batch", 0)) for g in gens]
         tokens_per_busy_s = [int(g["tokens"]) / float(g["busy_s"]) for g in gens]

@@ -1,7 +1,8 @@
 """Shared fixtures.
 
 - `redis_url`: one real redis-server per test session, on a unix socket, no persistence.
-- `broker`: a RunBroker on that server with a run id unique to the test (keys never collide).
+- `learner_broker`, `generator_broker`: the two sides of one run on that server (its streams and
+  consumer groups created), with a run id unique to the test (keys never collide).
 - `tiny_model_dir`: a tiny Qwen2 model with a character tokenizer, built once per session with a
   short SFT by scripts/make_tiny_model.py (the same code path as `make demo`).
 
@@ -36,13 +37,21 @@ def run_id() -> str:
 
 
 @pytest.fixture
-def broker(redis_url, run_id):
+def learner_broker(redis_url, run_id):
     from rollflash.broker.connection import connect
-    from rollflash.broker.streams import RunBroker
+    from rollflash.broker.learner_side import LearnerBroker
 
-    b = RunBroker(connect(redis_url, 5.0), run_id, max_payload_bytes=1_000_000)
+    b = LearnerBroker(connect(redis_url, 5.0), run_id, max_payload_bytes=1_000_000)
     b.ensure_groups()
     return b
+
+
+@pytest.fixture
+def generator_broker(redis_url, run_id, learner_broker):
+    from rollflash.broker.connection import connect
+    from rollflash.broker.generator_side import GeneratorBroker
+
+    return GeneratorBroker(connect(redis_url, 5.0), run_id, max_payload_bytes=1_000_000)
 
 
 def build_model(tmp_path_factory, name: str, args: list[str]) -> Path:

@@ -42,8 +42,8 @@ from harness import (
     xadds,
 )
 
+from rollflash.broker.audit import WATCH_INTERVAL_S
 from rollflash.broker.redis_server import EmbeddedRedis
-from rollflash.broker.streams import WATCH_INTERVAL_S
 
 STEPS, B = 10, 4
 

@@ -6,8 +6,12 @@ import redis
 
 from rollflash.broker.acl import generator_acl, learner_acl
 from rollflash.broker.connection import connect
+from rollflash.broker.generator_side import GeneratorBroker
+from rollflash.broker.keys import RunKeys
+from rollflash.broker.learner_side import LearnerBroker
+from rollflash.broker.redis_io import RunRedis
 from rollflash.broker.schema import PromptWork, Sample, Trajectory
-from rollflash.broker.streams import RunBroker
+from rollflash.broker.streams import DeadLetters, PromptQueue
 
 
 @pytest.fixture
@@ -22,7 +26,7 @@ def users(redis_url, run_id):
 
 def test_generator_user_can_work_but_not_reach_further(users, run_id):
     gen_url, learner_url = users
-    learner = RunBroker(connect(learner_url, 5), run_id, 100_000)
+    learner = LearnerBroker(connect(learner_url, 5), run_id, 100_000)
     learner.ensure_groups()
     learner.register_run("fp")
     learner.add_prompts(
@@ -30,7 +34,8 @@ def test_generator_user_can_work_but_not_reach_further(users, run_id):
     )
     learner.announce_weights(0, "/w/v0", "abc", "tcp://127.0.0.1:1")
 
-    gen = RunBroker(connect(gen_url, 5), run_id, 100_000)
+    gen_client = connect(gen_url, 5)
+    gen = GeneratorBroker(gen_client, run_id, 100_000)
     gen.join_run("fp", timeout_s=5)
     ((entry_id, work),) = gen.claim_prompts("gen-0", 1, block_ms=100)
     gen.heartbeat("gen-0", {"loaded_version": 0}, ttl_s=30)
@@ -44,15 +49,19 @@ def test_generator_user_can_work_but_not_reach_further(users, run_id):
     good, _ = learner.read_trajectories("rank0", 10, 100, vocab_size=10)
     assert [t.traj_id for _, t in good] == ["g0"]
 
+    # what a GeneratorBroker has no method for, its user may not do either
+    io = RunRedis(gen_client, run_id)
+    keys = RunKeys(run_id)
     forbidden = [
-        lambda: gen.add_prompts([work]),  # issuing prompts is the learner's job
-        lambda: gen.r.xrange(gen.trajectories),  # trajectories are write-only for generators
-        lambda: gen.r.hset(gen.weights_key, "version", 99),  # cannot announce weights
-        lambda: gen.r.delete(gen.prompts),
-        lambda: gen.r.hset(gen.run_key, "state", "done"),
-        lambda: gen.r.hgetall(f"rl:other-{run_id}:weights"),  # another run's keys
-        lambda: gen.r.flushall(),
-        lambda: gen.r.config_get("*"),
+        # issuing prompts is the learner's job
+        lambda: PromptQueue(io, 100_000, DeadLetters(io, 100_000)).add([work]),
+        lambda: gen_client.xrange(keys.trajectories),  # trajectories are write-only for generators
+        lambda: gen_client.hset(keys.weights, "version", 99),  # cannot announce weights
+        lambda: gen_client.delete(keys.prompts),
+        lambda: gen_client.hset(keys.run, "state", "done"),
+        lambda: gen_client.hgetall(RunKeys(f"other-{run_id}").weights),  # another run's keys
+        lambda: gen_client.flushall(),
+        lambda: gen_client.config_get("*"),
     ]
     for attempt in forbidden:
         with pytest.raises(redis.exceptions.NoPermissionError):

@@ -73,29 +73,29 @@ class SimGenerators(threading.Thread):
 
 @pytest.mark.parametrize("ratio", [0, 0.5, 1, 2])
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_staleness_and_admission_bounds_hold(broker, ratio, seed):
+def test_staleness_and_admission_bounds_hold(learner_broker, generator_broker, ratio, seed):
     rng = random.Random(seed)
     admission = Admission(_items(), B, ratio, N)
     published = [0]
-    gens = SimGenerators(broker, published, rng, slow_frac=0.3)
+    gens = SimGenerators(generator_broker, published, rng, slow_frac=0.3)
     gens.start()
     staleness = []
     collector = Collector(
-        broker, admission, N, vocab_size=10, max_staleness=math.ceil(ratio), timeout_s=10
+        learner_broker, admission, N, vocab_size=10, max_staleness=math.ceil(ratio), timeout_s=10
     )
     try:
         for version in range(STEPS):
             got = collector.collect(version)
             assert len(got.groups) == B
             assert admission.issued <= (
-                math.floor((version + 1 + ratio) * B) + broker.replaced_groups()
+                math.floor((version + 1 + ratio) * B) + learner_broker.replaced_groups()
             )
             staleness += [
                 version - int(s.token_versions.min()) for g in got.groups for s in g.samples
             ]
             if ratio == 0:
                 assert got.stale_ids == []
-            broker.ack_trajectories(got.entry_ids)
+            learner_broker.ack_trajectories(got.entry_ids)
             time.sleep(rng.uniform(0, 0.05))  # a training step
             published[0] = version + 1
     finally:
@@ -107,11 +107,11 @@ def test_staleness_and_admission_bounds_hold(broker, ratio, seed):
         assert set(staleness) == {0}  # on-policy
 
 
-def test_a_group_with_any_old_token_is_stale(broker):
+def test_a_group_with_any_old_token_is_stale(learner_broker, generator_broker):
     """Per-token versions are what counts: a group started on v0 and finished on v2 is as old as v0."""
     admission = Admission(_items(), 1, 1.0, 1)
-    admission.top_up(broker, step=2)
-    for entry_id, work in broker.claim_prompts("g", 10, 10):
+    admission.top_up(learner_broker, step=2)
+    for entry_id, work in generator_broker.claim_prompts("g", 10, 10):
         s = Sample(
             response_ids=np.array([5, 6], np.int32),
             logprobs=np.array([-1, -1], np.float32),
@@ -119,7 +119,7 @@ def test_a_group_with_any_old_token_is_stale(broker):
             reward=0.0,
             finished=True,
         )
-        broker.add_trajectory(
+        generator_broker.add_trajectory(
             Trajectory(
                 traj_id=work.group_id,
                 prompt_id=work.prompt_id,
@@ -132,24 +132,26 @@ def test_a_group_with_any_old_token_is_stale(broker):
             ),
             entry_id,
         )
-    got = Collector(broker, admission, 1, vocab_size=10, max_staleness=1, timeout_s=5).collect(
-        step=2
-    )
+    got = Collector(
+        learner_broker, admission, 1, vocab_size=10, max_staleness=1, timeout_s=5
+    ).collect(step=2)
     assert got.stale_ids == ["g000000000"]  # oldest token v0 < 2 - 1
     assert [g.traj_id for g in got.groups] == ["g000000001"]
-    assert broker.replaced_groups() == 1
+    assert learner_broker.replaced_groups() == 1
 
 
-def test_filtered_groups_are_replaced_so_a_step_still_gets_b_groups(broker):
+def test_filtered_groups_are_replaced_so_a_step_still_gets_b_groups(
+    learner_broker, generator_broker
+):
     """DAPO dynamic sampling through collect: groups the filter rejects are acknowledged, counted
     and replaced by fresh prompts until B groups pass (here every other group is rejected)."""
     admission = Admission(_items(), 2, 0.0, 1)
     published = [0]
-    gens = SimGenerators(broker, published, random.Random(0), slow_frac=0.0)
+    gens = SimGenerators(generator_broker, published, random.Random(0), slow_frac=0.0)
     gens.start()
     try:
         got = Collector(
-            broker,
+            learner_broker,
             admission,
             N,
             vocab_size=10,
@@ -162,4 +164,4 @@ def test_filtered_groups_are_replaced_so_a_step_still_gets_b_groups(broker):
         gens.join()
     assert [g.group_id for g in got.groups] == ["g000000000", "g000000002"]
     assert got.filtered_ids == ["g000000001"] and got.filtered["dynamic_sampling"] == 1
-    assert broker.replaced_groups() == 1 and admission.issued == 3
+    assert learner_broker.replaced_groups() == 1 and admission.issued == 3

@@ -4,10 +4,14 @@ import time
 
 import numpy as np
 import pytest
+import redis
 
 from rollflash.broker.connection import BrokerUnavailable, connect
+from rollflash.broker.keys import GEN_GROUP, LEARNER_GROUP, RunKeys
+from rollflash.broker.learner_side import LearnerBroker
+from rollflash.broker.redis_io import RunMismatch, RunRedis
+from rollflash.broker.registry import RunRegistry
 from rollflash.broker.schema import PromptWork, Sample, Trajectory
-from rollflash.broker.streams import GEN_GROUP, LEARNER_GROUP, RunBroker, RunMismatch
 
 
 def _work(i: int, version: int = 0) -> PromptWork:
@@ -41,70 +45,91 @@ def _traj(work: PromptWork, version: int = 0) -> Trajectory:
     )
 
 
-def test_prompt_to_trajectory_round_trip(broker):
-    broker.add_prompts([_work(i) for i in range(3)])
-    claimed = broker.claim_prompts("gen-0", count=2, block_ms=100)
+@pytest.fixture
+def raw(redis_url, run_id):
+    """A plain client and the run's key names, to look at what the brokers wrote."""
+    return redis.Redis.from_url(redis_url), RunKeys(run_id)
+
+
+def test_prompt_to_trajectory_round_trip(learner_broker, generator_broker, raw):
+    r, keys = raw
+    learner_broker.add_prompts([_work(i) for i in range(3)])
+    claimed = generator_broker.claim_prompts("gen-0", count=2, block_ms=100)
     assert [w.prompt_id for _, w in claimed] == ["train-0", "train-1"]
     # another consumer of the group gets the rest, never the same entries
-    other = broker.claim_prompts("gen-1", count=5, block_ms=100)
+    other = generator_broker.claim_prompts("gen-1", count=5, block_ms=100)
     assert [w.prompt_id for _, w in other] == ["train-2"]
     for entry_id, work in claimed:
-        broker.add_trajectory(_traj(work), prompt_entry_id=entry_id)
+        generator_broker.add_trajectory(_traj(work), prompt_entry_id=entry_id)
     # trajectory XADD and prompt XACK happen together: gen-0 has nothing pending now
-    assert broker.r.xpending(broker.prompts, GEN_GROUP)["pending"] == 1  # gen-1's
-    good, bad = broker.read_trajectories("rank0", count=10, block_ms=100, vocab_size=10)
+    assert r.xpending(keys.prompts, GEN_GROUP)["pending"] == 1  # gen-1's
+    good, bad = learner_broker.read_trajectories("rank0", count=10, block_ms=100, vocab_size=10)
     assert bad == [] and [t.traj_id for _, t in good] == ["g000000000", "g000000001"]
-    assert broker.r.xpending(broker.trajectories, LEARNER_GROUP)["pending"] == 2
-    broker.ack_trajectories([e for e, _ in good])
-    assert broker.r.xpending(broker.trajectories, LEARNER_GROUP)["pending"] == 0
+    assert r.xpending(keys.trajectories, LEARNER_GROUP)["pending"] == 2
+    learner_broker.ack_trajectories([e for e, _ in good])
+    assert r.xpending(keys.trajectories, LEARNER_GROUP)["pending"] == 0
     # the scalar fields are readable as they are, as `redis-cli XRANGE` shows them
-    _, fields = broker.r.xrange(broker.trajectories, count=1)[0]
+    _, fields = r.xrange(keys.trajectories, count=1)[0]
     assert fields[b"traj_id"] == b"g000000000" and fields[b"reward_mean"] == b"1.0000"
     assert fields[b"behavior_version"] == b"0" and fields[b"schema"] == b"1"
 
 
-def test_unacked_prompts_are_redelivered_to_the_same_consumer(broker):
-    broker.add_prompts([_work(0)])
-    first = broker.claim_prompts("gen-0", count=1, block_ms=100)
-    again = broker.claim_prompts("gen-0", count=1, block_ms=100, own_pending=True)
+def test_unacked_prompts_are_redelivered_to_the_same_consumer(learner_broker, generator_broker):
+    learner_broker.add_prompts([_work(0)])
+    first = generator_broker.claim_prompts("gen-0", count=1, block_ms=100)
+    again = generator_broker.claim_prompts("gen-0", count=1, block_ms=100, own_pending=True)
     assert [e for e, _ in again] == [e for e, _ in first]
+    assert [w.retried for _, w in first + again] == [False, True]  # delivered before: retried
 
 
-def test_poison_trajectory_goes_to_the_dead_letter_stream(broker):
-    good_id = broker.add_trajectory(_traj(_work(0)), prompt_entry_id=None)
-    bad_id = broker.r.xadd(
-        broker.trajectories, {"schema": 1, "traj_id": "x", "data": b"\xc1"}
-    ).decode()
-    good, bad = broker.read_trajectories("rank0", count=10, block_ms=100, vocab_size=10)
+def test_poison_trajectory_goes_to_the_dead_letter_stream(learner_broker, generator_broker, raw):
+    r, keys = raw
+    good_id = generator_broker.add_trajectory(_traj(_work(0)), prompt_entry_id=None)
+    bad_id = r.xadd(keys.trajectories, {"schema": 1, "traj_id": "x", "data": b"\xc1"}).decode()
+    good, bad = learner_broker.read_trajectories("rank0", count=10, block_ms=100, vocab_size=10)
     assert [e for e, _ in good] == [good_id]
     assert [b.entry_id for b in bad] == [bad_id] and "corrupt msgpack" in bad[0].reason
-    ((_, dlq_fields),) = broker.r.xrange(broker.dlq)
+    ((_, dlq_fields),) = r.xrange(keys.dlq)
     assert dlq_fields[b"original_id"].decode() == bad_id
     assert dlq_fields[b"reason"].startswith(b"corrupt msgpack")
     # the poison entry was acknowledged; only the good one is pending
-    assert broker.r.xpending(broker.trajectories, LEARNER_GROUP)["pending"] == 1
+    assert r.xpending(keys.trajectories, LEARNER_GROUP)["pending"] == 1
+    # and the learner replaces the rejected group by a fresh prompt
+    assert learner_broker.dead_lettered == 1 and learner_broker.replaced_groups() == 1
 
 
-def test_token_outside_vocabulary_is_dead_lettered(broker):
-    broker.add_trajectory(_traj(_work(0)), prompt_entry_id=None)
-    good, bad = broker.read_trajectories("rank0", count=10, block_ms=100, vocab_size=4)
+def test_token_outside_vocabulary_is_dead_lettered(learner_broker, generator_broker):
+    generator_broker.add_trajectory(_traj(_work(0)), prompt_entry_id=None)
+    good, bad = learner_broker.read_trajectories("rank0", count=10, block_ms=100, vocab_size=4)
     assert good == [] and "outside the vocabulary" in bad[0].reason
 
 
+def test_poison_prompt_is_dead_lettered_by_the_generator(generator_broker, raw):
+    r, keys = raw
+    bad_id = r.xadd(keys.prompts, {"schema": 1, "data": b"\xc1"}).decode()
+    assert generator_broker.claim_prompts("gen-0", count=1, block_ms=100) == []
+    ((_, dlq_fields),) = r.xrange(keys.dlq)
+    assert dlq_fields[b"original_id"].decode() == bad_id
+    assert r.xpending(keys.prompts, GEN_GROUP)["pending"] == 0  # acknowledged
+    assert generator_broker.dead_lettered == 1
+    assert r.hget(keys.run, "replaced") is None  # only the learner's rejections are replaced
+
+
 def test_a_process_with_another_config_is_refused(redis_url, run_id):
-    a = RunBroker(connect(redis_url, 5), run_id, 1000)
+    a = LearnerBroker(connect(redis_url, 5), run_id, 1000)
     a.register_run("aaaa")
     a.register_run("aaaa")  # the same config joins
     with pytest.raises(RunMismatch, match="fingerprint"):
-        RunBroker(connect(redis_url, 5), run_id, 1000).register_run("bbbb")
+        LearnerBroker(connect(redis_url, 5), run_id, 1000).register_run("bbbb")
 
 
-def test_heartbeats_expire(broker):
-    broker.heartbeat("gen-0", {"loaded_version": 3}, ttl_s=0.3)
-    assert broker.live_generators()["gen-0"]["loaded_version"] == "3"
-    assert broker.loaded_versions() == {3}
+def test_heartbeats_expire(learner_broker, generator_broker, redis_url, run_id):
+    status = RunRegistry(RunRedis(connect(redis_url, 5), run_id))  # what `rollctl status` reads
+    generator_broker.heartbeat("gen-0", {"loaded_version": 3}, ttl_s=0.3)
+    assert status.live_generators()["gen-0"]["loaded_version"] == "3"
+    assert learner_broker.loaded_versions() == {3}
     time.sleep(0.5)
-    assert broker.live_generators() == {}
+    assert status.live_generators() == {} and learner_broker.loaded_versions() == set()
 
 
 def test_unreachable_redis_fails_after_bounded_retries(tmp_path):

@@ -5,7 +5,7 @@ from rollflash.learner.guards import GuardMonitor
 from rollflash.rollctl.status import collect_status, guard_line
 
 
-def test_guard_warnings_and_stop_reach_rollctl_status(broker, redis_url, run_id):
+def test_guard_warnings_and_stop_reach_rollctl_status(learner_broker, redis_url, run_id):
     cfg = config_from_dict(
         {
             "run": {"run_id": run_id},
@@ -15,12 +15,12 @@ def test_guard_warnings_and_stop_reach_rollctl_status(broker, redis_url, run_id)
     )
     mon = GuardMonitor(cfg)
     hacked = {"guard/truncated_frac": 0.9, "guard/length_mean": 3.0}
-    mon.after_step(hacked, 8, broker)
+    mon.after_step(hacked, 8, learner_broker)
     line = guard_line(collect_status(cfg)["learner"])
     assert line == "guards: WARNING length_at_limit: 90% of responses hit max_new_tokens (> 50%)"
-    mon.after_step(hacked, 8, broker)  # second step in a row: patience 2 reached
+    mon.after_step(hacked, 8, learner_broker)  # second step in a row: patience 2 reached
     assert guard_line(collect_status(cfg)["learner"]).endswith(
         "| stopped by guard: length_at_limit: 90% of responses hit max_new_tokens (> 50%)"
     )
-    mon.after_step({"guard/truncated_frac": 0.0, "guard/length_mean": 3.0}, 8, broker)
+    mon.after_step({"guard/truncated_frac": 0.0, "guard/length_mean": 3.0}, 8, learner_broker)
     assert guard_line(collect_status(cfg)["learner"]).startswith("guards: ok | stopped by guard")

@@ -18,11 +18,15 @@ import pytest
 import redis
 
 from rollflash.broker.connection import BrokerUnavailable, connect
+from rollflash.broker.generator_side import GeneratorBroker
+from rollflash.broker.keys import GEN_GROUP, RunKeys
+from rollflash.broker.learner_side import LearnerBroker
+from rollflash.broker.redis_io import RunLost
 from rollflash.broker.redis_server import EmbeddedRedis
 from rollflash.broker.schema import PromptWork, Sample, Trajectory
-from rollflash.broker.streams import GEN_GROUP, RunBroker, RunLost
 
 FP = "fp0"
+KEYS = RunKeys("r")
 
 
 def _server(tmp_path: Path, fsync: str | None) -> EmbeddedRedis:
@@ -70,16 +74,24 @@ def _traj(work: PromptWork) -> Trajectory:
     )
 
 
-def _pair(server: EmbeddedRedis, timeout_s: float = 20.0) -> tuple[RunBroker, RunBroker]:
-    learner = RunBroker(connect(server.url, timeout_s), "r", 100_000, busy_timeout_s=5)
+def _pair(
+    server: EmbeddedRedis, timeout_s: float = 20.0, watch_interval_s: float = 1.0
+) -> tuple[LearnerBroker, GeneratorBroker]:
+    learner = LearnerBroker(
+        connect(server.url, timeout_s),
+        "r",
+        100_000,
+        busy_timeout_s=5,
+        watch_interval_s=watch_interval_s,
+    )
     learner.ensure_groups()
     learner.register_run(FP)
-    gen = RunBroker(connect(server.url, timeout_s), "r", 100_000, busy_timeout_s=5)
+    gen = GeneratorBroker(connect(server.url, timeout_s), "r", 100_000, busy_timeout_s=5)
     gen.join_run(FP, timeout_s=5)
     return learner, gen
 
 
-def _generate(gen: RunBroker, count: int) -> list[str]:
+def _generate(gen: GeneratorBroker, count: int) -> list[str]:
     """What a generator's turn does: own pending first, then new prompts; returns group ids."""
     claimed = gen.claim_prompts("gen-0", count, block_ms=0, own_pending=True) or gen.claim_prompts(
         "gen-0", count, block_ms=100
@@ -154,7 +166,8 @@ def test_redis_down_longer_than_the_timeout_fails_with_one_clear_error(tmp_path)
 def test_a_redis_that_lost_the_run_is_reported_and_nothing_is_recreated(tmp_path, how):
     server = _server(tmp_path, None)
     try:
-        learner, gen = _pair(server)
+        # the learner's reads re-check that Redis holds the run every time, not once a second
+        learner, gen = _pair(server, watch_interval_s=0.0)
         learner.add_prompts([_work(i) for i in range(2)])
         ((entry_id, work),) = gen.claim_prompts("gen-0", 1, block_ms=100)
         admin = redis.Redis.from_url(server.url)
@@ -163,10 +176,10 @@ def test_a_redis_that_lost_the_run_is_reported_and_nothing_is_recreated(tmp_path
             server.start()
             missing = "run hash"
         elif how == "group destroyed":
-            admin.xgroup_destroy(learner.trajectories, "learner")
+            admin.xgroup_destroy(KEYS.trajectories, "learner")
             missing = "consumer group 'learner'"
         else:
-            admin.delete(learner.prompts)
+            admin.delete(KEYS.prompts)
             missing = "stream rl:r:prompts"
         with pytest.raises(RunLost, match=missing):
             learner.check_intact()
@@ -177,7 +190,6 @@ def test_a_redis_that_lost_the_run_is_reported_and_nothing_is_recreated(tmp_path
         if how == "restart without persistence":
             calls["trajectory"] = lambda: gen.add_trajectory(_traj(work), entry_id)
         for call in calls.values():
-            learner._next_watch = 0.0  # the learner's reads re-check at most once a second
             with pytest.raises(RunLost, match="Redis no longer holds run rl:r:"):
                 call()
         if how == "restart without persistence":
@@ -185,7 +197,7 @@ def test_a_redis_that_lost_the_run_is_reported_and_nothing_is_recreated(tmp_path
                 gen.run_state()  # a generator's per-turn check (its ACL has no XINFO)
             assert admin.keys("rl:r:*") == []  # nothing was silently re-created
         if how == "stream deleted":
-            assert not admin.exists(learner.prompts)
+            assert not admin.exists(KEYS.prompts)
     finally:
         server.stop()
 
@@ -203,7 +215,8 @@ def test_everysec_window_forgotten_prompts_and_trajectories_are_recovered_and_co
         learner.check_intact()
         assert learner.verify_prompts() == 2  # g3, g4 were forgotten: added again
         assert learner.run_fields()["redis_lost_prompts"] == "2"
-        stream = [f[b"group_id"].decode() for _, f in learner.r.xrange(learner.prompts)]
+        admin = redis.Redis.from_url(server.url)
+        stream = [f[b"group_id"].decode() for _, f in admin.xrange(KEYS.prompts)]
         assert stream == [f"g{i:09d}" for i in range(5)]
         # g2's delivery and trajectory were forgotten: it comes back, and gen-0 knows it did it
         regenerated = _generate(gen, 10)
@@ -211,7 +224,7 @@ def test_everysec_window_forgotten_prompts_and_trajectories_are_recovered_and_co
         assert gen.lost["trajectories"] == 2  # g2 and g3
         good, _ = learner.read_trajectories("rank0", 10, 100, vocab_size=10)
         assert sorted(t.traj_id for _, t in good) == [f"g{i:09d}" for i in range(5)]
-        assert learner.r.xpending(learner.prompts, GEN_GROUP)["pending"] == 0
+        assert admin.xpending(KEYS.prompts, GEN_GROUP)["pending"] == 0
     finally:
         server.stop()
 
@@ -237,7 +250,7 @@ def test_everysec_forgotten_trajectories_of_a_dead_writer_are_counted_by_the_lea
         write(4)  # after the learner's last look: the residual window
         # gen-0 dies (kill -9) with the only memory of having written g2..g4
         _power_cut(server, durable)
-        other = RunBroker(connect(server.url, 20.0), "r", 100_000, busy_timeout_s=5)
+        other = GeneratorBroker(connect(server.url, 20.0), "r", 100_000, busy_timeout_s=5)
         other.join_run(FP, timeout_s=5)
         if after_restart == "another generator takes over":
             consumer, redo = "gen-1", other.reclaim_prompts("gen-1", min_idle_ms=0, count=10)
@@ -249,7 +262,8 @@ def test_everysec_forgotten_trajectories_of_a_dead_writer_are_counted_by_the_lea
             other.add_trajectory(_traj(w), entry_id)
         assert other.lost["trajectories"] == 0  # the writer that could have told is gone
         # 2 kept + 4 new = 6 > the 4 the learner saw: entries-added alone shows no loss
-        assert learner.r.xinfo_stream(learner.trajectories)["entries-added"] == 6
+        admin = redis.Redis.from_url(server.url)
+        assert admin.xinfo_stream(KEYS.trajectories)["entries-added"] == 6
         # but g3's entry, the last the learner saw, is gone: 6 - 4 added since = 2 kept of 4
         assert learner.verify_trajectories() == 2  # g2, g3 (g4 came after its last look)
         assert learner.lost["trajectory_writes"] == 2

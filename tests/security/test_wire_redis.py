@@ -4,7 +4,9 @@ does) never meets it again."""
 
 import msgpack
 import numpy as np
+import redis
 
+from rollflash.broker.keys import LEARNER_GROUP, RunKeys
 from rollflash.broker.schema import Sample, Trajectory, encode_trajectory
 
 
@@ -20,15 +22,17 @@ def _crafted() -> dict:
     return {**fields, "data": msgpack.packb(body)}
 
 
-def test_a_crafted_entry_is_dead_lettered_once_and_never_pending(broker):
-    entry_id = broker.r.xadd(broker.trajectories, _crafted()).decode()
+def test_a_crafted_entry_is_dead_lettered_once_and_never_pending(learner_broker, redis_url, run_id):
+    r, keys, broker = redis.Redis.from_url(redis_url), RunKeys(run_id), learner_broker
+    entry_id = r.xadd(keys.trajectories, _crafted()).decode()
     good, bad = broker.read_trajectories("rank0", count=10, block_ms=100, vocab_size=10)
     assert good == [] and [b.entry_id for b in bad] == [entry_id]
     assert "shape" in bad[0].reason
-    ((_, dead),) = broker.r.xrange(broker.dlq)
+    ((_, dead),) = r.xrange(keys.dlq)
     assert dead[b"original_id"].decode() == entry_id and dead[b"code"] == b"bad_shape"
     again, rejected = broker.read_trajectories(
         "rank0", count=10, block_ms=0, vocab_size=10, own_pending=True
     )
     assert again == [] and rejected == []  # acknowledged with its dead letter
-    assert broker.r.xpending(broker.trajectories, "learner")["pending"] == 0
+    assert r.xpending(keys.trajectories, LEARNER_GROUP)["pending"] == 0
+    assert r.hgetall(keys.dlq_reasons) == {b"bad_shape": b"1"}

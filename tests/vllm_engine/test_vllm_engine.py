@@ -97,23 +97,23 @@ def test_reload_makes_logprobs_match_the_new_weights(harness):
     assert all(s.token_versions == [version] * len(s.response_ids) for s in after)
 
 
-def test_a_version_with_a_bad_checksum_is_never_loaded(harness, broker):
+def test_a_version_with_a_bad_checksum_is_never_loaded(harness, learner_broker, generator_broker):
     from rollflash.broker.notify import VersionPublisher
     from rollflash.generators.reload import WeightFollower
 
     h = harness
     publisher = VersionPublisher()
-    follower = WeightFollower(broker, h.store, h.engine, poll_interval_s=0.0)
+    follower = WeightFollower(generator_broker, h.store, h.engine, poll_interval_s=0.0)
     try:
         good, good_path, good_sha = h.publish(seed=2)
-        broker.announce_weights(good, str(good_path.parent), good_sha, publisher.endpoint)
+        learner_broker.announce_weights(good, str(good_path.parent), good_sha, publisher.endpoint)
         assert follower.maybe_reload() and h.engine.version == good
 
         bad, bad_path, bad_sha = h.publish(seed=3)
         data = bytearray(bad_path.read_bytes())
         data[-64] ^= 0x01  # one bit of one weight: the file still parses and would load
         bad_path.write_bytes(bytes(data))
-        broker.announce_weights(bad, str(bad_path.parent), bad_sha, publisher.endpoint)
+        learner_broker.announce_weights(bad, str(bad_path.parent), bad_sha, publisher.endpoint)
         assert not follower.maybe_reload()
         assert follower.loaded_version == good and h.engine.version == good
 
