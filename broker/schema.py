@@ -316,7 +316,7 @@ def _check_ids(ids: np.ndarray, what: str, limits: WireLimits) -> None:
 
 
 def _decode_sample(body: BodyReader, what: str) -> Sample:
-    limits, parts = body.limits, {}
+    limits, parts = body.limits, dict[str, Any]()
     for key in body.fields(what, _SAMPLE_BODY):
         name = f"{what}.{key}"
         if key in _SAMPLE_ARRAYS:

@@ -23,7 +23,7 @@ from typing import Any
 import msgpack
 import numpy as np
 
-DTYPES = {
+DTYPES: dict[str, np.dtype[Any]] = {
     "<i4": np.dtype("<i4"),
     "<f4": np.dtype("<f4"),
     "<i8": np.dtype("<i8"),
