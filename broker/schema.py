@@ -11,8 +11,9 @@ Rules (ARCHITECTURE.md, "Wire rules"):
 A trajectory entry is one finished group: the n samples a generator drew for one prompt. A sample
 of a multi-turn episode (envs/episode.py) adds `loss_mask`, `turn_starts`, `turn_rewards` and
 `turn_states`; they are optional keys, so single-turn entries are unchanged and SCHEMA_VERSION
-stays 1 (a reader that predates them would ignore them, and train on observation tokens). So is
-`retried` (true when the prompt had been delivered before). Its small
+stays 1 (a reader that predates them would ignore them, and train on observation tokens). So are
+`retried` (true when the prompt had been delivered before) and a sample's `env_errors` (present
+when its episode met environment or tool exceptions). Its small
 scalar fields (`traj_id`, `behavior_version`, `reward_mean`, ...) sit beside the msgpack `data`
 field so that `redis-cli XRANGE` shows them readably.
 """
@@ -69,6 +70,7 @@ class Sample:
     turn_starts: np.ndarray | None = None  # [K] int32, response index where turn k's action starts
     turn_rewards: np.ndarray | None = None  # [K] float32, reward of each turn (sum = reward)
     turn_states: np.ndarray | None = None  # [K] int64, state key each turn acted in (GiGPO groups)
+    env_errors: int = 0  # environment / tool exceptions in the episode (absent on the wire if 0)
 
 
 @dataclass
@@ -213,6 +215,8 @@ def _encode_sample(s: Sample) -> dict[str, Any]:
     for name, dtype in _TURN_FIELDS:
         if getattr(s, name) is not None:
             out[name] = pack_array(getattr(s, name), dtype)
+    if s.env_errors:
+        out["env_errors"] = int(s.env_errors)
     return out
 
 
@@ -252,6 +256,9 @@ def _decode_sample(s: Any, i: int) -> Sample:
         raise WireError(f"{what}.reward: not finite ({reward})")
     if not np.all(np.isfinite(logprobs)) or np.any(logprobs > 1e-4):
         raise WireError(f"{what}.logprobs: not finite or positive")
+    env_errors = s.get("env_errors", 0)
+    if type(env_errors) is not int or not 0 <= env_errors < 2**31:
+        raise WireError(f"{what}.env_errors: not a count")
     return Sample(
         response_ids=ids,
         logprobs=logprobs,
@@ -260,6 +267,7 @@ def _decode_sample(s: Any, i: int) -> Sample:
         finished=_get(s, "finished", bool, what),
         text=_get(s, "text", str, what),
         **_decode_turns(s, ids.shape[0], what),
+        env_errors=env_errors,
     )
 
 
