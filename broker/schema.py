@@ -15,8 +15,9 @@ Rules (ARCHITECTURE.md, "Wire rules"):
 A trajectory entry is one finished group: the n samples a generator drew for one prompt (or one
 sample, with prompt replication). A sample of a multi-turn episode (envs/episode.py) adds
 `loss_mask`, `turn_starts`, `turn_rewards` and `turn_states`, all four or none; `retried` (true
-when the prompt had been delivered before) is optional too. Readers refuse keys they do not know,
-so a new field needs a new SCHEMA_VERSION. The small scalar fields (`traj_id`,
+when the prompt had been delivered before) and a sample's `env_errors` (environment or tool
+exceptions met by its episode, when there were any) are optional too. Readers refuse keys they
+do not know, so a new field needs a new SCHEMA_VERSION. The small scalar fields (`traj_id`,
 `behavior_version`, `reward_mean`, ...) sit beside the msgpack `data` field so that
 `redis-cli XRANGE` shows them readably.
 """
@@ -66,6 +67,7 @@ class Sample:
     turn_starts: np.ndarray | None = None  # [K] int32, response index where turn k's action starts
     turn_rewards: np.ndarray | None = None  # [K] float32, reward of each turn (sum = reward)
     turn_states: np.ndarray | None = None  # [K] int64, state key each turn acted in (GiGPO groups)
+    env_errors: int = 0  # environment / tool exceptions in the episode (absent on the wire if 0)
 
 
 @dataclass
@@ -143,6 +145,8 @@ def _encode_sample(s: Sample) -> dict[str, Any]:
     for name, dtype in _TURN_FIELDS:
         if getattr(s, name) is not None:
             out[name] = pack_array(getattr(s, name), dtype)
+    if s.env_errors:
+        out["env_errors"] = int(s.env_errors)
     return out
 
 
@@ -228,7 +232,7 @@ def _decode_prompt(fields: dict[bytes, bytes], limits: WireLimits) -> PromptWork
 
 _TRAJECTORY_BODY = frozenset({"prompt_ids", "issued_version", "samples", "retried"})
 _SAMPLE_BODY = frozenset(
-    {"response_ids", "logprobs", "token_versions", "reward", "finished", "text"}
+    {"response_ids", "logprobs", "token_versions", "reward", "finished", "text", "env_errors"}
     | {name for name, _ in _TURN_FIELDS}
 )
 
@@ -324,9 +328,11 @@ def _decode_sample(body: BodyReader, what: str) -> Sample:
             parts[key] = body.array(name, dtype, ndim, limits.max_tokens)
         elif key == "reward":
             parts[key] = float(body.typed(name, (int, float)))
+        elif key == "env_errors":
+            parts[key] = body.typed(name, int)
         else:
             parts[key] = body.typed(name, bool if key == "finished" else str)
-    missing = _SAMPLE_BODY - set(_TURN_NAMES) - parts.keys()
+    missing = _SAMPLE_BODY - set(_TURN_NAMES) - {"env_errors"} - parts.keys()
     if missing:
         raise WireError(f"{what}: missing {', '.join(sorted(missing))}", "schema")
     ids, logprobs, versions = parts["response_ids"], parts["logprobs"], parts["token_versions"]
@@ -339,6 +345,9 @@ def _decode_sample(body: BodyReader, what: str) -> Sample:
     check_range(versions, 0, _MAX_VERSION, f"{what}.token_versions")
     if not math.isfinite(parts["reward"]):
         raise WireError(f"{what}.reward: not finite ({parts['reward']})", "out_of_range")
+    env_errors = parts.get("env_errors", 0)
+    if not 0 <= env_errors < 2**31:
+        raise WireError(f"{what}.env_errors: not a count", "out_of_range")
     return Sample(
         response_ids=ids,
         logprobs=logprobs,
@@ -347,6 +356,7 @@ def _decode_sample(body: BodyReader, what: str) -> Sample:
         finished=parts["finished"],
         text=parts["text"],
         **_check_turns({k: parts[k] for k in _TURN_NAMES if k in parts}, ids.shape[0], what),
+        env_errors=env_errors,
     )
 
 

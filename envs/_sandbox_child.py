@@ -1,44 +1,33 @@
-"""The sandbox's child process (run as `python -I -S _sandbox_child.py CONFIG_JSON`); see sandbox.py.
+"""The sandboxed process: run by bwrap as `python -I -S -c <this file> rollflash-sandbox CONFIG`
+(CONFIG: a dict, marshal-encoded, in hex; marshal and the other imports here are built into the
+interpreter or cheap, so that a call costs little more than the interpreter's start).
 
-Order matters: kernel limits first, then the network namespace and the drop to an unprivileged
-user (both need root, if we have it), then the audit hook, and only then the untrusted code. This
-file must not import anything outside the standard library, and nothing that starts threads.
+It runs inside the namespaces and under the seccomp filter that envs/_bwrap.py set up. Order:
+1. drop to the sandbox user (uid/gid 65534, no capabilities) if bwrap left us root of the user
+   namespace, and stop unless that worked;
+2. kernel limits (resource.setrlimit, which the code cannot raise again): CPU seconds, address
+   space, file size, processes, open files, no core dumps;
+3. tell the parent we started (one byte on the state pipe), then read stdin: an 8-byte length,
+   the scratch files of the previous call and the code;
+4. restore the files into /scratch, install the audit hook (a second layer, see below), run the
+   code; whatever happens, pack /scratch back onto the state pipe for the next call (an 8-byte
+   length, then the files as a marshal-encoded list).
+
+The audit hook (PEP 578) refuses paths outside the scratch directory and the standard library,
+process creation, sockets and ctypes. It is not a boundary (Python code can switch it off); the
+namespaces and the filter are. This file imports nothing outside the standard library.
 """
 
-import json
+import marshal
 import os
 import resource
-import signal
 import sys
 
-CLONE_NEWUSER = 0x10000000
-CLONE_NEWNET = 0x40000000
-NOBODY = 65534
-PR_SET_PDEATHSIG = 1
-# imported before the privilege drop, so that code can use them even where the interpreter's own
-# files are not readable by the unprivileged user (e.g. a Python installed under /root)
-PRELOAD = (
-    "math",
-    "cmath",
-    "json",
-    "re",
-    "collections",
-    "itertools",
-    "functools",
-    "random",
-    "statistics",
-    "string",
-    "decimal",
-    "fractions",
-    "datetime",
-    "heapq",
-    "bisect",
-    "operator",
-    "socket",
-)  # socket: so that a connect attempt meets the hook and the empty namespace
+SCRATCH = "/scratch"
+CAP_LINE = "CapEff:"
 
 # audit events whose first argument is a path: reads may look at the scratch directory and the
-# interpreter's library directories, everything else at the scratch directory only
+# standard library, everything else at the scratch directory only
 _READ_EVENTS = {"open", "os.listdir", "os.scandir"}
 _PATH_EVENTS = _READ_EVENTS | {
     "os.remove",
@@ -59,7 +48,7 @@ _PATH_EVENTS = _READ_EVENTS | {
     "os.setxattr",
     "os.removexattr",
 }
-# events that would leave the sandbox: new processes, sockets, foreign code, signals, hook removal
+# events that would leave the sandbox: new processes, sockets, foreign code, signals, limits
 _BLOCKED = {
     "os.fork",
     "os.forkpty",
@@ -81,7 +70,6 @@ _BLOCKED = {
     "os.killpg",
     "sys.setprofile",
     "sys.settrace",
-    "os.add_dll_directory",
     "mmap.__new__",
     "os.putenv",
     "pty.spawn",
@@ -89,8 +77,7 @@ _BLOCKED = {
     "resource.prlimit",
     "sys._current_frames",
 }
-
-# modules that reach syscalls without raising an audit event (e.g. _posixsubprocess.fork_exec)
+# modules that reach system calls without an audit event (e.g. _posixsubprocess.fork_exec)
 _BLOCKED_MODULES = {
     "ctypes",
     "_ctypes",
@@ -99,6 +86,18 @@ _BLOCKED_MODULES = {
     "_testcapi",
     "_testinternalcapi",
 }
+
+
+def _become_sandbox_user(uid: int | None) -> None:
+    if uid is not None:
+        os.setgroups([])
+        os.setgid(uid)
+        os.setuid(uid)  # from uid 0 of the namespace: clears every capability
+    with open("/proc/self/status") as f:
+        caps = [ln.split()[1] for ln in f if ln.startswith(CAP_LINE)]
+    if os.getuid() == 0 or os.getgid() == 0 or caps != ["0" * 16]:
+        sys.stderr.write("sandbox: could not drop to an unprivileged user\n")
+        os._exit(70)
 
 
 def _set_limits(cfg: dict) -> None:
@@ -114,31 +113,63 @@ def _set_limits(cfg: dict) -> None:
         resource.setrlimit(getattr(resource, name), (value, value))
 
 
-def _isolate_network(libc) -> bool:
-    """A fresh, empty network namespace (only a down loopback) via unshare(2)."""
-    flags = CLONE_NEWNET if os.geteuid() == 0 else CLONE_NEWUSER | CLONE_NEWNET
-    return libc.unshare(flags) == 0
+def _read_input() -> tuple[bytes, str]:
+    data = sys.stdin.buffer.read()
+    size = int.from_bytes(data[:8], "little")
+    return data[8 : 8 + size], data[8 + size :].decode("utf-8", errors="replace")
 
 
-def _die_with_parent(libc, parent: int) -> None:
-    """SIGKILL this process when the parent dies (a generator killed with -9 leaves no sandbox
-    behind). After the privilege drop, which clears the setting."""
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() != parent:  # the parent died before prctl took effect
-        os._exit(1)
-
-
-def _drop_privileges(scratch: str) -> None:
-    if os.geteuid() != 0:
+def _restore(state: bytes) -> None:
+    """Recreate the previous call's files from `state`, a marshal-encoded list of
+    ("d", path) | ("f", path, mode, bytes) | ("l", path, target). The list was written inside the
+    sandbox (by `_save`, or by the code itself): entries that do not fit are skipped, and only
+    /scratch is writable here anyway."""
+    try:
+        entries = marshal.loads(state) if state else []
+    except Exception:
         return
-    os.setgroups([])
-    os.setgid(NOBODY)
-    os.setuid(NOBODY)  # RLIMIT_NPROC binds only a non-root user; root-owned files become read-only
+    for entry in entries if isinstance(entries, list) else []:
+        try:
+            kind, path = entry[0], os.path.normpath(entry[1])
+            if path.startswith(("/", "..")):
+                continue
+            full = os.path.join(SCRATCH, path)
+            if kind == "d":
+                os.mkdir(full)
+            elif kind == "l":
+                os.symlink(entry[2], full)
+            elif kind == "f":
+                fd = os.open(full, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, entry[2])
+                with open(fd, "wb") as f:
+                    f.write(entry[3])
+        except Exception:
+            continue
 
 
-def _install_hook(scratch: str, readable: list[str]) -> None:
-    scratch = os.path.realpath(scratch)
+def _save(fd: int) -> None:
+    """Write /scratch to `fd` as an 8-byte length and the list `_restore` reads."""
+    entries: list[tuple] = []
 
+    def walk(rel: str) -> None:
+        for e in sorted(os.scandir(os.path.join(SCRATCH, rel)), key=lambda e: e.name):
+            path = os.path.join(rel, e.name)
+            if e.is_symlink():
+                entries.append(("l", path, os.readlink(e.path)))
+            elif e.is_dir():
+                entries.append(("d", path))
+                walk(path)
+            elif e.is_file():
+                with open(e.path, "rb") as f:
+                    entries.append(("f", path, e.stat().st_mode & 0o777, f.read()))
+
+    walk("")
+    data = marshal.dumps(entries)
+    view = memoryview(len(data).to_bytes(8, "little") + data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _install_hook(readable: list[str]) -> None:
     def inside(path: str, roots: list[str]) -> bool:
         real = os.path.realpath(path)
         return any(real == r or real.startswith(r + os.sep) for r in roots)
@@ -150,13 +181,11 @@ def _install_hook(scratch: str, readable: list[str]) -> None:
             raise PermissionError(f"sandbox: importing {args[0]} is not allowed")
         if event in _PATH_EVENTS and args:
             path = args[0]
-            if isinstance(path, int):  # an already-open descriptor (os.open with dir_fd etc.)
-                return
-            path = os.fsdecode(path) if isinstance(path, (str, bytes, os.PathLike)) else None
-            if path is None:
-                return
+            if not isinstance(path, (str, bytes, os.PathLike)):
+                return  # an open descriptor: the kernel layers decide
+            path = os.fsdecode(path)
             write = event not in _READ_EVENTS or event == "open" and _opens_for_write(args)
-            roots = [scratch] if write else [scratch] + readable
+            roots = [SCRATCH] if write else [SCRATCH] + readable
             if not inside(path, roots):
                 raise PermissionError(f"sandbox: access to {path!r} outside the scratch directory")
 
@@ -173,32 +202,30 @@ def _opens_for_write(args: tuple) -> bool:
 
 
 def main() -> None:
-    cfg = json.loads(sys.argv[1])
+    cfg = marshal.loads(bytes.fromhex(sys.argv[2]))
+    _become_sandbox_user(cfg["drop_to"])
     _set_limits(cfg)
-    parent = os.getppid()
-    import ctypes  # for unshare and prctl only; removed again before the user's code runs
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    if cfg["isolate_network"]:
-        _isolate_network(libc)  # on failure the audit hook still refuses sockets (see sandbox.py)
-    for name in PRELOAD:
-        __import__(name)
-    _drop_privileges(cfg["scratch"])
-    _die_with_parent(libc, parent)
-    del libc, ctypes
-    for name in [m for m in sys.modules if m.split(".")[0] in ("ctypes", "_ctypes")]:
-        del sys.modules[name]  # so that the code's `import ctypes` reaches the audit hook
-    os.chdir(cfg["scratch"])
-    # modules the user's code may import are read from the interpreter's own directories only
-    readable = sorted({os.path.realpath(p) for p in sys.path if p and os.path.isdir(p)})
-    sys.path[:] = [p for p in sys.path if p and "site-packages" not in p]
-    os.environ.clear()
-    source = open("main.py").read()
-    code = compile(source, "main.py", "exec")
-    if cfg.get("audit_hook", True):  # False only in tests of the kernel-level layers
-        _install_hook(cfg["scratch"], readable)
-    del sys.argv[1:]
-    exec(code, {"__name__": "__main__", "__builtins__": __builtins__})
+    state_fd = cfg["state_fd"]
+    os.write(state_fd, b"S")  # started: anything after this is the code's doing
+    state, source = _read_input()
+    os.chdir(SCRATCH)
+    _restore(state)
+    sys.stdout.reconfigure(encoding="utf-8", errors="backslashreplace")
+    sys.stderr.reconfigure(encoding="utf-8", errors="backslashreplace")
+    main_pid = os.getpid()
+    try:
+        code = compile(source, "main.py", "exec")
+        if cfg["audit_hook"]:  # False only in tests of the kernel-level layers
+            _install_hook(cfg["readable"])
+        del sys.argv[1:]
+        exec(code, {"__name__": "__main__", "__builtins__": __builtins__})
+    finally:
+        try:
+            sys.stdout.flush()
+            if os.getpid() == main_pid:  # not in a process the code forked
+                _save(state_fd)
+        except BaseException:
+            pass  # the files of this call are lost; the parent keeps the previous ones
 
 
 if __name__ == "__main__":

@@ -13,6 +13,13 @@ concatenated text, which for BPE tokenisers would not reproduce the sampled toke
 tokens carry a loss mask of 0, a behaviour log-probability of 0 (never used) and the version of the
 turn before them.
 
+An environment that raises does not end the process that runs the episode: an exception from
+`reset` makes the first observation an error line and ends the episode at its first action; one
+from `step` ends the episode there (truncated, reward 0 for the turn), since the environment's
+state is unknown; one from `close` is logged. Each, and each step whose info carries
+"env_error" (a tool that failed but let the episode go on, envs/tools.py), adds one to
+`env_errors`, which the trajectory carries to the learner's `env/errors` metric.
+
 Per turn the episode records where the action starts (`turn_starts`, an index into the response),
 the turn's reward, and `turn_states`, a 63-bit hash of the observation the action answered: turns of
 different episodes in a group with the same state key are "the same state" for GiGPO-style step
@@ -31,12 +38,14 @@ Stdlib only.
 from __future__ import annotations
 
 import hashlib
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from rollflash.envs.multiturn import Env
+from rollflash.envs.multiturn import Env, StepResult
 
+log = logging.getLogger(__name__)
 Encode = Callable[[str, bool], list[int]]  # (observation text, is_first) -> token ids
 
 
@@ -102,10 +111,37 @@ class Episode:
     success: bool = False  # info["success"] of the last step
     truncated: bool = False  # ended by the env's turn limit or the token budget
     observation: str = ""
+    env_errors: int = 0  # exceptions of the environment and failed tools (module docstring)
+    broken: bool = False  # reset raised: the next action ends the episode
 
     def __post_init__(self) -> None:
-        self.observation = self.env.reset(self.seed)
+        try:
+            self.observation = self.env.reset(self.seed)
+        except Exception as e:
+            self._env_error("reset", e)
+            self.observation, self.broken = (
+                f"error: environment failed ({type(e).__name__})\n",
+                True,
+            )
         self.prompt_ids = self.encode(self.observation, True)
+
+    def _env_error(self, where: str, e: Exception) -> None:
+        self.env_errors += 1
+        log.warning("environment %s failed in episode seed %d: %r", where, self.seed, e)
+
+    def _step(self, text: str) -> StepResult:
+        """env.step, with an exception turned into the end of the episode."""
+        if self.broken:
+            return StepResult("", 0.0, True, {"truncated": True})
+        try:
+            result = self.env.step(text)
+        except Exception as e:
+            self._env_error("step", e)
+            return StepResult("", 0.0, True, {"truncated": True})
+        if result.info.get("env_error"):
+            self.env_errors += 1
+            log.warning("tool failed in episode seed %d: %s", self.seed, result.info["env_error"])
+        return result
 
     @property
     def context(self) -> list[int]:
@@ -130,7 +166,7 @@ class Episode:
         self.loss_mask += [1] * len(ids)
         self.logprobs += logprobs
         self.versions += versions
-        result = self.env.step(text)
+        result = self._step(text)
         self.turn_rewards.append(float(result.reward))
         self.success = bool(result.info.get("success", False))
         if result.done:
@@ -146,4 +182,7 @@ class Episode:
             self.done, self.truncated = True, True
 
     def close(self) -> None:
-        self.env.close()
+        try:
+            self.env.close()
+        except Exception as e:
+            self._env_error("close", e)

@@ -1,68 +1,73 @@
 """A Python sandbox for tool-using environments: run untrusted code, get its output or a clean error.
 
-Each call writes the code to `main.py` in the sandbox's scratch directory and runs it in a fresh
-interpreter (`python -I -S envs/_sandbox_child.py`) in its own session (process group), with:
+Each call runs the code in a fresh interpreter under bubblewrap (envs/_bwrap.py has the details):
 
-- kernel limits set in the child before the code runs (`resource.setrlimit`): CPU seconds
-  (RLIMIT_CPU, SIGXCPU/SIGKILL past it), address space (RLIMIT_AS: a huge allocation raises
-  MemoryError), file size (RLIMIT_FSIZE, which also caps stdout/stderr: they go to files), processes
-  (RLIMIT_NPROC, against fork bombs), 64 open files, no core dumps;
-- a wall-clock limit enforced by the parent, which then SIGKILLs the whole process group (after a
-  normal exit too, so nothing the code started survives it); if the parent itself dies (a
-  generator killed with -9), the child gets SIGKILL too (prctl PR_SET_PDEATHSIG);
-- no network: when the host allows unshare(2) (root, or unprivileged user namespaces), the child
-  enters a new, empty network namespace, so a socket has no route anywhere. Otherwise (recorded as
-  `network="audit-hook"` in the result) only the audit hook below blocks sockets;
-- as root, the child drops to uid/gid 65534 (nobody) after the namespace is made: RLIMIT_NPROC only
-  binds non-root users (not even root in a new user namespace: measured), and root-owned files and
-  directories become read-only to the code. A few stdlib modules (`_sandbox_child.PRELOAD`: math,
-  json, re, collections, ...) are imported before the drop, so they work even where the interpreter
-  lives in a directory nobody cannot read (a pyenv Python under /root); other imports may then
-  fail with ModuleNotFoundError, which is a clean error like any other;
-- a Python audit hook (PEP 578) installed before the code runs, which refuses: opening for writing,
-  listing, renaming or deleting any path outside the scratch directory; reading outside the scratch
-  directory and the interpreter's own library directories; fork/exec/subprocess/os.system; sockets;
-  ctypes; signals to other processes; changing the rlimits.
+- its own user, PID, mount, network, IPC and UTS namespaces: it sees no other process, has no
+  network (not even the host's loopback), and its filesystem is a read-only root holding only
+  the interpreter's binary, shared libraries and standard library, a private /proc, a minimal /dev,
+  and `/scratch`, a tmpfs of `disk_mb`, the only writable place. No project files, no run
+  directory, no site-packages, no /home, /etc or Redis socket exist in there;
+- uid/gid 65534 with no capabilities (as root, also uid 65534 on the host);
+- a seccomp filter (envs/_seccomp.py) refusing ptrace, mount, keyctl, bpf, unshare, setns, ...;
+- rlimits set before the code runs (envs/_sandbox_child.py): CPU seconds, address space, file
+  size, processes, 64 open files, no core dumps;
+- a wall-clock limit: then SIGKILL to the PID namespace's init, which kills every process the
+  code started; the call returns only once they are all gone. The same happens when the caller
+  dies (--die-with-parent), and every call ends its namespace, so nothing outlives a call;
+- output capped: stdout and stderr together at `file_mb` (the process is killed beyond), of
+  which `max_output` characters are returned;
+- the code travels over stdin, the results over pipes: the caller never opens a path the
+  sandbox can write. The files in /scratch persist from one call to the next of the same
+  `Sandbox` as an archive held in the caller's memory (at most about `disk_mb`), which the next
+  call unpacks inside the sandbox (the caller never interprets it); a call that is killed keeps
+  the previous files.
 
-Honest limits: the audit hook is a Python-level barrier. It cannot be removed from Python code and
-ctypes is refused, but a bug in a C extension module that the stdlib ships could in principle be
-used to reach raw syscalls; then the kernel-level layers remain (rlimits, the process group kill,
-the network namespace where available, and, as root, the unprivileged uid, which can still read
-world-readable files and write world-writable directories such as /tmp). There is no seccomp filter
-and no mount namespace. Do not run the sandbox on a machine whose world-readable files are secret.
+A Python audit hook inside (envs/_sandbox_child.py) is a second layer only.
 
-A result is never an exception: `SandboxResult(ok, output, error)`, where `error` is a one-line
-reason ("timeout after 2.0s", "memory limit", "MemoryError: ...", "PermissionError: sandbox: ...").
-Stdlib only.
+There is no weaker fallback: if bubblewrap is missing or cannot create the namespaces, `Sandbox()`
+raises `SandboxUnavailable` with one line saying what is missing and how to fix it. The threat
+model and what is out of scope (kernel exploits, side channels) are in docs/security.md.
+
+A call's result is never an exception: `SandboxResult(ok, output, error)`, where `error` is a
+one-line reason ("timeout after 2s wall clock", "MemoryError", "PermissionError: ..."). Only a
+failure of the sandbox itself to start raises `SandboxError`. Stdlib only.
 """
 
 from __future__ import annotations
 
 import functools
-import json
 import os
+import platform
+import selectors
 import shutil
 import signal
 import subprocess
-import sys
-import tempfile
 import time
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import dataclass, field
 
-_CHILD = Path(__file__).with_name("_sandbox_child.py")
-NOBODY = 65534
+from rollflash.envs._bwrap import SandboxUnavailable, launch, runtime
+from rollflash.envs._seccomp import supported_machine
+
+__all__ = ["Sandbox", "SandboxError", "SandboxLimits", "SandboxResult", "SandboxUnavailable"]
+__all__ += ["require_sandbox"]
+
+_CHUNK = 65536
+_STDERR_TAIL = 65536  # the last bytes of stderr are kept: a traceback ends there
+
+
+class SandboxError(RuntimeError):
+    """The sandbox itself failed to start a call (not the code's fault)."""
 
 
 @dataclass(frozen=True)
 class SandboxLimits:
     cpu_s: int = 2  # CPU seconds (RLIMIT_CPU)
-    wall_s: float = 5.0  # wall-clock seconds, then the process group is killed
+    wall_s: float = 5.0  # wall-clock seconds, then every process of the call is killed
     memory_mb: int = 256  # address space (RLIMIT_AS)
-    file_mb: int = 1  # largest file the code may write, stdout and stderr included (RLIMIT_FSIZE)
-    nproc: int = 16  # processes of the sandbox user (RLIMIT_NPROC; the child itself is one)
+    file_mb: int = 1  # largest file (RLIMIT_FSIZE), and stdout + stderr together
+    disk_mb: int = 16  # size of the /scratch tmpfs, the only writable place
+    nproc: int = 16  # processes of the sandbox user (RLIMIT_NPROC; the code's process is one)
     max_output: int = 2000  # characters of stdout / error returned
-    isolate_network: bool = True  # try a fresh network namespace (unshare)
 
 
 @dataclass(frozen=True)
@@ -70,119 +75,198 @@ class SandboxResult:
     ok: bool  # the code ran to completion with exit status 0
     output: str  # stdout (at most max_output characters)
     error: str  # "" when ok, else a one-line reason
-    network: str  # "namespace" or "audit-hook": how the network was cut off
     wall_s: float
 
 
-class Sandbox:
-    """A scratch directory plus `run(code)`; files written by one call are visible to the next.
-    `close()` removes the directory."""
-
-    def __init__(self, limits: SandboxLimits = SandboxLimits(), audit_hook: bool = True) -> None:
-        """audit_hook=False leaves out the Python-level layer: only for tests that check the
-        kernel-level layers (rlimits, namespace, process-group kill) on their own."""
-        self.limits, self.audit_hook = limits, audit_hook
-        self.scratch = Path(tempfile.mkdtemp(prefix="rollflash-sandbox-"))
-        if os.geteuid() == 0:
-            os.chown(self.scratch, NOBODY, NOBODY)  # the child runs as nobody
-
-    def run(self, code: str) -> SandboxResult:
-        if not self.scratch.is_dir():
-            raise RuntimeError("sandbox used after close()")
-        lim = self.limits
-        (self.scratch / "main.py").write_text(code)
-        cfg = {
-            "scratch": str(self.scratch),
-            "cpu_s": lim.cpu_s,
-            "memory_mb": lim.memory_mb,
-            "file_mb": lim.file_mb,
-            "nproc": lim.nproc,
-            "isolate_network": lim.isolate_network,
-            "audit_hook": self.audit_hook,
-        }
-        with tempfile.TemporaryDirectory(prefix="rollflash-sandbox-io-") as io_dir:
-            out_path, err_path = Path(io_dir) / "out", Path(io_dir) / "err"
-            started = time.monotonic()
-            with open(out_path, "wb") as out, open(err_path, "wb") as err:
-                proc = subprocess.Popen(
-                    [sys.executable, "-I", "-S", str(_CHILD), json.dumps(cfg)],
-                    stdin=subprocess.DEVNULL,
-                    stdout=out,
-                    stderr=err,
-                    cwd=self.scratch,
-                    env={"PATH": "/usr/bin:/bin"},
-                    start_new_session=True,
-                    close_fds=True,
-                )
-                timed_out = False
-                try:
-                    proc.wait(timeout=lim.wall_s)
-                except subprocess.TimeoutExpired:
-                    timed_out = True
-                _kill_group(proc)
-            wall = time.monotonic() - started
-            stdout = _read_head(out_path, lim.max_output)
-            stderr = _read_head(err_path, 64_000)
-        network = (
-            "namespace" if lim.isolate_network and network_namespace_available() else "audit-hook"
-        )
-        error = _reason(proc.returncode, timed_out, lim, stderr)
-        return SandboxResult(
-            ok=not error,
-            output=stdout,
-            error=error[: lim.max_output],
-            network=network,
-            wall_s=round(wall, 3),
-        )
-
-    def close(self) -> None:
-        shutil.rmtree(self.scratch, ignore_errors=True)
+def require_sandbox() -> None:
+    """Raise `SandboxUnavailable` (one line: what is missing, how to fix it) unless sandboxed
+    calls work on this machine; probed once per process by running one."""
+    problem = _probe()
+    if problem:
+        raise SandboxUnavailable(problem)
 
 
 @functools.lru_cache(maxsize=1)
-def network_namespace_available() -> bool:
-    """Whether a child can enter a new network namespace here (probed once per process, with the
-    same unshare(2) call the sandbox child makes)."""
-    probe = (
-        "import ctypes, os; libc = ctypes.CDLL(None, use_errno=True); "
-        "flags = 0x40000000 if os.geteuid() == 0 else 0x50000000; "
-        "raise SystemExit(0 if libc.unshare(flags) == 0 else 1)"
-    )
-    try:
+def _probe() -> str:
+    if shutil.which("bwrap") is None:
         return (
-            subprocess.run(
-                [sys.executable, "-I", "-S", "-c", probe], timeout=30, capture_output=True
-            ).returncode
-            == 0
+            "the python tool runs code under bubblewrap, which is not installed: "
+            "run 'make bwrap' (as root) or 'sudo apt-get install -y bubblewrap'"
         )
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    """SIGKILL the child's whole session (it is the group leader), then reap the child."""
+    if supported_machine() is None:
+        return f"the python tool's sandbox has no seccomp filter for {platform.machine()}"
     try:
+        result = _call(SandboxLimits(wall_s=60.0), True, b"", "print(6 * 7)")[0]
+    except SandboxUnavailable as e:
+        return str(e)
+    except (SandboxError, OSError) as e:
+        return (
+            f"bubblewrap cannot start the python tool's sandbox here ({e}); it needs user "
+            "namespaces: they always work as root, otherwise enable unprivileged ones "
+            "(sysctl user.max_user_namespaces > 0, kernel.unprivileged_userns_clone = 1, "
+            "and on Ubuntu kernel.apparmor_restrict_unprivileged_userns = 0)"
+        )
+    if result.output != "42\n":
+        return f"the python tool's sandbox failed its probe run: {result.error or result.output!r}"
+    return ""
+
+
+class Sandbox:
+    """`run(code)` calls share the files of /scratch; `close()` forgets them."""
+
+    def __init__(self, limits: SandboxLimits = SandboxLimits(), audit_hook: bool = True) -> None:
+        """audit_hook=False leaves out the Python-level layer: only for tests that check the
+        kernel-level layers on their own."""
+        require_sandbox()
+        self.limits, self.audit_hook = limits, audit_hook
+        self._state = b""  # /scratch as of the last call that ended cleanly (opaque here)
+        self._closed = False
+
+    def run(self, code: str) -> SandboxResult:
+        if self._closed:
+            raise RuntimeError("sandbox used after close()")
+        result, state = _call(self.limits, self.audit_hook, self._state, code)
+        if state is not None:
+            self._state = state
+        return result
+
+    def close(self) -> None:
+        self._state, self._closed = b"", True
+
+
+@dataclass
+class _Streams:
+    out: bytearray = field(default_factory=bytearray)  # the first bytes of stdout
+    err: bytearray = field(default_factory=bytearray)  # the last bytes of stderr
+    state: bytearray = field(default_factory=bytearray)  # b"S" + length + archive of /scratch
+    total: int = 0  # stdout + stderr bytes
+    timed_out: bool = False
+    flooded: bool = False  # stdout + stderr went past file_mb
+
+
+def _call(
+    lim: SandboxLimits, audit_hook: bool, state: bytes, code: str
+) -> tuple[SandboxResult, bytes | None]:
+    """One sandboxed run; returns the result and the new archive of /scratch (None: keep)."""
+    config = {
+        "cpu_s": lim.cpu_s,
+        "memory_mb": lim.memory_mb,
+        "file_mb": lim.file_mb,
+        "nproc": lim.nproc,
+        "audit_hook": audit_hook,
+        "readable": list(runtime().stdlib),
+    }
+    payload = len(state).to_bytes(8, "little") + state + code.encode("utf-8", errors="replace")
+    started = time.monotonic()
+    launched = launch(config, lim.disk_mb)
+    try:
+        streams = _pump(launched, payload, started + lim.wall_s, lim)
+        if streams.timed_out or streams.flooded:
+            _kill(launched.init)
+        code_rc = _reap(launched.proc)
+    finally:
+        for f in (launched.proc.stdin, launched.proc.stdout, launched.proc.stderr):
+            if f is not None:
+                f.close()
+        for fd in (launched.state_r, launched.init):
+            if fd is not None:
+                os.close(fd)
+    wall = time.monotonic() - started
+    stderr = streams.err.decode("utf-8", errors="replace")
+    if not streams.state.startswith(b"S") and not streams.timed_out:
+        lines = [ln for ln in stderr.splitlines() if ln.strip()]
+        raise SandboxError(lines[-1] if lines else f"bwrap exited with status {code_rc}")
+    output = streams.out.decode("utf-8", errors="replace")[: lim.max_output]
+    error = _reason(code_rc, streams, lim, stderr)[: lim.max_output]
+    result = SandboxResult(ok=not error, output=output, error=error, wall_s=round(wall, 3))
+    return result, _archive(bytes(streams.state[1:]))
+
+
+def _archive(reported: bytes) -> bytes | None:
+    size = int.from_bytes(reported[:8], "little")
+    return reported[8:] if len(reported) >= 8 and len(reported) == 8 + size else None
+
+
+def _pump(launched, payload: bytes, deadline: float, lim: SandboxLimits) -> _Streams:
+    """Feed stdin and read stdout, stderr and the state pipe until all are closed (every process
+    of the sandbox has exited), the deadline passes, or the output floods."""
+    proc, s = launched.proc, _Streams()
+    keep_out = 4 * lim.max_output  # bytes enough for max_output characters of UTF-8
+    max_state = 8 + 2 * (lim.disk_mb << 20)  # archive: the files plus their names
+    sel = selectors.DefaultSelector()
+    os.set_blocking(proc.stdin.fileno(), False)
+    sel.register(proc.stdin.fileno(), selectors.EVENT_WRITE, "in")
+    for fd, what in ((proc.stdout.fileno(), "out"), (proc.stderr.fileno(), "err")):
+        sel.register(fd, selectors.EVENT_READ, what)
+    sel.register(launched.state_r, selectors.EVENT_READ, "state")
+    sent = 0
+    with sel:
+        while sel.get_map():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                s.timed_out = True
+                return s
+            for key, _ in sel.select(left):
+                if key.data == "in":
+                    try:
+                        sent += os.write(key.fd, payload[sent : sent + _CHUNK])
+                    except BlockingIOError:
+                        continue
+                    except BrokenPipeError:
+                        sent = len(payload)
+                    if sent >= len(payload):
+                        sel.unregister(key.fd)
+                        proc.stdin.close()
+                    continue
+                chunk = os.read(key.fd, _CHUNK)
+                if not chunk:
+                    sel.unregister(key.fd)
+                elif key.data == "state":
+                    if len(s.state) + len(chunk) <= max_state + 1:
+                        s.state += chunk
+                else:
+                    s.total += len(chunk)
+                    if key.data == "out":
+                        s.out += chunk[: keep_out - len(s.out)]
+                    else:
+                        s.err = (s.err + chunk)[-_STDERR_TAIL:]
+                    if s.total > lim.file_mb << 20:
+                        s.flooded = True
+                        return s
+    return s
+
+
+def _kill(init: int | None) -> None:
+    """SIGKILL the PID namespace's init: the kernel then kills every process inside."""
+    if init is not None:
+        try:
+            signal.pidfd_send_signal(init, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _reap(proc: subprocess.Popen) -> int:
+    """Wait for the bwrap launcher, which exits after the namespace's last process; its status is
+    the code's (128 + N when killed by signal N)."""
+    try:
+        return proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:  # never expected: the init was killed or has exited
         os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait()
+        return proc.wait()
 
 
-def _read_head(path: Path, limit: int) -> str:
-    with open(path, "rb") as f:
-        return f.read(limit).decode("utf-8", errors="replace")
-
-
-def _reason(code: int, timed_out: bool, lim: SandboxLimits, stderr: str) -> str:
-    if timed_out:
+def _reason(code: int, s: _Streams, lim: SandboxLimits, stderr: str) -> str:
+    if s.timed_out:
         return f"timeout after {lim.wall_s:g}s wall clock"
+    if s.flooded:
+        return f"output limit of {lim.file_mb} MB exceeded"
     if code == 0:
         return ""
-    if code == -signal.SIGXCPU or code == -signal.SIGKILL and "Traceback" not in stderr:
+    lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
+    if code in (128 + signal.SIGXCPU, 128 + signal.SIGKILL) and not lines:
         return f"CPU time limit of {lim.cpu_s}s exceeded"
-    if code == -signal.SIGXFSZ:
-        return f"output/file size limit of {lim.file_mb} MB exceeded"
-    lines = [ln for ln in stderr.strip().splitlines() if ln.strip()]
+    if code == 128 + signal.SIGXFSZ:
+        return f"file size limit of {lim.file_mb} MB exceeded"
     if lines:
-        return lines[-1].strip()  # the exception line of the traceback
+        return lines[-1]  # the exception line of the traceback
     return f"exited with status {code}"

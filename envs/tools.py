@@ -7,15 +7,21 @@ One action per turn, a tool name, a colon and its argument:
 - `calc: <expression>`: integers, + - * // % ** (exponent at most 64, every result under 4096 bits) and
   parentheses, evaluated on
   the parsed syntax tree (never `eval`); observation "result: <value>" or "error: <reason>";
-- `python: <code>`: the code runs in `envs.sandbox.Sandbox` (a subprocess with CPU, memory and
-  wall-clock limits, no network, a scratch directory kept for the episode); observation
-  "output: <stdout>" or "error: <reason>" (hostile code ends as an error observation, never as an
-  exception in the generator);
+- `python: <code>`: the code runs in `envs.sandbox.Sandbox` (a bubblewrap sandbox: its own
+  namespaces, no network, a read-only root, CPU, memory, disk and wall-clock limits, a scratch
+  directory kept for the episode); observation "output: <stdout>" or "error: <reason>" (hostile
+  code ends as an error observation, never as an exception in the generator);
 - `answer: <integer>`: ends the episode, reward 1.0 if it equals the answer (success), else 0.0.
 Anything else is invalid: observation "error: unknown tool", reward `invalid_reward`. Tool calls
 earn `tool_reward` (default 0). After `max_turns` turns the episode is truncated.
 
 Observations end with a newline, so the next action starts on a fresh line.
+
+No action can raise out of `step`: if a tool itself fails (an exception that is not the model's
+code failing cleanly, e.g. the sandbox cannot start a process), the observation is
+"error: tool failed (<exception type>)", the episode goes on, and `info["env_error"]` carries the
+exception, which the episode counts (`env/errors`, envs/episode.py). Building the environment
+fails at once, with one line, where the sandbox cannot run (`envs.sandbox.require_sandbox`).
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ import operator
 import random
 
 from rollflash.envs.multiturn import EnvTask, StepResult, TurnLimit, check_positive
-from rollflash.envs.sandbox import Sandbox, SandboxLimits
+from rollflash.envs.sandbox import Sandbox, SandboxLimits, require_sandbox
 
 _BINOPS = {
     ast.Add: operator.add,
@@ -41,10 +47,14 @@ MAX_BITS = 4096  # bounds every intermediate result, so nested powers cannot han
 
 def calculate(expression: str) -> int:
     """Evaluate an integer expression (see the module docstring); raises ValueError with a reason."""
+    if not isinstance(expression, str):
+        raise ValueError("the expression must be text")
     try:
         tree = ast.parse(expression.strip(), mode="eval")
-    except SyntaxError:
+    except (SyntaxError, ValueError):  # ValueError: null bytes, unencodable characters
         raise ValueError("syntax error") from None
+    except (MemoryError, RecursionError):  # the parser's stack: thousands of nested operators
+        raise ValueError("expression too deeply nested") from None
 
     def ev(node: ast.AST) -> int:
         if isinstance(node, ast.Expression):
@@ -102,6 +112,7 @@ class ToolUse(TurnLimit):
         )
         if not wall_s > 0:
             raise ValueError(f"wall_s must be > 0, got {wall_s}")
+        require_sandbox()  # one line naming what is missing, before any episode starts
         self.question, self.answer = "", 0
         self.sandbox: Sandbox | None = None
 
@@ -112,6 +123,19 @@ class ToolUse(TurnLimit):
         return self.question + "\n"
 
     def step(self, action: str) -> StepResult:
+        if not isinstance(action, str):
+            return self._finish("error: unknown tool\n", self.invalid_reward, False, invalid=True)
+        try:
+            return self._step(action)
+        except Exception as e:  # the tool's own failure, not the model's code failing
+            return self._finish(
+                f"error: tool failed ({type(e).__name__})\n",
+                self.tool_reward,
+                False,
+                env_error=f"{type(e).__name__}: {e}",
+            )
+
+    def _step(self, action: str) -> StepResult:
         tool, sep, arg = action.partition(":")
         tool, arg = tool.strip(), arg.strip()
         if not sep or tool not in ("calc", "python", "answer"):
@@ -122,8 +146,8 @@ class ToolUse(TurnLimit):
         if tool == "calc":
             try:
                 observation = f"result: {calculate(arg)}\n"
-            except (ValueError, OverflowError, RecursionError) as e:
-                observation = f"error: {e}\n"
+            except (ValueError, OverflowError, RecursionError, MemoryError) as e:
+                observation = f"error: {e or type(e).__name__}\n"
             return self._finish(observation, self.tool_reward, False, tool="calc")
         if self.sandbox is None:
             self.sandbox = Sandbox(self.limits)

@@ -266,6 +266,7 @@ def episodes_to_trajectory(
                 turn_starts=np.asarray(ep.turn_starts, dtype=np.int32),
                 turn_rewards=np.asarray(ep.turn_rewards, dtype=np.float32),
                 turn_states=np.asarray(ep.turn_states, dtype=np.int64),
+                env_errors=ep.env_errors,
             )
         )
     return Trajectory.for_work(

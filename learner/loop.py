@@ -132,6 +132,7 @@ def step_metrics(c: Collected, train: dict[str, float], wall: dict[str, float]) 
         "async/retried": len(c.retried_ids),
         **{f"filter/dropped_{reason}": n for reason, n in sorted(c.filtered.items())},
         "async/rejected": c.rejected,
+        "env/errors": sum(s.env_errors for g in c.groups for s in g.samples),
         "perf/wait_frac": c.wait_s / step_s,
         "perf/step_s": step_s,
         "perf/publish_s": wall["publish_s"],

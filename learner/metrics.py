@@ -47,6 +47,7 @@ _SUMMED = (
     "async/rejected",
     "async/retried",
     "async/staleness_hist/",
+    "env/errors",
     "filter/dropped_",
     "redis/",
 )  # redis/: counted on rank 0

@@ -50,9 +50,11 @@ def _expected_errors() -> tuple[type[BaseException], ...]:
     from rollflash.broker.redis_io import RunMismatch
     from rollflash.broker.redis_server import RedisServerError
     from rollflash.broker.weights import CorruptWeights
+    from rollflash.envs.sandbox import SandboxUnavailable
 
     return (
         BrokerUnavailable,
+        SandboxUnavailable,
         RunMismatch,
         RedisServerError,
         CorruptWeights,

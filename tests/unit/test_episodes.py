@@ -100,12 +100,23 @@ def test_token_budget_truncates_an_episode():
     assert ep.truncated and not ep.success and len(ep.response_ids) + 4 > 30
 
 
-def test_an_environment_error_is_raised_not_swallowed():
+def test_an_environment_exception_ends_its_episode_and_is_counted():
     class Broken(ScriptedEnv):
         def step(self, action):
             raise KeyError("bug")
 
+    got = {}
     spec = GroupSpec(lambda: Broken(2, lambda i: 0.0), seed=1, keep=1, start=2)
+    _runner().run([spec], lambda g, eps: got.setdefault(g, eps))
+    ep = got[0][0]  # the group is streamed: its episode ended cleanly at the raising step
+    assert ep.done and ep.truncated and ep.turn_rewards == [0.0] and ep.env_errors == 1
+
+
+def test_an_environment_that_cannot_be_built_is_raised_not_swallowed():
+    def make_env():
+        raise ValueError("bad parameter")
+
+    spec = GroupSpec(make_env, seed=1, keep=1, start=2)
     with pytest.raises(RuntimeError, match="environment failed in episode seed 1"):
         _runner().run([spec], lambda g, eps: None)
 
