@@ -170,3 +170,17 @@ def test_an_uncached_hub_id_offline_says_what_to_download(tmp_path):
 def test_generators_never_load_the_rows(tmp_path):
     task = make_task("dataset", {"path": str(tmp_path / "absent.jsonl")})
     assert task._train is None  # building the task (as a generator does) reads nothing
+
+
+@pytest.mark.parametrize(
+    "path", sorted(Path(__file__).parents[2].glob("configs/*.yaml")), ids=lambda p: p.name
+)
+def test_every_shipped_config_builds_its_task(path):
+    """Beyond loading (tests/unit/test_config.py): task params are the constructor's, and the
+    reward functions import. A dataset task reads no rows here (gsm8k_qwen.yaml needs the hub)."""
+    from rollflash.broker.config import load_config
+    from rollflash.envs import task_from_config
+
+    cfg = load_config(path)
+    task = task_from_config(cfg)
+    assert task.name == cfg.task.name
