@@ -93,7 +93,7 @@ class RedisConfig(Section):
 class ModelConfig(Section):
     path: StrictStr = Field(
         "models/tiny",
-        description="local Hugging Face model directory, or a hub id in the local HF cache",
+        description="local Hugging Face model directory (config, tokenizer, weights)",
     )
     dtype: Literal["float32", "bfloat16"] = Field(
         "float32", description="parameter dtype in learner and generators"
@@ -102,9 +102,6 @@ class ModelConfig(Section):
         "auto",
         description="single-turn prompts: auto (the tokenizer's template if it has one), "
         "none (raw text), or a Jinja template file",
-    )
-    trust_remote_code: StrictBool = Field(
-        False, description="allow model code from the model's directory (transformers' option)"
     )
 
 

@@ -98,19 +98,19 @@ def test_saved_config_round_trips_and_fingerprint_ignores_local_fields(tmp_path)
 
 # Fingerprints computed by the loader this config replaced (dataclasses, hand-written checks) on
 # the same files, then updated for each key added since (reward.max_abs_reward; model.chat_template,
-# model.trust_remote_code, reward.functions / weights / timeout_s and the eval section): processes of one
+# reward.functions / weights / timeout_s and the eval section): processes of one
 # run compare them, so the config's representation may not change them. A new field or default
 # changes them on purpose (update the values then).
 @pytest.mark.parametrize(
     "name, overrides, expected",
     [
-        (None, [], "805e707943a219e1"),
-        ("demo.yaml", [], "8e80629538705b13"),
-        ("ppo_gae.yaml", [], "a5e193996958ae2a"),
-        ("dapo.yaml", [], "5d57ee9034385004"),
-        ("rlhf.yaml", [], "a7288438a876e786"),
-        ("rm.yaml", [], "193c127c72646ae1"),
-        ("agentic_gridworld.yaml", [], "11a287cb718a15ad"),
+        (None, [], "8ae710c4731cfafc"),
+        ("demo.yaml", [], "8326f8e5c312624d"),
+        ("ppo_gae.yaml", [], "392b67ef704d5ae5"),
+        ("dapo.yaml", [], "d020d66bdc1fccdf"),
+        ("rlhf.yaml", [], "d5e2283dfae41e8a"),
+        ("rm.yaml", [], "fd668cb9a6d60838"),
+        ("agentic_gridworld.yaml", [], "7e01c2924c9a5833"),
         (
             None,
             # ints given for floats are hashed as the floats they are stored as (1 -> 1.0)
@@ -122,7 +122,7 @@ def test_saved_config_round_trips_and_fingerprint_ignores_local_fields(tmp_path)
                 "algo.kl_target=0.1",
                 "algo.kl_coef=1",
             ],
-            "2700453fb0435378",
+            "928e1a3c3ba1d0fe",
         ),
     ],
 )
@@ -142,10 +142,10 @@ def test_saved_yaml_has_every_section_and_key_in_declaration_order(tmp_path):
     assert list(saved["run"]) == ["run_id", "run_dir", "seed", "torch_threads"]
     assert saved["trainer"]["actor_lr"] == 1.0 and isinstance(saved["trainer"]["actor_lr"], float)
     # every field of the dataclass config this replaced, counted by hand, and no property; since:
-    # model +2 (chat_template, trust_remote_code), reward +3 (functions, weights, timeout_s), and
+    # model +1 (chat_template), reward +3 (functions, weights, timeout_s), and
     # eval (n_samples, temperature, max_new_tokens, threshold)
     assert {name: len(section) for name, section in saved.items()} == {
-        "run": 4, "redis": 4, "model": 4, "task": 3, "rollout": 14, "trainer": 16, "algo": 29,
+        "run": 4, "redis": 4, "model": 3, "task": 3, "rollout": 14, "trainer": 16, "algo": 29,
         "sim": 6, "reward": 10, "eval": 4, "rm": 14, "guards": 11,
     }  # fmt: skip
     assert "max_staleness" not in saved["trainer"] and "key_prefix" not in saved
