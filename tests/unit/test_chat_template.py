@@ -13,8 +13,8 @@ from transformers import AutoTokenizer
 from rollflash.envs import Item, make_task
 from rollflash.envs.chat import PromptFormatter, encode_prompts, format_task
 from rollflash.envs.reward_functions import RewardFunctions, ScoredTask
-from rollflash.generators.sampling import SamplingParams
 from rollflash.generators.hf_engine import HFEngine
+from rollflash.generators.sampling import SamplingParams
 from rollflash.learner.evaluate import heldout_accuracy
 from tests.helpers.chat_model import build_chat_model
 
