@@ -20,6 +20,8 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections import deque
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -176,8 +178,26 @@ def _report(ln: Learner, metrics: dict[str, float]) -> None:
     )
 
 
-def _mean(values: list[float]) -> float:
+def _mean(values: list[float] | deque[float]) -> float:
     return round(sum(values) / len(values), 4) if values else 0.0
+
+
+@dataclass
+class History:
+    """What the summary needs from this process's steps, kept in constant memory however many
+    steps the run has."""
+
+    steps: int = 0
+    first_rewards: list[float] = field(default_factory=list)  # reward/mean of the first 10 steps
+    last_rewards: deque[float] = field(default_factory=lambda: deque(maxlen=10))  # of the last 10
+    max_staleness: float = 0
+
+    def add(self, metrics: dict[str, float]) -> None:
+        self.steps += 1
+        if len(self.first_rewards) < 10:
+            self.first_rewards.append(metrics["reward/mean"])
+        self.last_rewards.append(metrics["reward/mean"])
+        self.max_staleness = max(self.max_staleness, metrics["async/staleness_max"])
 
 
 def begin(ln: Learner) -> None:
@@ -193,26 +213,25 @@ def begin(ln: Learner) -> None:
         )
 
 
-def finish(ln: Learner, history: list[dict[str, float]], started: float) -> dict[str, Any]:
+def finish(ln: Learner, history: History, started: float) -> dict[str, Any]:
     """Checkpoint the last steps, evaluate, write summary.json and set the run's state to
     `done`; returns the summary."""
     cfg = ln.cfg
     every = cfg.trainer.checkpoint_every
-    if every and history and ln.state.step % every:
+    if every and history.steps and ln.state.step % every:
         checkpoint(ln)  # the last steps' entries are acknowledged only once this is durable
     acc_after = ln.evaluate()
-    rewards = [m["reward/mean"] for m in history]
     summary = {
         "steps": ln.state.step,
-        "steps_this_process": len(history),
+        "steps_this_process": history.steps,
         "wall_s": round(time.monotonic() - started, 1),
         "final_version": ln.state.version,
-        "reward_first10": _mean(rewards[:10]),
-        "reward_last10": _mean(rewards[-10:]),
+        "reward_first10": _mean(history.first_rewards),
+        "reward_last10": _mean(history.last_rewards),
         "heldout_acc_before": round(ln.state.heldout_acc_before, 4),
         "heldout_acc_after": round(acc_after, 4),
         "heldout_size": len(ln.heldout),
-        "max_staleness": max((m["async/staleness_max"] for m in history), default=0),
+        "max_staleness": history.max_staleness,
         "async_ratio": cfg.trainer.async_ratio,
         "prompts_issued": ln.collector.admission.issued,
         "learner_ranks": ln.dist.world_size,
@@ -231,9 +250,9 @@ def run(cfg: Config, resume: bool | None = None) -> dict[str, Any]:
     ln = start(cfg, resume)
     started = time.monotonic()
     begin(ln)
-    history = []
+    history = History()
     for _ in range(ln.state.step, cfg.trainer.total_steps):
-        history.append(learner_step(ln))
+        history.add(learner_step(ln))
         if ln.guard.stop_requested:  # guards.stop_on_guard
             break
     summary = finish(ln, history, started)
