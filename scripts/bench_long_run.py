@@ -5,8 +5,8 @@ Runs the real system with `rollctl run`: an embedded redis-server, the learner's
 `--checkpoint-every` steps) and 2 generator processes, with the simulated engine and a simulated
 learner step (`rollout.engine: sim`, `sim.learner_step_s`), so that thousands of steps take minutes
 and the learner's own state is what grows, if anything does. Every `--sample-s` seconds it
-samples the learner process's resident memory (psutil) and the size of its latest checkpoint
-directory, with the learner's step (the run hash).
+samples the learner process's resident memory (VmRSS in /proc: Linux only) and the size of its
+latest checkpoint directory, with the learner's step (the run hash).
 
 Prints one JSON line: the first and last samples taken once the learner had trained
 `--warmup-steps` steps (start-up allocations settle first), the RSS and checkpoint bytes of
@@ -25,7 +25,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import psutil
 import redis
 
 WORKLOAD = [
@@ -45,13 +44,22 @@ WORKLOAD = [
 ]
 
 
-def _learner(root: psutil.Process) -> psutil.Process | None:
-    for child in root.children(recursive=True):
+def _learner_rss(parent: int) -> int | None:
+    """Resident bytes of the `start-learner` child of process `parent`; None if there is none."""
+    for proc in Path("/proc").iterdir():
         try:
-            if "start-learner" in child.cmdline():
-                return child
-        except psutil.NoSuchProcess:
+            if not proc.name.isdigit():
+                continue
+            stat = (proc / "stat").read_text()
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            if ppid != parent or b"start-learner" not in (proc / "cmdline").read_bytes():
+                continue
+            status = (proc / "status").read_text()
+        except (FileNotFoundError, ProcessLookupError):  # exited meanwhile
             continue
+        for line in status.splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
     return None
 
 
@@ -86,18 +94,14 @@ def run(steps: int, every: int, sample_s: float, overrides: list[str], workdir: 
     for s in sets:
         cmd += ["--set", s]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    root, samples, r = psutil.Process(proc.pid), [], None
+    samples, r = [], None
     while proc.poll() is None:
         time.sleep(sample_s)
-        learner = _learner(root)
         sock = run_dir / "redis" / "redis.sock"
         if r is None and sock.exists():
             r = redis.Redis(unix_socket_path=str(sock))
-        if learner is None:
-            continue
-        try:
-            rss = learner.memory_info().rss
-        except psutil.NoSuchProcess:
+        rss = _learner_rss(proc.pid)
+        if rss is None:
             continue
         size, ids = _checkpoint_bytes(run_dir)
         samples.append({"step": _step(r, run_id), "rss": rss, "ckpt_bytes": size, "seen": ids})
