@@ -83,6 +83,7 @@ test-unit: install bwrap
 bench: install redis-server
 	$(BIN)/python scripts/bench_async.py --steps 12
 	$(BIN)/python scripts/bench_packing.py --repeats 2
+	$(BIN)/python scripts/bench_long_run.py --steps 5000
 
 clean:
 	rm -rf runs models build $(VENV) $(VLLM_VENV) *.egg-info

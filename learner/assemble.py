@@ -8,6 +8,10 @@ complete (redundant sampling's slow tail) are dropped and counted.
 
 Entries of an incomplete group stay pending in the consumer group (not acknowledged), so a crash
 re-delivers them; the caller acknowledges all of a group's entries together.
+
+State stays bounded: the ids of completed groups, and incomplete groups themselves, are forgotten
+once their prompt's issue step falls below the collector's floor (`forget_before`); the caller
+drops anything that old before it reaches `is_late` or `add` (learner/collect.py).
 """
 
 from __future__ import annotations
@@ -16,10 +20,12 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from rollflash.broker.schema import Trajectory
+from rollflash.learner.recent import RecentIds
 
 
 @dataclass
 class _Partial:
+    issue_step: int  # the learner step its prompt was issued at
     parts: list[Trajectory] = field(default_factory=list)
     entry_ids: list[str] = field(default_factory=list)
 
@@ -32,26 +38,28 @@ class _Partial:
 class Completed:
     group: Trajectory  # the n samples of one prompt, traj_id = group_id
     entry_ids: list[str]  # every stream entry that contributed
+    traj_ids: list[str]  # the traj_id of each of those entries
 
 
 class GroupAssembler:
     def __init__(self, group_size: int):
         self.group_size = group_size
         self.partial: dict[str, _Partial] = {}
-        self.completed: set[str] = set()  # group ids already handed out (late samples are dropped)
+        self.completed = RecentIds()  # group ids already handed out (late samples are dropped)
 
     def is_late(self, traj: Trajectory) -> bool:
         return traj.group_id in self.completed
 
-    def add(self, entry_id: str, traj: Trajectory) -> Completed | None:
-        """Add one entry; returns the group when this entry completes it."""
-        p = self.partial.setdefault(traj.group_id, _Partial())
+    def add(self, entry_id: str, traj: Trajectory, issue_step: int = 0) -> Completed | None:
+        """Add one entry (its prompt issued at learner step `issue_step`); returns the group when
+        this entry completes it."""
+        p = self.partial.setdefault(traj.group_id, _Partial(issue_step))
         p.parts.append(traj)
         p.entry_ids.append(entry_id)
         if p.samples < self.group_size:
             return None
         del self.partial[traj.group_id]
-        self.completed.add(traj.group_id)
+        self.completed.add(traj.group_id, p.issue_step)
         samples = [s for part in p.parts for s in part.samples][: self.group_size]
         first = p.parts[0]
         merged = dataclasses.replace(
@@ -64,7 +72,22 @@ class GroupAssembler:
             ),
             generator=",".join(sorted({part.generator for part in p.parts})),
         )
-        return Completed(group=merged, entry_ids=p.entry_ids)
+        return Completed(merged, p.entry_ids, [part.traj_id for part in p.parts])
+
+    def forget_before(self, floor: int) -> list[Completed]:
+        """Forget completed groups issued before step `floor`, and remove the incomplete ones
+        issued before it; returns those (group = the first part) for the caller to drop."""
+        self.completed.forget_before(floor)
+        expired = [gid for gid, p in self.partial.items() if p.issue_step < floor]
+        out = []
+        for gid in expired:
+            p = self.partial.pop(gid)
+            out.append(Completed(p.parts[0], p.entry_ids, [part.traj_id for part in p.parts]))
+        return out
+
+    def pending_traj_ids(self) -> list[str]:
+        """The traj_ids of the entries held in incomplete groups (pending in the stream)."""
+        return [part.traj_id for p in self.partial.values() for part in p.parts]
 
     @property
     def pending_samples(self) -> int:

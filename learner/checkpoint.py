@@ -5,13 +5,16 @@ Layout: `{run_dir}/checkpoints/step{step:08d}/` holds
 - `optim.pt` (optimiser, scheduler and critic-optimiser state dicts: tensors and numbers only,
   loaded with `torch.load(weights_only=True)`, which refuses arbitrary pickled objects);
 - `state.json`: step, last published version, the version -> step lineage, admission counters,
-  RNG states, running reward statistics, the adaptive KL coefficient and guard streaks, the
-  trajectory ids seen so far, and per rank the stream entries trained since the previous
-  checkpoint (`rank{r}` -> entry ids and trajectory ids).
+  RNG states, running reward statistics, the adaptive KL coefficient and guard streaks
+  (`GuardMonitor.state_dict`), the trajectory ids consumed whose prompt is recent enough to be
+  remembered (`seen`: issue step -> ids, learner/collect.py), and per rank the stream entries
+  trained since the previous checkpoint (`rank{r}` -> entry ids and trajectory ids). Checkpoints
+  written before `seen` was filed by issue step hold a plain list; it loads as filed under the
+  checkpoint's step, which is forgotten once that step falls below the collector's floor.
 A checkpoint appears by one atomic rename of a fsynced temp directory, then `LATEST` is replaced
 atomically; a directory without `state.json` (written last) is never used.
 
-Delivery rule (ARCHITECTURE.md, issue 6): a trajectory entry is acknowledged only after the
+Delivery rule (ARCHITECTURE.md): a trajectory entry is acknowledged only after the
 checkpoint that contains its effect is durable. A crash therefore leaves every entry trained after
 the last checkpoint pending in the learner group; the restarted learner re-reads them and trains
 them again on the checkpointed model, exactly once in the surviving lineage. Entries the checkpoint
@@ -88,7 +91,7 @@ class LearnerState:
     replaced: int = 0  # admission: groups dropped and replaced
     heldout_acc_before: float = 0.0
     reward_norm: dict[str, float] = field(default_factory=dict)
-    seen: list[str] = field(default_factory=list)  # trajectory ids consumed (duplicate filter)
+    seen: dict[int, list[str]] = field(default_factory=dict)  # issue step -> ids consumed
     ranks: dict[str, dict[str, list[str]]] = field(default_factory=dict)  # rank -> RankProgress
     rng: dict[str, Any] = field(default_factory=dict)
     guards: dict[str, Any] = field(default_factory=dict)  # adaptive kl_coef, guard streaks
@@ -102,7 +105,7 @@ class LearnerState:
             "replaced": self.replaced,
             "heldout_acc_before": self.heldout_acc_before,
             "reward_norm": self.reward_norm,
-            "seen": self.seen,
+            "seen": {str(s): ids for s, ids in self.seen.items()},
             "ranks": self.ranks,
             "rng": self.rng,
             "guards": self.guards,
@@ -118,11 +121,18 @@ class LearnerState:
             replaced=d["replaced"],
             heldout_acc_before=d["heldout_acc_before"],
             reward_norm=d["reward_norm"],
-            seen=d["seen"],
+            seen=_seen_from_json(d["seen"], d["step"]),
             ranks=d["ranks"],
             rng=d["rng"],
             guards=d.get("guards", {}),
         )
+
+
+def _seen_from_json(seen: list[str] | dict[str, list[str]], step: int) -> dict[int, list[str]]:
+    """`seen` as issue step -> ids; the plain list of older checkpoints is filed under `step`."""
+    if isinstance(seen, list):
+        return {step: seen} if seen else {}
+    return {int(s): ids for s, ids in seen.items()}
 
 
 def rng_state() -> dict[str, Any]:

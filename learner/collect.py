@@ -24,6 +24,26 @@ each read the ranks exchange counts, and once they hold B groups together each r
 of its own (learner/dist.py `split_quotas`) and keeps the rest, unacknowledged, for the next step.
 Only rank 0 issues prompts; every rank records the groups it drops in the run hash's `replaced`,
 atomically with their acknowledgement (learner/admission.py), so rank 0 replaces them.
+
+Exactly-once with bounded memory. A copy of a trajectory (a retried write; a prompt answered again
+after its generator died or Redis forgot an acknowledgement) has the original's `traj_id` and the
+`issued_version` of the same prompt entry. The collector remembers the ids it consumed (`seen`:
+read by this rank; `trained`: trained by any rank) filed under their prompt's issue step (in
+lineage steps, learner/recent.py), and at every step moves a floor to `step - keep_steps`
+(keep_steps = max_staleness + KEEP_MARGIN) and forgets the ids issued before it. Invariant: an
+entry whose prompt was issued before the floor is dropped before the id sets are consulted
+(acknowledged, counted as stale, replaced by a fresh prompt); every other entry is checked against
+sets that still hold every id issued at or after the floor. So a copy is either recognised as a
+duplicate or dropped as stale, and no trajectory is trained twice however long the run.
+An entry below the floor is a copy of a forgotten id or a first answer more than keep_steps steps
+after its prompt was issued (a prompt held by a dead generator until it was claimed again). Once
+the id is forgotten the two look alike, so both are replaced: that keeps the number of prompts in
+flight from shrinking when it was a first answer, and costs one extra prompt when it was a copy.
+Ordinary reordering stays well inside the window (a trained group started generating at most
+max_staleness steps ago, and the admission bound keeps its prompt from waiting long before that).
+Incomplete groups whose prompt falls below the floor are dropped as stale and replaced as well, and
+the assembler forgets completed groups below it, so the collector's memory does not grow with the
+length of the run.
 """
 
 from __future__ import annotations
@@ -40,11 +60,14 @@ from rollflash.learner.admission import Admission
 from rollflash.learner.assemble import GroupAssembler
 from rollflash.learner.checkpoint import Lineage
 from rollflash.learner.dist import Dist, split_quotas
+from rollflash.learner.recent import RecentIds
 
 log = logging.getLogger(__name__)
 
 
 FILTER_CAP = 4  # at most this many batches' worth of filtered groups are replaced per step
+# steps beyond max_staleness that consumed ids are remembered for (see the module docstring)
+KEEP_MARGIN = 32
 _BLOCK_MS = 500
 
 
@@ -58,13 +81,14 @@ class Ready:
 
     group: Trajectory
     entry_ids: list[str]
+    traj_ids: list[str]  # the traj_id of each entry (pending in the stream until trained)
 
 
 @dataclass
 class Collected:
     groups: list[Trajectory] = field(default_factory=list)  # this rank's share of the step
     entry_ids: list[str] = field(default_factory=list)  # to acknowledge after the checkpoint
-    stale_ids: list[str] = field(default_factory=list)  # group ids dropped as too old
+    stale_ids: list[str] = field(default_factory=list)  # ids dropped as too old (above)
     duplicate_ids: list[str] = field(default_factory=list)  # entry traj_ids seen before
     late_ids: list[str] = field(default_factory=list)  # samples for already complete groups
     retried_ids: list[str] = field(default_factory=list)  # first copies of re-delivered prompts
@@ -96,13 +120,33 @@ class Collector:
         self.drop = drop
         self.lineage = lineage or Lineage()
         self.assembler = GroupAssembler(group_size)
-        self.seen: set[str] = set()  # trajectory ids read by this rank
-        self.trained: set[str] = set()  # trajectory ids trained by any rank
+        self.keep_steps = max_staleness + KEEP_MARGIN
+        self.floor = 0  # ids of prompts issued before this step are forgotten
+        self.seen = RecentIds()  # trajectory ids read by this rank
+        self.trained = RecentIds()  # trajectory ids trained by any rank
         self.ready: list[Ready] = []
         self.backlog: list[tuple[str, Trajectory]] = []  # re-read pending entries, read first
 
     def age(self, group: Trajectory, step: int) -> int:
         return step - self.lineage.step_of(group.behavior_version)
+
+    def issue_step(self, traj: Trajectory) -> int:
+        return self.lineage.step_of(traj.issued_version)
+
+    def restore(self, consumed: dict[int, list[str]]) -> None:
+        """Take the consumed ids of a checkpoint (issue step -> ids) as seen."""
+        self.seen.update((t, s) for s, ids in consumed.items() for t in ids)
+
+    def consumed(self) -> tuple[dict[int, list[str]], list[str]]:
+        """(issue step -> ids consumed, ids pending on this rank) for a checkpoint. An id pending
+        here (in a ready or an incomplete group) is not final: a learner resumed from the
+        checkpoint re-reads its entry and must accept it, so the checkpoint subtracts every rank's
+        pending ids from the consumed ones."""
+        pending = self.assembler.pending_traj_ids() + [t for r in self.ready for t in r.traj_ids]
+        out: dict[int, set[str]] = {}
+        for traj_id, step in self.seen.pairs() + self.trained.pairs():
+            out.setdefault(step, set()).add(traj_id)
+        return {s: sorted(ids) for s, ids in sorted(out.items())}, pending
 
     def collect(self, step: int, version: int | None = None) -> Collected:
         """This rank's share of B fresh groups for the model at `step` (published as `version`,
@@ -158,18 +202,22 @@ class Collector:
     def _sort_entry(
         self, out: Collected, entry_id: str, traj: Trajectory, step: int
     ) -> tuple[list[str], int]:
-        """File one entry under duplicate / late / pending / stale / filtered / ready; returns
+        """File one entry under stale / duplicate / late / pending / filtered / ready; returns
         the entry ids to acknowledge now and how many groups they drop (to be replaced)."""
+        issued = self.issue_step(traj)
+        if issued < self.floor:  # its id may be forgotten: never trained (module docstring)
+            out.stale_ids.append(traj.traj_id)
+            return [entry_id], 1
         if traj.traj_id in self.seen or traj.traj_id in self.trained:
             out.duplicate_ids.append(traj.traj_id)
             return [entry_id], 0
-        self.seen.add(traj.traj_id)
+        self.seen.add(traj.traj_id, issued)
         if traj.retried:  # a re-delivered prompt that is no duplicate: its first answer is lost
             out.retried_ids.append(traj.traj_id)
         if self.assembler.is_late(traj):
             out.late_ids.append(traj.traj_id)
             return [entry_id], 0
-        done = self.assembler.add(entry_id, traj)
+        done = self.assembler.add(entry_id, traj, issued)
         if done is None:
             return [], 0  # stays pending until its group completes
         if self.age(done.group, step) > self.max_staleness:
@@ -180,27 +228,30 @@ class Collector:
             out.filtered[reason] += 1
             out.filtered_ids.append(done.group.group_id)
             return done.entry_ids, 1
-        self.ready.append(Ready(done.group, done.entry_ids))
+        self.ready.append(Ready(done.group, done.entry_ids, done.traj_ids))
         return [], 0
 
     def _drop_aged(self, out: Collected, step: int) -> None:
-        """Groups kept from an earlier step may have grown too old meanwhile."""
-        fresh = []
+        """Move the floor and forget what lies below it; groups kept from an earlier step may
+        have grown too old meanwhile, and incomplete groups may have fallen below the floor."""
+        self.floor = max(self.floor, step - self.keep_steps)
+        self.seen.forget_before(self.floor)
+        self.trained.forget_before(self.floor)
+        fresh, aged = [], []
         for r in self.ready:
-            if self.age(r.group, step) > self.max_staleness:
-                out.stale_ids.append(r.group.group_id)
-                self.broker.ack_trajectories(r.entry_ids, replaced=1)
-            else:
-                fresh.append(r)
+            (aged if self.age(r.group, step) > self.max_staleness else fresh).append(r)
         self.ready = fresh
+        for r in aged + self.assembler.forget_before(self.floor):
+            out.stale_ids.append(r.group.group_id)
+            self.broker.ack_trajectories(r.entry_ids, replaced=1)
 
     def _take(self, out: Collected, quota: int, step: int) -> None:
         """Move this rank's quota of ready groups (oldest first) into the step's batch. A group
         another rank trains in this same step (a duplicate that reached two ranks) is dropped by
         the higher rank; every rank records every trained id, so none is trained twice later."""
         mine, self.ready = self.ready[:quota], self.ready[quota:]
-        taken = self.dist.gather([r.group.traj_id for r in mine])
-        earlier = {t for ids in taken[: self.dist.rank] for t in ids}
+        taken = self.dist.gather([(r.group.traj_id, self.issue_step(r.group)) for r in mine])
+        earlier = {t for ids in taken[: self.dist.rank] for t, _ in ids}
         for r in mine:
             if r.group.traj_id in earlier:
                 out.duplicate_ids.append(r.group.traj_id)
@@ -209,7 +260,7 @@ class Collector:
             out.groups.append(r.group)
             out.entry_ids.extend(r.entry_ids)
             out.staleness[max(0, self.age(r.group, step))] += 1
-        self.trained.update(t for ids in taken for t in ids)
+        self.trained.update((t, s) for ids in taken for t, s in ids)
         kept = []
         for r in self.ready:  # a copy of a group another rank has just trained
             if r.group.traj_id in self.trained:

@@ -171,6 +171,27 @@ class GuardMonitor:
     def stop_requested(self) -> bool:
         return self.stop_reason is not None
 
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint keeps (plain JSON values). `stop_reason` is not kept: a resumed run
+        decides again from the saved streaks."""
+        return {
+            "kl_coef": self.kl_coef,
+            "kl_history": list(self.kl_history),
+            "streaks": dict(self.streaks),
+            "first_score_std": self.first_score_std,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a `state_dict`. A key it lacks (a checkpoint from before guards existed has
+        none) keeps its start value; a key it does not know is an error."""
+        unknown = sorted(set(state) - set(self.state_dict()))
+        if unknown:
+            raise ValueError(f"guard state: unknown keys {unknown}")
+        self.kl_coef = float(state.get("kl_coef", self.kl_coef))
+        self.kl_history = [float(v) for v in state.get("kl_history", self.kl_history)]
+        self.streaks = {str(k): int(v) for k, v in state.get("streaks", self.streaks).items()}
+        self.first_score_std = state.get("first_score_std", self.first_score_std)
+
     def step_config(self, cfg: Config) -> Config:
         """`cfg` with the current (adaptive) kl_coef; `cfg` itself when the coefficient is fixed."""
         if cfg.algo.kl_target is None:

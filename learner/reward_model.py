@@ -12,24 +12,24 @@ InstructGPT's recipe (their reward model starts from the SFT model); the head st
 Inputs are `broker.rm_input.reward_model_input_ids`: prompt + response + EOS, the same ids the
 generators score (generators/reward_model.py).
 
-Ranks: run under `torchrun --nproc-per-node N -m rollflash.rollctl.cli train-rm ...` and every rank takes
-every N-th pair of each global batch of `rm.train_batch_size` pairs, gradients are averaged by
+Ranks: run under `torchrun --nproc-per-node N -m rollflash.rollctl.cli train-rm ...` and every rank
+takes every N-th pair of each global batch of `rm.train_batch_size` pairs, gradients are averaged by
 DistributedDataParallel (gloo on CPU, nccl on GPU), held-out counts are summed over ranks, and rank 0
 saves. Without torchrun it is one process.
 
-A bad preference file stops before any training with one line naming the file and line number:
-`preferences.jsonl:7: field 'rejected' is empty`.
+The learning rate warms up linearly over min(20, steps // 10) steps, then follows a cosine down to
+0.1 x `rm.learning_rate` (learner/schedule.py). A bad preference file stops before any training
+with one line naming the file and line number (learner/preferences.py).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import random
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -39,79 +39,18 @@ from rollflash.algos import bradley_terry_loss
 from rollflash.broker.config import Config
 from rollflash.broker.process import setup_process
 from rollflash.broker.rm_input import reward_model_input_ids
+from rollflash.learner.dist import Dist, init_dist
+from rollflash.learner.preferences import (
+    PreferenceFileError,
+    PreferencePair,
+    load_preferences,
+    split_pairs,
+)
+from rollflash.learner.schedule import warmup_decay
 
 log = logging.getLogger(__name__)
 
-FIELDS = ("prompt", "chosen", "rejected")
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-
-
-class PreferenceFileError(ValueError):
-    """A preference file that cannot be used; the message is `path:line: what is wrong`."""
-
-
-@dataclass(frozen=True)
-class PreferencePair:
-    prompt: str  # the context both responses answer (may be empty)
-    chosen: str  # the preferred response (non-empty)
-    rejected: str  # the other response (non-empty, different from chosen)
-
-
-def parse_pair(line: str, where: str) -> PreferencePair:
-    """One JSONL line -> PreferencePair; `where` ("file:line") prefixes every error."""
-    try:
-        row = json.loads(line)
-    except json.JSONDecodeError as e:
-        raise PreferenceFileError(f"{where}: not valid JSON ({e.msg})") from None
-    if not isinstance(row, dict):
-        raise PreferenceFileError(
-            f"{where}: expected a JSON object with fields "
-            f"{', '.join(FIELDS)}, got {type(row).__name__}"
-        )
-    for key in FIELDS:
-        if key not in row:
-            raise PreferenceFileError(f"{where}: missing field {key!r} (needs {', '.join(FIELDS)})")
-        if not isinstance(row[key], str):
-            raise PreferenceFileError(
-                f"{where}: field {key!r} must be a string, got {type(row[key]).__name__}"
-            )
-    for key in ("chosen", "rejected"):
-        if not row[key].strip():
-            raise PreferenceFileError(f"{where}: field {key!r} is empty")
-    if row["chosen"] == row["rejected"]:
-        raise PreferenceFileError(f"{where}: 'chosen' and 'rejected' are the same text")
-    return PreferencePair(row["prompt"], row["chosen"], row["rejected"])
-
-
-def load_preferences(path: str | Path) -> list[PreferencePair]:
-    """Every pair of a JSONL file (blank lines skipped); the first bad line raises
-    PreferenceFileError naming `path:line`."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(
-            f"rm.dataset: no preference file at {path} (make one with scripts/make_preferences.py)"
-        )
-    pairs = []
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, start=1):
-            if line.strip():
-                pairs.append(parse_pair(line, f"{path}:{number}"))
-    if not pairs:
-        raise PreferenceFileError(f"{path}: no preference pairs")
-    return pairs
-
-
-def split_pairs(
-    pairs: list[PreferencePair], eval_split: float
-) -> tuple[list[PreferencePair], list[PreferencePair]]:
-    """(train, held-out): the last ceil(eval_split * len) pairs are held out (at least one, and at
-    least one pair is left to train on)."""
-    if len(pairs) < 2:
-        raise PreferenceFileError(
-            f"need at least 2 preference pairs to hold some out, got {len(pairs)}"
-        )
-    held = min(max(1, math.ceil(eval_split * len(pairs))), len(pairs) - 1)
-    return pairs[:-held], pairs[-held:]
 
 
 def load_reward_model(path: str | Path, dtype: str = "float32"):
@@ -168,31 +107,19 @@ def pair_scores(
     return scores[: len(pairs)], scores[len(pairs) :]
 
 
-@dataclass(frozen=True)
-class Ranks:
-    """This process's place among torchrun's ranks (rank 0 of 1 without torchrun)."""
-
-    rank: int = 0
-    world: int = 1
-
-    @classmethod
-    def from_env(cls) -> Ranks:
-        return cls(int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)))
-
-
 @torch.no_grad()
 def pairwise_accuracy(
     model: torch.nn.Module,
     tokenizer: Any,
     pairs: list[PreferencePair],
     max_len: int,
-    ranks: Ranks = Ranks(),
+    dist: Dist = Dist(),
     batch: int = 128,
 ) -> dict[str, float]:
     """Share of held-out pairs with r(chosen) > r(rejected) (ties count wrong) and the mean margin,
-    summed over ranks (each scores every world-th pair)."""
+    summed over ranks (each scores every world_size-th pair)."""
     model.eval()
-    mine = pairs[ranks.rank :: ranks.world]
+    mine = pairs[dist.rank :: dist.world_size]
     totals = torch.zeros(3, dtype=torch.float64)  # correct, margin sum, count
     for start in range(0, len(mine), batch):
         chosen, rejected = pair_scores(model, tokenizer, mine[start : start + batch], max_len)
@@ -204,17 +131,16 @@ def pairwise_accuracy(
                 torch.tensor(float(margin.numel()), dtype=torch.float64),
             ]
         )
-    if ranks.world > 1:
+    if dist.world_size > 1:
         torch.distributed.all_reduce(totals)
     correct, margin_sum, count = totals.tolist()
     return {"acc": correct / max(count, 1), "margin": margin_sum / max(count, 1)}
 
 
-def _setup_distributed(ranks: Ranks, model: torch.nn.Module) -> torch.nn.Module:
-    if ranks.world == 1:
+def _wrap(model: torch.nn.Module, dist: Dist) -> torch.nn.Module:
+    """DistributedDataParallel over the ranks (on this rank's GPU when there is one)."""
+    if dist.world_size == 1:
         return model
-    if not torch.distributed.is_initialized():
-        torch.distributed.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
     if torch.cuda.is_available():
         device = int(os.environ.get("LOCAL_RANK", 0))
         torch.cuda.set_device(device)
@@ -223,14 +149,10 @@ def _setup_distributed(ranks: Ranks, model: torch.nn.Module) -> torch.nn.Module:
     return torch.nn.parallel.DistributedDataParallel(model)
 
 
-def lr_multiplier(step: int, total: int) -> float:
-    """Linear warm-up over min(20, total // 10) steps, then cosine from 1 down to 0.1 at `total`
-    (step counts from 1)."""
-    warmup = max(1, min(20, total // 10))
-    if step <= warmup:
-        return step / warmup
-    progress = (step - warmup) / max(1, total - warmup)
-    return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
+def lr_schedule(total: int) -> Callable[[int], float]:
+    """LambdaLR multiplier (learner/schedule.py): linear warm-up over min(20, total // 10) steps
+    (at least 1), then cosine from 1 down to 0.1 at `total`."""
+    return warmup_decay(max(1, min(20, total // 10)), total, "cosine", floor=0.1)
 
 
 def _train_step(
@@ -260,18 +182,23 @@ def _train_step(
     return sums
 
 
-def _batches(train: list[PreferencePair], cfg: Config, ranks: Ranks):
-    """Yield (step, total steps, this rank's pairs) per optimiser step: shuffled epochs (seeded),
-    global batches of rm.train_batch_size pairs (the last partial one dropped), rank r takes
-    r::world."""
-    rm, rng = cfg.rm, random.Random(cfg.run.seed)
+def _total_steps(train: list[PreferencePair], cfg: Config) -> int:
+    """Optimiser steps of the run: rm.max_steps, else rm.max_epochs epochs of whole batches."""
+    rm = cfg.rm
     per_epoch = len(train) // rm.train_batch_size
     if per_epoch == 0:
         raise PreferenceFileError(
             f"rm.train_batch_size: {rm.train_batch_size} pairs per step but "
             f"only {len(train)} training pairs"
         )
-    total = rm.max_steps or per_epoch * rm.max_epochs
+    return rm.max_steps or per_epoch * rm.max_epochs
+
+
+def _batches(train: list[PreferencePair], cfg: Config, dist: Dist, total: int):
+    """Yield (step, this rank's pairs) for steps 1..total: shuffled epochs (seeded), global batches
+    of rm.train_batch_size pairs (the last partial one dropped), rank r takes r::world_size."""
+    rm, rng = cfg.rm, random.Random(cfg.run.seed)
+    per_epoch = len(train) // rm.train_batch_size
     step = 0
     while step < total:
         order = train[:]
@@ -281,55 +208,40 @@ def _batches(train: list[PreferencePair], cfg: Config, ranks: Ranks):
                 return
             step += 1
             batch = order[i * rm.train_batch_size : (i + 1) * rm.train_batch_size]
-            yield step, total, batch[ranks.rank :: ranks.world]
+            yield step, batch[dist.rank :: dist.world_size]
 
 
-def train_reward_model(cfg: Config, ranks: Ranks | None = None) -> dict[str, Any]:
-    """Train, evaluate and save the reward model described by `cfg.rm`; returns the summary (also
-    written to {run_dir}/summary.json and {save_path}/reward_model.json on rank 0)."""
-    from rollflash.learner.metrics import MetricsSink
-
-    rm, ranks = cfg.rm, ranks or Ranks.from_env()
-    if rm.train_batch_size % ranks.world:
-        raise ValueError(
-            f"rm.train_batch_size: {rm.train_batch_size} does not split over {ranks.world} ranks"
-        )
-    started = time.monotonic()
+def _datasets(cfg: Config) -> tuple[list[PreferencePair], list[PreferencePair]]:
+    """(train, held-out) pairs: rm.eval_dataset, or a split of rm.dataset."""
+    rm = cfg.rm
     pairs = load_preferences(rm.dataset)
-    train, held = (
-        (pairs, load_preferences(rm.eval_dataset))
-        if rm.eval_dataset
-        else split_pairs(pairs, rm.eval_split)
-    )
-    model, tokenizer = load_reward_model(rm.pretrain or cfg.model.path, cfg.model.dtype)
-    same = indistinguishable(tokenizer, train + held, rm.max_len)
-    if same:
-        log.warning(
-            "%d of %d preference pairs are the same token ids for both responses (the "
-            "tokenizer drops a difference, or rm.max_len cuts it off)",
-            same,
-            len(train) + len(held),
-        )
-    model = _setup_distributed(ranks, model)
-    inner = model.module if hasattr(model, "module") else model
+    if rm.eval_dataset:
+        return pairs, load_preferences(rm.eval_dataset)
+    return split_pairs(pairs, rm.eval_split)
+
+
+def _optimise(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    train: list[PreferencePair],
+    held: list[PreferencePair],
+    cfg: Config,
+    dist: Dist,
+    sink: Any,
+) -> int:
+    """Every optimiser step of the run, logged to `sink` (rank 0); returns the number of steps."""
+    rm, inner = cfg.rm, getattr(model, "module", model)
+    total = _total_steps(train, cfg)
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=rm.learning_rate, weight_decay=rm.weight_decay
     )
-    sink = MetricsSink(cfg.run.run_dir, tensorboard=False) if ranks.rank == 0 else None
-    before = pairwise_accuracy(inner, tokenizer, held, rm.max_len, ranks)
-    log.info(
-        "held-out pairwise accuracy before training: %.3f (%d pairs; %d to train on)",
-        before["acc"],
-        len(held),
-        len(train),
-    )
-    for step, total, batch in _batches(train, cfg, ranks):
-        for group in optimizer.param_groups:
-            group["lr"] = rm.learning_rate * lr_multiplier(step, total)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_schedule(total))
+    for step, batch in _batches(train, cfg, dist, total):
         metrics = _train_step(model, optimizer, tokenizer, batch, cfg)
+        scheduler.step()
         if rm.eval_every and step % rm.eval_every == 0 and step < total:
             metrics["eval/pairwise_acc"] = pairwise_accuracy(
-                inner, tokenizer, held, rm.max_len, ranks
+                inner, tokenizer, held, rm.max_len, dist
             )["acc"]
         if sink is not None:
             sink.log(step, metrics)
@@ -341,7 +253,44 @@ def train_reward_model(cfg: Config, ranks: Ranks | None = None) -> dict[str, Any
                 metrics["rm/loss"],
                 metrics["rm/acc"],
             )
-    after = pairwise_accuracy(inner, tokenizer, held, rm.max_len, ranks)
+    return total
+
+
+def train_reward_model(cfg: Config, dist: Dist | None = None) -> dict[str, Any]:
+    """Train, evaluate and save the reward model described by `cfg.rm`; returns the summary (also
+    written to {run_dir}/summary.json and {save_path}/reward_model.json on rank 0). `dist`: the
+    ranks (default: join the process group torchrun describes, if any)."""
+    from rollflash.learner.metrics import MetricsSink
+
+    rm, dist = cfg.rm, dist or init_dist(_device())
+    if rm.train_batch_size % dist.world_size:
+        raise ValueError(
+            f"rm.train_batch_size: {rm.train_batch_size} does not split over "
+            f"{dist.world_size} ranks"
+        )
+    started = time.monotonic()
+    train, held = _datasets(cfg)
+    model, tokenizer = load_reward_model(rm.pretrain or cfg.model.path, cfg.model.dtype)
+    same = indistinguishable(tokenizer, train + held, rm.max_len)
+    if same:
+        log.warning(
+            "%d of %d preference pairs are the same token ids for both responses (the "
+            "tokenizer drops a difference, or rm.max_len cuts it off)",
+            same,
+            len(train) + len(held),
+        )
+    model = _wrap(model, dist)
+    inner = getattr(model, "module", model)
+    sink = MetricsSink(cfg.run.run_dir, tensorboard=False) if dist.is_main else None
+    before = pairwise_accuracy(inner, tokenizer, held, rm.max_len, dist)
+    log.info(
+        "held-out pairwise accuracy before training: %.3f (%d pairs; %d to train on)",
+        before["acc"],
+        len(held),
+        len(train),
+    )
+    total = _optimise(model, tokenizer, train, held, cfg, dist, sink)
+    after = pairwise_accuracy(inner, tokenizer, held, rm.max_len, dist)
     summary = {
         "train_pairs": len(train),
         "eval_pairs": len(held),
@@ -350,11 +299,11 @@ def train_reward_model(cfg: Config, ranks: Ranks | None = None) -> dict[str, Any
         "eval_pairwise_acc": round(after["acc"], 4),
         "eval_margin": round(after["margin"], 4),
         "indistinguishable_pairs": same,
-        "world_size": ranks.world,
+        "world_size": dist.world_size,
         "wall_s": round(time.monotonic() - started, 1),
         "save_path": rm.save_path,
     }
-    if ranks.rank == 0:
+    if sink is not None:
         _save(inner, tokenizer, cfg, summary)
         sink.log(total, {"eval/pairwise_acc": after["acc"], "eval/margin": after["margin"]})
         sink.close()
@@ -379,12 +328,15 @@ def _save(model: torch.nn.Module, tokenizer: Any, cfg: Config, summary: dict[str
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
 
 
+def _device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def run(cfg: Config) -> dict[str, Any]:
     """Process entry point of `rollctl train-rm`."""
-    ranks = Ranks.from_env()
-    setup_process(f"rm:{ranks.rank}", seed=cfg.run.seed, torch_threads=cfg.run.torch_threads)
+    dist = init_dist(_device())
+    setup_process(f"rm:{dist.rank}", seed=cfg.run.seed, torch_threads=cfg.run.torch_threads)
     try:
-        return train_reward_model(cfg, ranks)
+        return train_reward_model(cfg, dist)
     finally:
-        if ranks.world > 1 and torch.distributed.is_initialized():
-            torch.distributed.destroy_process_group()
+        dist.close()

@@ -31,7 +31,6 @@ import argparse
 import itertools
 import json
 import logging
-import math
 import random
 import string
 import time
@@ -45,6 +44,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 from rollflash.envs import Item, Task, make_task
+from rollflash.learner.schedule import warmup_decay
 
 logger = logging.getLogger(__name__)
 
@@ -154,16 +154,9 @@ def sft_items(task: Task, seed: int, teacher_error: float) -> Iterator[Item]:
 
 
 def warmup_cosine(steps: int) -> Callable[[int], float]:
-    """lr multiplier: linear warmup over min(50, steps // 10) steps, then cosine from 1 to 0.1."""
-    warmup = max(1, min(50, steps // 10))
-
-    def schedule(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / warmup
-        progress = (step - warmup) / max(1, steps - warmup)
-        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
-
-    return schedule
+    """lr multiplier: linear warmup over min(50, steps // 10) steps, then cosine from 1 to 0.1
+    (learner/schedule.py)."""
+    return warmup_decay(max(1, min(50, steps // 10)), steps, "cosine", floor=0.1)
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """Learner crashes with real processes and a real redis-server: the learner is kill -9'd inside a
 chosen window and started again while the generators keep running.
 
-The learner stops itself with SIGSTOP at the window (ROLLFLASH_PAUSE_AT, learner/loop.py), and the
+The learner stops itself with SIGSTOP at the window (ROLLFLASH_PAUSE_AT, learner/publish.py), and the
 test sends the SIGKILL, so every run hits exactly the window it names:
 - after_read: step 5's groups were read but neither trained nor acknowledged;
 - after_update: step 5 was trained and published, but its checkpoint (every 3 steps) not written;

@@ -37,6 +37,31 @@ def test_lineage_maps_versions_to_steps_across_resumes():
     assert back.lineage == lin and back.guards == state.guards
 
 
+def test_state_written_before_seen_was_filed_by_issue_step_still_loads():
+    # the state.json of an older checkpoint: `seen` a plain list, no `guards` key
+    old = {
+        "step": 7,
+        "version": 9,
+        "lineage": [[0, 0], [8, 2]],
+        "issued": 40,
+        "replaced": 3,
+        "heldout_acc_before": 0.25,
+        "reward_norm": {"count": 4.0, "mean": 0.5, "m2": 1.0},
+        "seen": ["g000000001", "g000000002"],
+        "ranks": {"rank0": {"entry_ids": ["1-0"], "traj_ids": ["g000000002"]}},
+        "rng": {},
+    }
+    state = LearnerState.from_json(old)
+    # the list is filed under the checkpoint's step (7): its ids were issued at step 7 or before,
+    # so they are remembered at least as long as their own steps would keep them
+    assert state.seen == {7: ["g000000001", "g000000002"]} and state.guards == {}
+    assert (state.step, state.version, state.issued, state.replaced) == (7, 9, 40, 3)
+    assert state.lineage.step_of(9) == 7 and state.ranks == old["ranks"]
+    again = LearnerState.from_json(json.loads(json.dumps(state.to_json())))
+    assert again.seen == {7: ["g000000001", "g000000002"]}  # json keys are strings: back to int
+    assert LearnerState.from_json(dict(old, seen=[])).seen == {}
+
+
 def test_rng_state_round_trips():
     state = rng_state()
     a = (random.random(), torch.rand(2).tolist())
@@ -74,7 +99,7 @@ def test_resumed_training_continues_exactly(tiny, tmp_path):
     step(model, opt, sched, groups[:2])
     store = CheckpointStore(tmp_path)
     store.save(
-        LearnerState(step=1, version=1, issued=8, seen=["t0", "t1"]),
+        LearnerState(step=1, version=1, issued=8, seen={0: ["t0", "t1"]}),
         model,
         {"optimizer": opt.state_dict(), "scheduler": sched.state_dict()},
     )
@@ -85,7 +110,7 @@ def test_resumed_training_continues_exactly(tiny, tmp_path):
     state, optim = CheckpointStore.load(store.latest(), model2)
     opt2.load_state_dict(optim["optimizer"])
     sched2.load_state_dict(optim["scheduler"])
-    assert (state.step, state.issued, state.seen) == (1, 8, ["t0", "t1"])
+    assert (state.step, state.issued, state.seen) == (1, 8, {0: ["t0", "t1"]})
     step(model2, opt2, sched2, groups[2:])
     for name, w in uninterrupted.items():
         assert torch.equal(model2.state_dict()[name], w), name

@@ -147,6 +147,49 @@ def test_adaptive_kl_coef_moves_and_reaches_the_step_config():
     assert GuardMonitor(fixed).step_config(fixed) is fixed
 
 
+def test_state_round_trips_through_json_and_resumes_the_streak():
+    import json
+
+    cfg = config_from_dict(
+        {
+            "algo": {"kl_coef": 0.1, "kl_target": 0.05, "kl_horizon": 1000},
+            "guards": {"stop_on_guard": True, "patience": 2},
+        }
+    )
+    bad = {"guard/truncated_frac": 0.95, "guard/score_std": 0.5, "kl/behav_ref_kl": 0.5}
+    mon = GuardMonitor(cfg)
+    mon.after_step(bad, 100)  # streak 1 of 2; kl_coef 0.1 -> 0.102
+    saved = json.loads(json.dumps(mon.state_dict()))  # what state.json holds
+    assert saved == {
+        "kl_coef": pytest.approx(0.102),
+        "kl_history": [0.5],
+        # only the guards whose metric the step has: kl, score std (a rule reward: never fires)
+        "streaks": {"kl_rise": 0, "score_collapse": 0, "length_at_limit": 1},
+        "first_score_std": 0.5,
+    }
+    resumed = GuardMonitor(cfg)
+    resumed.load_state_dict(saved)
+    assert resumed.state_dict() == mon.state_dict()
+    resumed.after_step(bad, 100)  # streak 2 of 2: stops, as the uninterrupted monitor would
+    mon.after_step(bad, 100)
+    assert resumed.stop_requested and mon.stop_requested
+    assert resumed.state_dict() == mon.state_dict()
+
+
+def test_state_of_older_checkpoints_loads_and_unknown_keys_are_refused():
+    cfg = config_from_dict({"algo": {"kl_coef": 0.1}})
+    mon = GuardMonitor(cfg)
+    mon.load_state_dict({})  # a checkpoint written before the guards existed
+    assert mon.state_dict() == {
+        "kl_coef": 0.1,
+        "kl_history": [],
+        "streaks": {},
+        "first_score_std": None,
+    }
+    with pytest.raises(ValueError, match="unknown keys \\['kl_coeff'\\]"):
+        mon.load_state_dict({"kl_coeff": 0.2})
+
+
 def test_status_line_shows_the_last_warnings():
     from rollflash.rollctl.status import guard_line
 

@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from rollflash.learner.reward_model import (
+from rollflash.learner.preferences import (
     PreferenceFileError,
     PreferencePair,
     load_preferences,
-    lr_multiplier,
     split_pairs,
 )
+from rollflash.learner.reward_model import lr_schedule
 
 ROOT = Path(__file__).resolve().parents[2]
 GOOD = json.dumps({"prompt": "1+1=", "chosen": "2", "rejected": "3"})
@@ -76,10 +76,12 @@ def test_split_and_lr_schedule():
     train, held = split_pairs(pairs, 0.25)  # ceil(2.5) = 3 held out, the last three
     assert [p.chosen for p in held] == ["7", "8", "9"] and len(train) == 7
     assert len(split_pairs(pairs[:2], 0.9)[0]) == 1  # at least one left to train on
-    # total 100 -> warm-up 10 steps; step 5: 5/10; step 10: 1.0; step 100: cosine end 0.1
-    assert lr_multiplier(5, 100) == 0.5 and lr_multiplier(10, 100) == 1.0
-    assert lr_multiplier(100, 100) == pytest.approx(0.1)
-    assert lr_multiplier(55, 100) == pytest.approx(0.55)  # halfway: 0.1 + 0.9 * 0.5
+    # total 100 -> warm-up 10 steps. LambdaLR step k is optimiser step k + 1:
+    # k = 4 -> 5/10; k = 9 -> 10/10; k = 10 starts the cosine at 1.0;
+    # k = 55: p = 45/90 = 0.5 -> 0.1 + 0.9 * 0.5 * (1 + cos(pi/2)) = 0.55; k = 100: p = 1 -> 0.1
+    f = lr_schedule(100)
+    assert (f(0), f(4), f(9), f(10)) == (0.1, 0.5, 1.0, 1.0)
+    assert f(55) == pytest.approx(0.55, abs=1e-12) and f(100) == pytest.approx(0.1, abs=1e-12)
 
 
 def test_cli_rejects_a_bad_file_with_its_line_number(tmp_path):

@@ -14,7 +14,8 @@ from rollflash.generators.reward_model import (
     RuleRewarder,
     make_rewarder,
 )
-from rollflash.learner.reward_model import PreferencePair, load_reward_model, pair_scores
+from rollflash.learner.preferences import PreferencePair
+from rollflash.learner.reward_model import load_reward_model, pair_scores
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,153 @@
+"""Benchmark: the learner's memory and checkpoint size over a long simulated run.
+
+Runs the real system with `rollctl run`: an embedded redis-server, the learner's real control loop
+(admission, collection, duplicate and staleness filters, publishing, checkpoints every
+`--checkpoint-every` steps) and 2 generator processes, with the simulated engine and a simulated
+learner step (`rollout.engine: sim`, `sim.learner_step_s`), so that thousands of steps take minutes
+and the learner's own state is what grows, if anything does. Every `--sample-s` seconds it
+samples the learner process's resident memory (VmRSS in /proc: Linux only) and the size of its
+latest checkpoint directory, with the learner's step (the run hash).
+
+Prints one JSON line: the first and last samples taken once the learner had trained
+`--warmup-steps` steps (start-up allocations settle first), the RSS and checkpoint bytes of
+both, their ratios last / first, and the checkpoint's `seen` ids at the end.
+
+    .venv/bin/python scripts/bench_long_run.py [--steps 5000] [--set key=value ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import redis
+
+WORKLOAD = [
+    "rollout.engine=sim",
+    "rollout.num_return_sequences=2",
+    "rollout.max_new_tokens=16",
+    "rollout.num_rollout_workers=2",
+    "trainer.rollout_batch_size=16",
+    "trainer.async_ratio=1",
+    "trainer.wait_timeout_s=120",
+    "sim.per_token_s=0.0001",
+    "sim.length_median=4",
+    "sim.length_sigma=0.3",
+    "sim.learner_step_s=0.002",
+    "task.eval_size=1",
+    "run.torch_threads=1",
+]
+
+
+def _learner_rss(parent: int) -> int | None:
+    """Resident bytes of the `start-learner` child of process `parent`; None if there is none."""
+    for proc in Path("/proc").iterdir():
+        try:
+            if not proc.name.isdigit():
+                continue
+            stat = (proc / "stat").read_text()
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            if ppid != parent or b"start-learner" not in (proc / "cmdline").read_bytes():
+                continue
+            status = (proc / "status").read_text()
+        except (FileNotFoundError, ProcessLookupError):  # exited meanwhile
+            continue
+        for line in status.splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return None
+
+
+def _checkpoint_bytes(run_dir: Path) -> tuple[int, int]:
+    """(bytes of the latest checkpoint directory, ids in its `seen`); (0, 0) before the first."""
+    root = run_dir / "checkpoints"
+    try:
+        latest = root / f"step{int((root / 'LATEST').read_text()):08d}"
+        size = sum(f.stat().st_size for f in latest.iterdir())
+        seen = json.loads((latest / "state.json").read_text())["seen"]
+    except (FileNotFoundError, ValueError):  # not written yet, or replaced while reading
+        return 0, 0
+    ids = len(seen) if isinstance(seen, list) else sum(len(v) for v in seen.values())
+    return size, ids
+
+
+def _step(r: redis.Redis | None, run_id: str) -> int:
+    if r is None:
+        return 0
+    try:
+        return int(r.hget(f"rl:{run_id}:run", "step") or 0)
+    except redis.RedisError:
+        return 0
+
+
+def run(steps: int, every: int, sample_s: float, overrides: list[str], workdir: Path) -> list:
+    run_dir, run_id = workdir / "run", "bench-long"
+    sets = WORKLOAD + overrides
+    sets += [f"trainer.total_steps={steps}", f"trainer.checkpoint_every={every}"]
+    sets += [f"run.run_id={run_id}", f"run.run_dir={run_dir}"]
+    cmd = [sys.executable, "-m", "rollflash.rollctl.cli", "run", "--generators", "2"]
+    for s in sets:
+        cmd += ["--set", s]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    samples, r = [], None
+    while proc.poll() is None:
+        time.sleep(sample_s)
+        sock = run_dir / "redis" / "redis.sock"
+        if r is None and sock.exists():
+            r = redis.Redis(unix_socket_path=str(sock))
+        rss = _learner_rss(proc.pid)
+        if rss is None:
+            continue
+        size, ids = _checkpoint_bytes(run_dir)
+        samples.append({"step": _step(r, run_id), "rss": rss, "ckpt_bytes": size, "seen": ids})
+    if proc.returncode != 0:
+        raise SystemExit(f"rollctl run failed ({proc.returncode}): {proc.stderr.read()[-2000:]}")
+    return samples
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--steps", type=int, default=5000)
+    p.add_argument("--checkpoint-every", type=int, default=50)
+    p.add_argument("--sample-s", type=float, default=2.0)
+    p.add_argument("--warmup-steps", type=int, default=200)
+    p.add_argument("--set", dest="overrides", action="append", default=[])
+    p.add_argument("--label", default="", help="a note carried into the JSON line")
+    args = p.parse_args()
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="bench-long-") as tmp:
+        samples = run(args.steps, args.checkpoint_every, args.sample_s, args.overrides, Path(tmp))
+    settled = [s for s in samples if s["step"] >= args.warmup_steps and s["ckpt_bytes"]]
+    if len(settled) < 2:
+        raise SystemExit(f"too few samples after step {args.warmup_steps}: {samples[-3:]}")
+    first, last = settled[0], settled[-1]
+    print(
+        json.dumps(
+            {
+                "bench": "long_run",
+                "label": args.label,
+                "steps": args.steps,
+                "wall_s": round(time.monotonic() - started, 1),
+                "samples": len(samples),
+                "first": first,
+                "last": last,
+                "rss_mib_first": round(first["rss"] / 2**20, 1),
+                "rss_mib_last": round(last["rss"] / 2**20, 1),
+                "rss_ratio": round(last["rss"] / first["rss"], 3),
+                "ckpt_bytes_first": first["ckpt_bytes"],
+                "ckpt_bytes_last": last["ckpt_bytes"],
+                "ckpt_ratio": round(last["ckpt_bytes"] / first["ckpt_bytes"], 3),
+                "rss_mib_max": round(max(s["rss"] for s in settled) / 2**20, 1),
+                "workload": WORKLOAD + args.overrides,
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
