@@ -28,6 +28,13 @@ RedisOpt = typer.Option(
 )
 
 
+config_app = typer.Typer(
+    no_args_is_help=True,
+    help="The config reference: every key with its type, default and one-line doc.",
+)
+app.add_typer(config_app, name="config")
+
+
 def _fail(message: str) -> None:
     typer.echo(f"rollctl: error: {message}", err=True)
     raise typer.Exit(2)
@@ -245,6 +252,27 @@ def acl(
         f"(or rediss:// for TLS)"
     )
     typer.echo(f"# learner:    --redis-url redis://rl-{run}-learner:{lpw}@HOST:6379")
+
+
+@config_app.command("show")
+def config_show(config: Path | None = ConfigOpt, set_: list[str] | None = SetOpt) -> None:
+    """Print the config as YAML: every key with its value and, in a comment, its type, default
+    (`*` where the value differs) and doc. Without --config, the defaults."""
+    from rollflash.broker.config_reference import show_lines
+
+    cfg = _load(config, set_, None)
+    for line in show_lines(cfg):
+        typer.echo(line)
+
+
+@config_app.command("schema")
+def config_schema() -> None:
+    """Print the config's JSON Schema (for editors: YAML completion, hover docs, validation)."""
+    import json
+
+    from rollflash.broker.config_reference import json_schema
+
+    typer.echo(json.dumps(json_schema(), indent=1))
 
 
 def main() -> None:
