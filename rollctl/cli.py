@@ -181,13 +181,20 @@ def status(
     set_: list[str] | None = SetOpt,
     redis_url: str | None = RedisOpt,
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    watch: bool = typer.Option(
+        False, "--watch", "-w", help="Redraw a compact view every --interval seconds."
+    ),
+    interval: float = typer.Option(2.0, "--interval", min=0.1, help="Seconds between redraws."),
 ) -> None:
     """Show queues, pending counts, the weight version and live generators."""
     cfg = _load(config, set_, redis_url)
     _need_redis(cfg)
-    from rollflash.rollctl.status import show_status
+    from rollflash.rollctl.status import show_status, watch_status
 
-    _guarded(show_status, cfg, as_json)
+    if watch:
+        _guarded(watch_status, cfg, interval)
+    else:
+        _guarded(show_status, cfg, as_json)
 
 
 @app.command("export")
