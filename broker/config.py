@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from rollflash.broker.config_algo import GROUP_BASELINES, AlgoConfig
 from rollflash.broker.config_errors import ConfigError, config_error
+from rollflash.broker.config_eval import EvalConfig
 from rollflash.broker.config_logging import LoggingConfig
 from rollflash.broker.config_sections import (
     GuardsConfig,
@@ -48,6 +49,7 @@ __all__ = [
     "AlgoConfig",
     "Config",
     "ConfigError",
+    "EvalConfig",
     "GuardsConfig",
     "LoggingConfig",
     "ModelConfig",
@@ -79,6 +81,7 @@ class Config(BaseModel):
     algo: AlgoConfig = Field(default_factory=AlgoConfig, description="the RL algorithm")
     sim: SimConfig = Field(default_factory=SimConfig, description="the simulated engine")
     reward: RewardConfig = Field(default_factory=RewardConfig, description="response scoring")
+    eval: EvalConfig = Field(default_factory=EvalConfig, description="held-out evaluation")
     rm: RewardModelTrainConfig = Field(
         default_factory=RewardModelTrainConfig, description="`rollctl train-rm`"
     )
@@ -132,6 +135,19 @@ class Config(BaseModel):
             raise ConfigError(
                 f"rollout.num_return_sequences: algo.adv_estimator {a.adv_estimator!r} and "
                 f"algo.dynamic_sampling need groups of at least 2 samples, got {n}"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _dataset_needs_reward_functions(self) -> Config:
+        if (
+            self.task.name == "dataset"
+            and self.reward.type != "model"
+            and not self.reward.functions
+        ):
+            raise ConfigError(
+                "reward.functions: task 'dataset' has no verifier of its own; name one or more "
+                "reward functions (e.g. [math])"
             )
         return self
 

@@ -98,6 +98,11 @@ class ModelConfig(Section):
     dtype: Literal["float32", "bfloat16"] = Field(
         "float32", description="parameter dtype in learner and generators"
     )
+    chat_template: StrictStr = Field(
+        "auto",
+        description="single-turn prompts: auto (the tokenizer's template if it has one), "
+        "none (raw text), or a Jinja template file",
+    )
 
 
 class TaskConfig(Section):
@@ -267,6 +272,15 @@ class RewardConfig(Section):
     max_abs_reward: Number = Field(
         1e6, gt=0, description="the learner dead-letters a sample whose |reward| is larger"
     )
+    functions: list[StrictStr] = Field(
+        default_factory=list,
+        description="rule reward as reward functions: 'pkg.module:fn' or a built-in verifier "
+        "(math, exact, regex, json_schema); empty = the task's own verifier",
+    )
+    weights: list[Number] | None = Field(
+        None, description="one weight per reward function (null = all 1.0)"
+    )
+    timeout_s: Number = Field(10.0, gt=0, description="limit of one reward-function call")
 
     @model_validator(mode="after")
     def _model_path_matches_type(self) -> RewardConfig:
@@ -278,6 +292,20 @@ class RewardConfig(Section):
         if self.type == "rule" and self.model_path:
             raise ConfigError(
                 "reward.model_path: set, but reward.type is 'rule' (use 'model' or 'mixed')"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _one_weight_per_function(self) -> RewardConfig:
+        if self.weights is not None and len(self.weights) != len(self.functions):
+            raise ConfigError(
+                f"reward.weights: {len(self.weights)} weights for "
+                f"{len(self.functions)} reward.functions"
+            )
+        if self.functions and self.type == "model":
+            raise ConfigError(
+                "reward.functions: set, but reward.type 'model' ignores rule rewards "
+                "(use 'rule' or 'mixed')"
             )
         return self
 

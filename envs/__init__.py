@@ -1,10 +1,10 @@
 """Tasks: prompt sources and verifiable rewards (stdlib only; see envs/base.py), and multi-turn
 environments (envs/multiturn.py, envs/episode.py)."""
 
-from rollflash.envs.base import Item, Task, response_text
+from rollflash.envs.base import Item, Task, response_text, train_stream
 from rollflash.envs.episode import Episode, chat_encoder, plain_encoder
 from rollflash.envs.multiturn import EnvTask, StepResult, is_multi_turn
-from rollflash.envs.registry import known_tasks, make_task
+from rollflash.envs.registry import known_tasks, make_task, task_from_config
 
 __all__ = [
     "Episode",
@@ -18,4 +18,6 @@ __all__ = [
     "make_task",
     "plain_encoder",
     "response_text",
+    "task_from_config",
+    "train_stream",
 ]

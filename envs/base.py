@@ -10,8 +10,10 @@ Stdlib only: the generator and learner both import `envs/`, and neither should p
 
 from __future__ import annotations
 
+import inspect
+import itertools
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 
@@ -22,6 +24,8 @@ class Item:
     id: str  # stable id, e.g. "train-000123" / "heldout-0042"
     prompt: str  # text given to the model, e.g. "17+25="
     answer: str  # ground truth, e.g. "42"
+    # other columns of a dataset row (msgpack types), passed to reward functions as keywords
+    extra: dict[str, Any] = field(default_factory=dict, hash=False)
 
 
 @runtime_checkable
@@ -41,6 +45,15 @@ class Task(Protocol):
     def score(self, item: Item, response: str) -> float:
         """Reward of `response` (text after the prompt, EOS stripped) for `item`."""
         ...
+
+
+def train_stream(task: Task, seed: int, start: int = 0) -> Iterator[Item]:
+    """`task.train_items(seed)` from its `start`-th item on: how the learner resumes the prompt
+    position. A task whose `train_items` takes `start` (a dataset) jumps there; any other is
+    advanced item by item, which is the same sequence."""
+    if "start" in inspect.signature(task.train_items).parameters:
+        return task.train_items(seed, start=start)  # type: ignore[call-arg]
+    return itertools.islice(task.train_items(seed), start, None)
 
 
 def response_text(tokenizer: Any, ids: list[int], eos_id: int | None) -> str:

@@ -3,7 +3,8 @@
 Configs name a task (or a multi-turn environment) and pass its constructor parameters as a dict;
 a typo in either is an error that names the culprit, never a silent default. Add a task by adding
 one entry to `_TASKS`, or a multi-turn environment with one entry to `_ENVIRONMENTS`: its task's
-parameters are the environment class's own plus `heldout_size`."""
+parameters are the environment class's own plus `heldout_size`. `task_from_config` adds the run's
+reward functions."""
 
 from __future__ import annotations
 
@@ -14,14 +15,17 @@ from typing import Any
 
 from rollflash.envs.arithmetic import ArithmeticTask
 from rollflash.envs.base import Task
+from rollflash.envs.dataset import DatasetTask
 from rollflash.envs.gridworld import GridWorld
-from rollflash.envs.multiturn import Env, EnvTask
+from rollflash.envs.multiturn import Env, EnvTask, is_multi_turn
+from rollflash.envs.reward_functions import RewardFunctions, ScoredTask
 from rollflash.envs.simulated import SimulatedEnv
 from rollflash.envs.sokoban import Sokoban
 from rollflash.envs.tools import tool_use_task
 
 _TASKS: dict[str, Callable[..., Task]] = {
     "arithmetic": ArithmeticTask,
+    "dataset": DatasetTask,  # the user's rows (envs/dataset.py); scored by reward.functions
     "tool_use": tool_use_task,  # multi-turn, built by its own function
 }
 
@@ -66,3 +70,18 @@ def make_task(name: str, params: dict[str, Any] | None = None) -> Task:
         return _TASKS[name](**params)
     heldout_size = params.pop("heldout_size", heldout_size)
     return EnvTask(name, functools.partial(env_class, **params), heldout_size)
+
+
+def task_from_config(cfg: Any) -> Task:
+    """The task of a run config (`task:`), scored by `reward.functions` when it names any; the
+    learner and every generator build it this way. Reward-function import errors raise here."""
+    task = make_task(cfg.task.name, cfg.task.params)
+    r = cfg.reward
+    if not r.functions:
+        return task
+    if is_multi_turn(task):
+        raise ValueError(
+            f"reward.functions: score single responses; multi-turn task {cfg.task.name!r} is "
+            "scored by its environment"
+        )
+    return ScoredTask(task, RewardFunctions.load(r.functions, r.weights, r.timeout_s))

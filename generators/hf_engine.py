@@ -18,6 +18,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rollflash.envs import chat_encoder, plain_encoder, response_text
+from rollflash.envs.chat import encode_prompts
 from rollflash.envs.episode import Encode
 from rollflash.generators.sampling import GeneratedSample, SamplingParams
 
@@ -68,8 +69,7 @@ class HFEngine:
         self, prompts: list[str], params: SamplingParams, on_step=None
     ) -> list[list[GeneratedSample]]:
         """Sample a batch; `on_step` is ignored: the batch always finishes on the loaded weights."""
-        enc = self.tokenizer(prompts, return_tensors="pt", padding=True)
-        return self._sample_batch(enc["input_ids"], enc["attention_mask"], params)
+        return self.generate_ids(encode_prompts(self.tokenizer, prompts), params)
 
     @torch.no_grad()
     def generate_ids(

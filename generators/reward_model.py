@@ -108,6 +108,9 @@ class RuleRewarder:
         self.task = task
 
     def score_groups(self, items: list[Item], responses: list[list[str]]) -> list[list[float]]:
+        batch = getattr(self.task, "score_groups", None)  # reward functions score a whole batch
+        if batch is not None:
+            return batch(items, responses)
         return [[self.task.score(item, r) for r in group] for item, group in zip(items, responses)]
 
 

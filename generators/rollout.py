@@ -35,7 +35,7 @@ from rollflash.broker.retry import retry_until
 from rollflash.broker.schema import PromptWork, Sample, Trajectory
 from rollflash.broker.secrets import redact
 from rollflash.broker.weights import WeightStore
-from rollflash.envs import Item, Task, is_multi_turn, make_task
+from rollflash.envs import Item, Task, is_multi_turn, task_from_config
 from rollflash.generators.continuous import ContinuousRollout
 from rollflash.generators.engine import Engine, make_engine
 from rollflash.generators.episodes import rollout_episodes
@@ -179,7 +179,7 @@ class Generator:
 
     def __init__(self, cfg: Config, generator_id: str):
         self.cfg, self.id = cfg, generator_id
-        self.task = make_task(cfg.task.name, cfg.task.params)
+        self.task = task_from_config(cfg)  # with reward.functions, if any
         if cfg.rollout.inflight_samples and is_multi_turn(self.task):  # before waiting on Redis
             raise ConfigError(
                 f"rollout.inflight_samples: task {cfg.task.name!r} is multi-turn "
@@ -208,6 +208,9 @@ class Generator:
                 "reloads": self.follower.reloads,
                 "redis_lost": self.broker.lost["trajectories"],
                 "dead_letters": self.broker.dead_lettered,
+                "reward_errors": getattr(self.task, "functions", None)
+                and self.task.functions.total_errors
+                or 0,
                 **self.counters.as_fields(),
             },
             self.cfg.rollout.heartbeat_ttl_s,

@@ -8,8 +8,8 @@ top_p < 1 a worker hook (installed on first use) makes the sampler return the lo
 had just before truncation instead, so the learner's recomputation still matches (as in verl, the
 log-probability is not renormalised over the nucleus).
 
-Prompts are tokenized here with the model's own Hugging Face tokenizer, exactly as the HF engine
-does (BOS from the tokenizer's post-processor), and handed to vLLM as token ids; responses are
+Prompts are tokenized here with the model's own Hugging Face tokenizer by `encode_prompts`, exactly
+as the HF engine and evaluation do (envs/chat.py), and handed to vLLM as token ids; responses are
 decoded here too. vLLM runs with `generation_config="vllm"` so that the model's generation defaults
 (extra EOS ids, top-k, repetition penalty) never change sampling behind our back.
 
@@ -55,6 +55,7 @@ from safetensors import safe_open
 from transformers import AutoTokenizer
 
 from rollflash.envs import response_text
+from rollflash.envs.chat import encode_prompts
 from rollflash.generators.sampling import GeneratedSample, SamplingParams
 
 if TYPE_CHECKING:
@@ -248,7 +249,7 @@ class VLLMEngine:
     ) -> list[list[GeneratedSample]]:
         """Sample `params.n` responses per prompt; `on_step` runs between decode steps and may
         call `load_weights` (interrupt mode)."""
-        prompt_ids = self.tokenizer(prompts)["input_ids"]
+        prompt_ids = encode_prompts(self.tokenizer, prompts)
         sampling = self._sampling(params, params.n)
         engine, batch = self.llm.llm_engine, next(self._batches)
         request_ids = [f"b{batch}-p{i}" for i in range(len(prompts))]
@@ -298,7 +299,7 @@ class VLLMEngine:
     def add_request(self, key: str, prompt: str, params: SamplingParams) -> None:
         """Start `params.n` samples of `prompt`, each its own vLLM request (`key#i`), so that
         `step` returns every sample as it finishes and `abort` can stop the rest."""
-        ids = self.tokenizer([prompt])["input_ids"][0]
+        ids = encode_prompts(self.tokenizer, [prompt])[0]
         engine_input = self.llm.renderer.render_cmpl([{"prompt_token_ids": ids}])[0]
         sampling = self._sampling(params, 1)
         # request ids are never reused: a group started again gets new ones

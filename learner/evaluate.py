@@ -1,10 +1,20 @@
-"""Greedy evaluation on the task's held-out set, run by the learner on its own weights.
+"""Evaluation on the task's held-out set, run by the learner on its own weights: greedy accuracy
+and, with `eval.n_samples` = k > 0, k sampled responses per item scored for mean reward, pass@1
+and pass@k (`sampled_eval`). A response is correct when its reward is at least `eval.threshold`
+(1.0 by default: the built-in tasks and verifiers give 1 for a right answer).
+
+It runs in the learner, on rank 0, between steps: the learner already holds the newest weights,
+so no version has to be loaded anywhere else, and generators keep sampling for the next steps
+meanwhile (asynchrony absorbs the pause). A generator-side evaluation would take a generator
+away from rollouts and need its own result channel.
 
 For a multi-turn environment the score is the success rate of greedy episodes on the held-out
 seeds (`heldout_success`), played in lockstep batches with the same token bookkeeping as the
 generators (envs/episode.py)."""
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -17,6 +27,7 @@ from rollflash.envs import (
     plain_encoder,
     response_text,
 )
+from rollflash.envs.chat import encode_prompts
 
 EVAL_EPISODE_TOKENS = 1024  # response budget of an evaluation episode (also capped by the model)
 
@@ -29,22 +40,23 @@ def heldout_accuracy(
     items: list[Item],
     max_new_tokens: int,
     batch_size: int = 64,
+    threshold: float = 1.0,
 ) -> float:
-    """Fraction of `items` answered correctly with greedy decoding (a reward of at least 1), or of
-    held-out episodes solved, for a multi-turn environment."""
+    """Fraction of `items` answered correctly with greedy decoding (a reward of at least
+    `threshold`), or of held-out episodes solved, for a multi-turn environment."""
     if is_multi_turn(task):
         return heldout_success(model, tokenizer, task, items, max_new_tokens, batch_size)
     model.eval()
-    tokenizer.padding_side = "left"
     pad_id = (
         tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     )
     correct = 0
     for start in range(0, len(items), batch_size):
         chunk = items[start : start + batch_size]
-        enc = tokenizer([it.prompt for it in chunk], return_tensors="pt", padding=True)
+        ids, attention = _left_pad(encode_prompts(tokenizer, [it.prompt for it in chunk]), pad_id)
         out = model.generate(
-            **enc,
+            input_ids=ids,
+            attention_mask=attention,
             do_sample=False,
             max_new_tokens=max_new_tokens,
             pad_token_id=pad_id,
@@ -52,10 +64,75 @@ def heldout_accuracy(
         )
         texts = [
             response_text(tokenizer, row, tokenizer.eos_token_id)
-            for row in out[:, enc["input_ids"].shape[1] :].tolist()
+            for row in out[:, ids.shape[1] :].tolist()
         ]
-        correct += sum(task.score(it, text) >= 1.0 for it, text in zip(chunk, texts))
+        correct += sum(task.score(it, text) >= threshold for it, text in zip(chunk, texts))
     return correct / max(len(items), 1)
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased estimate of pass@k from n samples of which c are correct (Chen et al. 2021,
+    "Evaluating Large Language Models Trained on Code", eq. 1): 1 - C(n - c, k) / C(n, k),
+    computed as a product so that large n does not overflow."""
+    if not 0 <= c <= n or not 0 < k <= n:
+        raise ValueError(f"pass_at_k needs 0 <= c <= n and 0 < k <= n, got n={n} c={c} k={k}")
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
+
+
+@torch.no_grad()
+def sampled_eval(
+    model: torch.nn.Module,
+    tokenizer,
+    task: Task,
+    items: list[Item],
+    n_samples: int,
+    temperature: float,
+    max_new_tokens: int,
+    threshold: float = 1.0,
+    seed: int = 0,
+    batch_size: int = 64,
+) -> dict[str, float]:
+    """k = n_samples sampled responses per item: `eval/reward_mean`, `eval/pass@1` and
+    `eval/pass@k`, each the mean over items. Sampling runs under its own seed inside
+    `torch.random.fork_rng`, so evaluating never changes the training run's random stream."""
+    model.eval()
+    pad_id = (
+        tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    )
+    rewards: list[list[float]] = []
+    per_batch = max(1, batch_size // n_samples)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        for start in range(0, len(items), per_batch):
+            chunk = items[start : start + per_batch]
+            ids, attention = _left_pad(
+                encode_prompts(tokenizer, [it.prompt for it in chunk]), pad_id
+            )
+            out = model.generate(
+                input_ids=ids.repeat_interleave(n_samples, dim=0),
+                attention_mask=attention.repeat_interleave(n_samples, dim=0),
+                do_sample=True,
+                temperature=temperature,
+                top_p=1.0,
+                top_k=0,
+                max_new_tokens=max_new_tokens,
+                pad_token_id=pad_id,
+                eos_token_id=tokenizer.eos_token_id,
+            )
+            rows = out[:, ids.shape[1] :].tolist()
+            for i, it in enumerate(chunk):
+                group = rows[i * n_samples : (i + 1) * n_samples]
+                texts = [response_text(tokenizer, r, tokenizer.eos_token_id) for r in group]
+                rewards.append([task.score(it, t) for t in texts])
+    count = max(len(rewards), 1)
+    correct = [sum(r >= threshold for r in group) for group in rewards]
+    return {
+        "eval/reward_mean": sum(sum(g) / len(g) for g in rewards) / count,
+        "eval/pass@1": sum(pass_at_k(n_samples, c, 1) for c in correct) / count,
+        f"eval/pass@{n_samples}": sum(pass_at_k(n_samples, c, n_samples) for c in correct) / count,
+    }
 
 
 def _left_pad(contexts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -18,7 +18,6 @@ learner stops itself with SIGSTOP there, so a fault test can kill -9 it inside t
 
 from __future__ import annotations
 
-import itertools
 import json
 import logging
 import math
@@ -41,7 +40,8 @@ from rollflash.broker.notify import VersionPublisher
 from rollflash.broker.process import setup_process
 from rollflash.broker.weights import WeightStore
 from rollflash.broker.wire import WireLimits
-from rollflash.envs import Item, Task, make_task
+from rollflash.envs import Item, Task, is_multi_turn, task_from_config, train_stream
+from rollflash.envs.chat import PromptFormatter, format_task
 from rollflash.learner.admission import Admission
 from rollflash.learner.checkpoint import (
     CheckpointStore,
@@ -60,7 +60,7 @@ from rollflash.learner.dist import (
     optimizer_state,
     wrap_model,
 )
-from rollflash.learner.evaluate import heldout_accuracy
+from rollflash.learner.evaluate import heldout_accuracy, sampled_eval
 from rollflash.learner.filters import drop_reason
 from rollflash.learner.guards import GuardMonitor, guard_values
 from rollflash.learner.metrics import MetricsSink, merge_rank_metrics
@@ -173,8 +173,33 @@ class Learner:
             self.dist.is_main or is_sharded(self.model)
         ):
             return 0.0
+        e = self.cfg.eval
         return heldout_accuracy(
-            self.policy, self.tokenizer, self.task, self.heldout, self.cfg.rollout.max_new_tokens
+            self.policy,
+            self.tokenizer,
+            self.task,
+            self.heldout,
+            e.max_new_tokens or self.cfg.rollout.max_new_tokens,
+            threshold=e.threshold,
+        )
+
+    def evaluate_sampled(self) -> dict[str, float]:
+        """`eval.n_samples` > 0: mean reward, pass@1 and pass@k on the held-out items (rank 0)."""
+        e = self.cfg.eval
+        if not e.n_samples or isinstance(self.policy, SimulatedPolicy) or not self.dist.is_main:
+            return {}
+        if is_multi_turn(self.task) or is_sharded(self.model):
+            return {}  # episodes have their own success rate; sharded weights need every rank
+        return sampled_eval(
+            self.policy,
+            self.tokenizer,
+            self.task,
+            self.heldout,
+            e.n_samples,
+            e.temperature,
+            e.max_new_tokens or self.cfg.rollout.max_new_tokens,
+            e.threshold,
+            seed=self.cfg.run.seed + self.state.step,
         )
 
     def close(self) -> None:
@@ -236,9 +261,11 @@ def start(cfg: Config, resume: bool | None = None) -> Learner:
     ckpt = None if resume is False else checkpoints.latest()
     if resume and ckpt is None:
         raise FileNotFoundError(f"--resume: no learner checkpoint in {checkpoints.root}")
-    task = make_task(cfg.task.name, cfg.task.params)
+    task = task_from_config(cfg)
     sim = cfg.sim.learner_step_s > 0
     policy, tokenizer = (SimulatedPolicy(cfg.sim), None) if sim else load_policy(cfg)
+    # prompts are rendered (chat template) here, once, before they are issued: envs/chat.py
+    task = format_task(task, PromptFormatter(tokenizer, cfg.model.chat_template))
     algo = AlgoModels() if sim else build_algo_models(cfg)
     state, optim_states = LearnerState(), None
     if ckpt is not None:  # weights go in before sharding; optimiser state after
@@ -260,7 +287,7 @@ def start(cfg: Config, resume: bool | None = None) -> Learner:
     run = broker.run_fields()
     state.issued = max(state.issued, int(run.get("issued", 0)))  # Redis is exact; see admission
     admission = Admission(
-        itertools.islice(task.train_items(cfg.run.seed), state.issued, None),
+        train_stream(task, cfg.run.seed, state.issued),
         cfg.trainer.rollout_batch_size,
         cfg.trainer.async_ratio,
         cfg.rollout.num_return_sequences,
@@ -458,6 +485,7 @@ def learner_step(ln: Learner) -> dict[str, float]:
     )
     if cfg.trainer.eval_every and state.step % cfg.trainer.eval_every == 0:
         metrics["eval/heldout_acc"] = ln.evaluate()
+        metrics.update(ln.evaluate_sampled())
     if ln.dist.is_main:
         _report(ln, metrics)
     return metrics
@@ -496,9 +524,11 @@ def run(cfg: Config, resume: bool | None = None) -> dict:
     setup_process("learner", seed=cfg.run.seed, torch_threads=cfg.run.torch_threads)
     ln = start(cfg, resume)
     started = time.monotonic()
+    sampled = {}  # eval.n_samples: sampled evaluation before (this process's) training
     if ln.state.step == 0:
         ln.state.heldout_acc_before = ln.evaluate()
         log.info("held-out greedy accuracy before training: %.3f", ln.state.heldout_acc_before)
+        sampled = {f"{k.removeprefix('eval/')}_before": v for k, v in ln.evaluate_sampled().items()}
     if ln.dist.is_main:
         ln.broker.set_run_fields(
             state="training",
@@ -514,6 +544,9 @@ def run(cfg: Config, resume: bool | None = None) -> dict:
     if every and history and ln.state.step % every:
         checkpoint(ln)  # the last steps' entries are acknowledged only once this is durable
     acc_after = ln.evaluate()
+    sampled.update(
+        {f"{k.removeprefix('eval/')}_after": v for k, v in ln.evaluate_sampled().items()}
+    )
     rewards = [m["reward/mean"] for m in history]
     summary = {
         "steps": ln.state.step,
@@ -530,6 +563,7 @@ def run(cfg: Config, resume: bool | None = None) -> dict:
         "prompts_issued": ln.collector.admission.issued,
         "learner_ranks": ln.dist.world_size,
         "stopped_by_guard": ln.guard.stop_reason,
+        **{k: round(v, 4) for k, v in sampled.items()},
     }
     if ln.dist.is_main:
         (Path(cfg.run.run_dir) / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")

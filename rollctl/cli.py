@@ -35,9 +35,9 @@ config_app = typer.Typer(
 app.add_typer(config_app, name="config")
 
 
-def _fail(message: str) -> None:
+def _fail(message: str, code: int = 2) -> None:
     typer.echo(f"rollctl: error: {message}", err=True)
-    raise typer.Exit(2)
+    raise typer.Exit(code)
 
 
 def _load(config: Path | None, overrides: list[str] | None, redis_url: str | None):
@@ -73,8 +73,13 @@ def _expected_errors() -> tuple[type[BaseException], ...]:
 
 
 def _guarded(fn, *args):
+    from rollflash.envs.reward_functions import RewardFunctionFailed
+    from rollflash.rollctl.local import EXIT_RUN_FATAL
+
     try:
         return fn(*args)
+    except RewardFunctionFailed as e:
+        _fail(str(e), EXIT_RUN_FATAL)
     except _expected_errors() as e:
         _fail(str(e).splitlines()[0] if str(e) else e.__class__.__name__)
     except KeyboardInterrupt:

@@ -24,6 +24,10 @@ from rollflash.broker.secrets import PASSWORD_ENV, url_password
 
 log = logging.getLogger(__name__)
 
+# exit code of a generator whose failure every other generator would meet too (a reward
+# function failing on whole batches): `rollctl run` stops the run on it
+EXIT_RUN_FATAL = 3
+
 
 def _die_with_run() -> None:
     """SIGKILL, not SIGTERM: a generator asked to stop gracefully would first wait out its Redis
@@ -116,6 +120,10 @@ def run_local(cfg: Config, echo: bool = True) -> int:
                         f"{_tail(logs / f'gen-{i}.log', 1)}",
                         flush=True,
                     )
+                    if g.returncode == EXIT_RUN_FATAL:  # every generator would fail the same way
+                        print("stopping the run", file=sys.stderr, flush=True)
+                        _stop([learner])
+                        return EXIT_RUN_FATAL
             time.sleep(0.5)
         if echo:
             _follow(logs / "learner.log", offset)

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 from rollflash.envs import Item, Task, make_task
@@ -56,11 +56,17 @@ MAX_POSITIONS = 64
 def build_tokenizer(
     chars: str = CHARS, max_positions: int = MAX_POSITIONS
 ) -> PreTrainedTokenizerFast:
-    """Character-level tokenizer: one token per character, `<bos>` prepended, decode joins characters."""
-    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS + list(dict.fromkeys(chars)))}
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
-    tok.decoder = decoders.Fuse()
+    """Character-level tokenizer: one token per character, `<bos>` prepended, decode joins characters.
+
+    It is a byte-level BPE without merges (space is the byte-level symbol "Ġ"): transformers 5's
+    AutoTokenizer loads any model_type qwen2 directory with Qwen2Tokenizer, which replaces the
+    pre-tokenizer with its own regex + ByteLevel one; a plain character vocabulary then loses
+    every space, this one tokenizes the same under both."""
+    symbols = ["Ġ" if c == " " else c for c in dict.fromkeys(chars)]
+    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS + symbols)}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
     tok.post_processor = processors.TemplateProcessing(
         single="<bos> $A", special_tokens=[("<bos>", vocab["<bos>"])]
     )

@@ -106,19 +106,20 @@ def test_logging_is_learner_local_and_left_out_of_the_fingerprint():
 
 
 # Fingerprints computed by the loader this config replaced (dataclasses, hand-written checks) on
-# the same files, then updated for each key added since (reward.max_abs_reward): processes of one
+# the same files, then updated for each key added since (reward.max_abs_reward; model.chat_template,
+# reward.functions / weights / timeout_s and the eval section): processes of one
 # run compare them, so the config's representation may not change them. A new field or default
 # changes them on purpose (update the values then).
 @pytest.mark.parametrize(
     "name, overrides, expected",
     [
-        (None, [], "ecd76d2b151e2530"),
-        ("demo.yaml", [], "c21a6176823b8a52"),
-        ("ppo_gae.yaml", [], "0f9f9040486b6290"),
-        ("dapo.yaml", [], "bd510d2a5e697e5a"),
-        ("rlhf.yaml", [], "bcebdaa918dce6cb"),
-        ("rm.yaml", [], "0eeb0fc5d3d8df2c"),
-        ("agentic_gridworld.yaml", [], "a1364ac808871d05"),
+        (None, [], "8ae710c4731cfafc"),
+        ("demo.yaml", [], "8326f8e5c312624d"),
+        ("ppo_gae.yaml", [], "392b67ef704d5ae5"),
+        ("dapo.yaml", [], "d020d66bdc1fccdf"),
+        ("rlhf.yaml", [], "d5e2283dfae41e8a"),
+        ("rm.yaml", [], "fd668cb9a6d60838"),
+        ("agentic_gridworld.yaml", [], "7e01c2924c9a5833"),
         (
             None,
             # ints given for floats are hashed as the floats they are stored as (1 -> 1.0)
@@ -130,7 +131,7 @@ def test_logging_is_learner_local_and_left_out_of_the_fingerprint():
                 "algo.kl_target=0.1",
                 "algo.kl_coef=1",
             ],
-            "f413c960941e0489",
+            "928e1a3c3ba1d0fe",
         ),
     ],
 )
@@ -144,15 +145,17 @@ def test_saved_yaml_has_every_section_and_key_in_declaration_order(tmp_path):
     cfg.save(tmp_path / "resolved.yaml")
     saved = yaml.safe_load((tmp_path / "resolved.yaml").read_text())
     assert list(saved) == [
-        "run", "redis", "model", "task", "rollout", "trainer", "algo", "sim", "reward", "rm",
-        "guards", "logging",
+        "run", "redis", "model", "task", "rollout", "trainer", "algo", "sim", "reward", "eval",
+        "rm", "guards", "logging",
     ]  # fmt: skip
     assert list(saved["run"]) == ["run_id", "run_dir", "seed", "torch_threads"]
     assert saved["trainer"]["actor_lr"] == 1.0 and isinstance(saved["trainer"]["actor_lr"], float)
-    # every field of the dataclass config this replaced, counted by hand, and no property
+    # every field of the dataclass config this replaced, counted by hand, and no property; since:
+    # model +1 (chat_template), reward +3 (functions, weights, timeout_s), and
+    # eval (n_samples, temperature, max_new_tokens, threshold)
     assert {name: len(section) for name, section in saved.items()} == {
-        "run": 4, "redis": 4, "model": 2, "task": 3, "rollout": 14, "trainer": 16, "algo": 29,
-        "sim": 6, "reward": 7, "rm": 14, "guards": 11, "logging": 9,
+        "run": 4, "redis": 4, "model": 3, "task": 3, "rollout": 14, "trainer": 16, "algo": 29,
+        "sim": 6, "reward": 10, "eval": 4, "rm": 14, "guards": 11, "logging": 9,
     }  # fmt: skip
     assert "max_staleness" not in saved["trainer"] and "key_prefix" not in saved
 
@@ -211,8 +214,8 @@ def test_saved_yaml_has_every_section_and_key_in_declaration_order(tmp_path):
         ),
         (
             {"bogus": {}},
-            "bogus: unknown key (known: algo, guards, logging, model, redis, reward, rm, rollout, "
-            "run, sim, task, trainer)",
+            "bogus: unknown key (known: algo, eval, guards, logging, model, redis, reward, rm, "
+            "rollout, run, sim, task, trainer)",
         ),
     ],
 )
@@ -230,7 +233,7 @@ def test_a_top_level_that_is_not_a_mapping_is_refused():
 
 def test_every_field_has_a_type_and_a_description():
     sections = Config.model_fields
-    assert len(sections) == 12
+    assert len(sections) == 13
     for name, section in sections.items():
         assert section.description, name
         for key, info in section.annotation.model_fields.items():

@@ -1,0 +1,280 @@
+"""`task.name: dataset`: prompts from the user's own data, loaded with Hugging Face `datasets`.
+
+Sources (`path`): a JSONL / JSON / parquet / CSV file, a directory written by `save_to_disk`, a
+directory of data files, or a hub dataset id (read from the local Hugging Face cache when offline;
+with no cached copy, one line says what to download). Files are converted once to Arrow files in
+the `datasets` cache and memory-mapped, so a large file is never held in memory: the task keeps
+only an int64 index per kept row (8 MB per million rows; docs/tasks.md has the measurement).
+
+Rows:
+- the prompt is the `prompt_key` column (text), or the `messages_key` column (a list of
+  {"role", "content"} messages) for chat-format rows; the learner renders it with the chat
+  template (envs/chat.py), after the `system_prompt` when one is set;
+- the answer is the `answer_key` column as text ("" when `answer_key` is null);
+- the other columns (or only `extra_keys`) travel with the prompt and reach the reward functions as
+  keyword arguments (envs/reward_functions.py);
+- every row has a stable id: its `id_key` column, else "<split>-<index in the source>", the same
+  in every run and every epoch.
+
+Order: the train rows (after the held-out ones and the long ones are removed) are visited in a
+fresh permutation each epoch, drawn from (shuffle_seed or run.seed, epoch), endlessly. Item k of
+the stream is therefore a function of k alone, and `train_items(seed, start=k)` jumps straight to
+it: the learner's resume of its prompt position (`issued`) is exact and O(1).
+
+`max_prompt_tokens`: rows whose rendered prompt is longer are left out of train and held-out sets
+(never truncated) and counted in the log at load. This renders and tokenizes every row once.
+
+Held-out set: `eval_path` (another source), else the `eval_split` of the same source, else
+`heldout_size` rows drawn from the train split with a fixed seed and kept out of training.
+
+The rows are loaded on first use: generators build this task to score rewards and never load it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from rollflash.envs.base import Item
+
+log = logging.getLogger(__name__)
+
+_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
+HELDOUT_SEED = 1234  # draws the held-out rows of `heldout_size`; independent of the run's seed
+_BATCH = 1024  # rows per batch while measuring prompt lengths
+
+
+def _offline_hint(source: str, e: Exception) -> ValueError:
+    return ValueError(
+        f"task.params.path: {source!r} is not a local file or directory and no copy of that hub "
+        f"dataset is in the Hugging Face cache ({e.__class__.__name__}); on a machine with "
+        f"network run `python -c \"import datasets; datasets.load_dataset('{source}')\"` (or "
+        "copy the files and point path at them)"
+    )
+
+
+def load_source(source: str, split: str, name: str | None = None, cache_dir: str | None = None):
+    """One split of `source` as a memory-mapped `datasets.Dataset`."""
+    import datasets
+
+    datasets.disable_progress_bars()
+    path = Path(source)
+    saved = any((path / f).is_file() for f in ("dataset_info.json", "dataset_dict.json"))
+    if path.is_dir() and saved:
+        ds = datasets.load_from_disk(str(path))
+    elif path.is_file():
+        builder = _BUILDERS.get("".join(path.suffixes[-1:]).lower())
+        if builder is None:
+            raise ValueError(
+                f"task.params.path: {path} is not .jsonl, .json, .parquet or .csv "
+                "(or a directory written by save_to_disk)"
+            )
+        return datasets.load_dataset(
+            builder, data_files=str(path), split="train", cache_dir=cache_dir
+        )
+    elif path.is_dir():
+        ds = datasets.load_dataset(str(path), name, cache_dir=cache_dir)
+    else:
+        try:
+            ds = datasets.load_dataset(source, name, cache_dir=cache_dir)
+        except Exception as e:  # offline and not cached: ConnectionError, FileNotFoundError, ...
+            raise _offline_hint(source, e) from None
+    if isinstance(ds, datasets.DatasetDict):
+        if split not in ds:
+            raise ValueError(
+                f"task.params.split: {source} has no split {split!r} (splits: {', '.join(ds)})"
+            )
+        ds = ds[split]
+    return ds
+
+
+def _plain(value: Any) -> Any:
+    """A column value as msgpack types (the prompts stream carries it)."""
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    return str(value)
+
+
+class DatasetTask:
+    """Prompts, answers and reward keywords from a dataset (module docstring)."""
+
+    name = "dataset"
+
+    def __init__(
+        self,
+        path: str,
+        prompt_key: str = "prompt",
+        messages_key: str | None = None,
+        answer_key: str | None = "answer",
+        id_key: str | None = None,
+        extra_keys: Sequence[str] | None = None,
+        system_prompt: str | None = None,
+        name: str | None = None,
+        split: str = "train",
+        eval_split: str | None = None,
+        eval_path: str | None = None,
+        heldout_size: int = 0,
+        shuffle: bool = True,
+        shuffle_seed: int | None = None,
+        max_prompt_tokens: int | None = None,
+        cache_dir: str | None = None,
+    ) -> None:
+        """Keys as in the module docstring; `name`: the dataset's configuration (e.g. "main"
+        for gsm8k); `cache_dir`: where `datasets` keeps its Arrow files (None: its default)."""
+        if not isinstance(path, str) or not path:
+            raise ValueError("task.params.path: a file, directory or hub dataset id is required")
+        if heldout_size < 0 or (heldout_size and (eval_split or eval_path)):
+            raise ValueError(
+                "task.params.heldout_size: must be >= 0, and 0 with eval_split or eval_path"
+            )
+        if max_prompt_tokens is not None and max_prompt_tokens <= 0:
+            raise ValueError(f"task.params.max_prompt_tokens: must be > 0, got {max_prompt_tokens}")
+        self.path, self.source_name, self.split = path, name, split
+        self.prompt_key, self.messages_key = prompt_key, messages_key
+        self.answer_key, self.id_key = answer_key, id_key
+        self.extra_keys = None if extra_keys is None else list(extra_keys)
+        self.system_prompt, self.cache_dir = system_prompt, cache_dir
+        self.eval_split, self.eval_path, self.heldout_size = eval_split, eval_path, heldout_size
+        self.shuffle, self.shuffle_seed = shuffle, shuffle_seed
+        self.max_prompt_tokens = max_prompt_tokens
+        self.formatter: Any = None
+        self.filtered = {"train": 0, "heldout": 0}  # rows left out by max_prompt_tokens
+        self._train: Any = None  # (dataset, kept row indices), loaded on first use
+        self._heldout: Any = None
+
+    def use_formatter(self, formatter: Any) -> None:
+        """Render prompts with `formatter` (envs/chat.py); the learner calls it before use."""
+        self.formatter = formatter
+
+    # -- loading --------------------------------------------------------------------------------
+
+    def _check_columns(self, ds: Any, where: str) -> list[str]:
+        """The extra columns of `ds`, after checking that the configured keys exist."""
+        columns = list(ds.column_names)
+        prompt = ("messages_key", self.messages_key) if self.messages_key else None
+        keys = [prompt or ("prompt_key", self.prompt_key), ("answer_key", self.answer_key)]
+        keys.append(("id_key", self.id_key))
+        keys += [("extra_keys", k) for k in self.extra_keys or []]
+        for param, key in keys:
+            if key is not None and key not in columns:
+                raise ValueError(
+                    f"task.params.{param}: no column {key!r} in {where} "
+                    f"(columns: {', '.join(columns)})"
+                )
+        if self.extra_keys is not None:
+            return list(self.extra_keys)
+        used = {self.messages_key or self.prompt_key, self.answer_key, self.id_key}
+        return [c for c in columns if c not in used]
+
+    def _fits(self, ds: Any) -> Any:
+        """Boolean mask of the rows whose rendered prompt fits max_prompt_tokens."""
+        import numpy as np
+
+        if self.max_prompt_tokens is None:
+            return np.ones(len(ds), dtype=bool)
+        if self.formatter is None or self.formatter.tokenizer is None:
+            raise ValueError("task.params.max_prompt_tokens: needs the model's tokenizer")
+        from rollflash.envs.chat import encode_prompts
+
+        column = self.messages_key or self.prompt_key
+        lengths = []
+        for batch in ds.select_columns([column]).iter(batch_size=_BATCH):
+            texts = [self.formatter.render(p, self.system_prompt) for p in batch[column]]
+            lengths += [len(ids) for ids in encode_prompts(self.formatter.tokenizer, texts)]
+        return np.asarray(lengths) <= self.max_prompt_tokens
+
+    def _load(self) -> None:
+        import numpy as np
+
+        ds = load_source(self.path, self.split, self.source_name, self.cache_dir)
+        self._extra = self._check_columns(ds, self.path)
+        fits = self._fits(ds)
+        self.filtered["train"] = int((~fits).sum())
+        if self.eval_path or self.eval_split:
+            source = self.eval_path or self.path
+            eval_ds = load_source(source, self.eval_split or "train", self.source_name,
+                                  self.cache_dir)  # fmt: skip
+            self._check_columns(eval_ds, source)
+            eval_fits = self._fits(eval_ds)
+            self.filtered["heldout"] = int((~eval_fits).sum())
+            prefix = "eval" if self.eval_path else self.eval_split
+            self._heldout = (eval_ds, np.flatnonzero(eval_fits), prefix)
+            train_rows = np.flatnonzero(fits)
+        else:
+            held = np.random.default_rng(HELDOUT_SEED).permutation(np.flatnonzero(fits))
+            held = np.sort(held[: self.heldout_size])
+            self.filtered["heldout"] = 0
+            fits[held] = False
+            self._heldout = (ds, held, self.split)
+            train_rows = np.flatnonzero(fits)
+        if len(train_rows) == 0:
+            raise ValueError(f"task.params.path: no training rows left in {self.path}")
+        self._train = (ds, train_rows)
+        if any(self.filtered.values()):
+            log.warning(
+                "dataset: %d train and %d held-out prompts are longer than max_prompt_tokens %d "
+                "and are left out",
+                self.filtered["train"],
+                self.filtered["heldout"],
+                self.max_prompt_tokens,
+            )
+        log.info(
+            "dataset %s: %d train rows, %d held-out rows",
+            self.path,
+            len(train_rows),
+            len(self._heldout[1]),
+        )
+
+    def _item(self, row: dict[str, Any], index: int, prefix: str) -> Item:
+        raw = row[self.messages_key] if self.messages_key else row[self.prompt_key]
+        if self.formatter is not None:
+            prompt = self.formatter.render(raw, self.system_prompt)
+        elif isinstance(raw, str):
+            prompt = f"{self.system_prompt}\n\n{raw}" if self.system_prompt else raw
+        else:
+            raise ValueError("task.params.messages_key: chat rows need the model's chat template")
+        answer = "" if self.answer_key is None else row[self.answer_key]
+        item_id = str(row[self.id_key]) if self.id_key else f"{prefix}-{index:07d}"
+        extra = {k: _plain(row.get(k)) for k in self._extra}
+        return Item(id=item_id, prompt=prompt, answer=str(answer), extra=extra)
+
+    # -- the Task interface ---------------------------------------------------------------------
+
+    def train_items(self, seed: int, start: int = 0) -> Iterator[Item]:
+        """Endless epochs of the train rows, each in its own permutation; from item `start` on."""
+        import numpy as np
+
+        if self._train is None:
+            self._load()
+        ds, rows = self._train
+        seed = seed if self.shuffle_seed is None else self.shuffle_seed
+        epoch, offset = divmod(start, len(rows))
+        while True:
+            order = (
+                np.random.default_rng([seed, epoch]).permutation(len(rows))
+                if self.shuffle
+                else np.arange(len(rows))
+            )
+            for j in order[offset:]:
+                index = int(rows[j])
+                yield self._item(ds[index], index, self.split)
+            epoch, offset = epoch + 1, 0
+
+    def heldout_items(self) -> list[Item]:
+        """The held-out rows in source order (the learner evaluates the first task.eval_size)."""
+        if self._train is None:
+            self._load()
+        ds, rows, prefix = self._heldout
+        return [self._item(ds[int(i)], int(i), prefix) for i in rows]
+
+    def score(self, item: Item, response: str) -> float:
+        raise ValueError(
+            "reward.functions: task 'dataset' has no verifier of its own; name one or more "
+            "reward functions (e.g. [math])"
+        )

@@ -1,0 +1,230 @@
+"""User reward functions (`reward.functions`, `reward.weights`, `reward.timeout_s`).
+
+A reward function is
+
+    def fn(prompt: str, response: str, answer: str, **row) -> float
+
+`prompt` is the text the model was given (chat template applied), `response` the text it wrote
+(EOS stripped, envs/base.py), `answer` the row's answer and `row` the row's other columns. A
+function marked with `@batched` takes lists instead (`prompts, responses, answers, **columns`,
+each column a list) and returns one float per sample: one call per scoring batch, for functions
+that amortise a model or a process. The reward is sum_i weights[i] * fn_i (weights default to 1).
+
+A spec is "package.module:function" (imported, so the package must be importable in every
+generator and in the learner) or the name of a built-in verifier (envs/verifiers.py: math, exact,
+regex, json_schema).
+
+Guarantees:
+- Import problems fail at load, one line: `reward.functions[0]: cannot import my_pkg.rewards:f
+  (ModuleNotFoundError: No module named 'my_pkg')`.
+- Per sample, an exception, a call over `timeout_s` or a return that is not a finite number scores
+  0 for that function and counts one error (`errors[spec]`, shown as `reward_errors` in the
+  generator's heartbeat); the first of each kind is logged with its traceback.
+- A function that fails on every sample of a scoring batch of at least 2 samples raises
+  `RewardFunctionFailed` naming it: the generator exits with code 3 and `rollctl run` stops the
+  run, since every later batch would fail the same way.
+- Timeouts use SIGALRM, so they apply when scoring runs on the main thread (the generator's
+  loop); elsewhere calls are not bounded. A call stuck in C code that never returns to the
+  interpreter cannot be interrupted this way.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import math
+import signal
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from rollflash.envs.base import Item, Task
+from rollflash.envs.verifiers import VERIFIERS
+
+log = logging.getLogger(__name__)
+
+
+class RewardFunctionError(ValueError):
+    """A reward function that cannot be loaded (a config error: one line, exit code 2)."""
+
+
+class RewardFunctionFailed(ValueError):
+    """A reward function failed on every sample of a batch: the run cannot go on."""
+
+
+class RewardTimeout(Exception):
+    pass
+
+
+def batched(fn: Callable[..., Sequence[float]]) -> Callable[..., Sequence[float]]:
+    """Mark `fn(prompts, responses, answers, **columns) -> list[float]` as a batched function."""
+    fn.batched = True  # type: ignore[attr-defined]
+    return fn
+
+
+def load_function(spec: str, index: int) -> Callable[..., Any]:
+    """The callable `spec` names; RewardFunctionError (one line) if it cannot be imported."""
+    where = f"reward.functions[{index}]"
+    if ":" not in spec:
+        if spec in VERIFIERS:
+            return VERIFIERS[spec]
+        raise RewardFunctionError(
+            f"{where}: {spec!r} is neither a built-in verifier ({', '.join(sorted(VERIFIERS))}) "
+            "nor 'package.module:function'"
+        )
+    module_name, _, attr = spec.partition(":")
+    try:
+        fn = getattr(importlib.import_module(module_name), attr)
+    except Exception as e:  # any failure while importing user code is a load error
+        raise RewardFunctionError(
+            f"{where}: cannot import {spec} ({e.__class__.__name__}: {str(e).splitlines()[0]})"
+        ) from None
+    if not callable(fn):
+        raise RewardFunctionError(f"{where}: {spec} is not callable")
+    return fn
+
+
+@contextmanager
+def _deadline(seconds: float) -> Iterator[None]:
+    """Raise RewardTimeout in this block after `seconds` (main thread only; else unbounded)."""
+    if seconds <= 0 or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def expire(signum: int, frame: Any) -> None:
+        raise RewardTimeout(f"took longer than {seconds:g}s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def _as_reward(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise TypeError(f"returned {value!r}, not a finite number")
+    return float(value)
+
+
+@dataclass
+class RewardFunctions:
+    """The configured functions with their weights; scores batches and counts errors."""
+
+    specs: list[str]
+    functions: list[Callable[..., Any]]
+    weights: list[float]
+    timeout_s: float = 10.0
+    errors: dict[str, int] = field(default_factory=dict)
+    _logged: set[tuple[str, str]] = field(default_factory=set)
+
+    @classmethod
+    def load(
+        cls, specs: Sequence[str], weights: Sequence[float] | None = None, timeout_s: float = 10.0
+    ) -> RewardFunctions:
+        fns = [load_function(spec, i) for i, spec in enumerate(specs)]
+        ws = [1.0] * len(fns) if weights is None else [float(w) for w in weights]
+        if len(ws) != len(fns):
+            raise RewardFunctionError(
+                f"reward.weights: {len(ws)} weights for {len(fns)} reward.functions"
+            )
+        return cls(list(specs), fns, ws, timeout_s)
+
+    @property
+    def total_errors(self) -> int:
+        return sum(self.errors.values())
+
+    def _failed(self, spec: str, e: BaseException, count: int = 1) -> None:
+        self.errors[spec] = self.errors.get(spec, 0) + count
+        kind = (spec, e.__class__.__name__)
+        if kind not in self._logged:  # the first of each kind, not one line per sample
+            self._logged.add(kind)
+            log.warning("reward function %s failed: %s: %s", spec, e.__class__.__name__, e)
+
+    def _one(self, k: int, item: Item, response: str) -> float | None:
+        try:
+            with _deadline(self.timeout_s):
+                value = self.functions[k](item.prompt, response, item.answer, **item.extra)
+            return _as_reward(value)
+        except Exception as e:
+            self._failed(self.specs[k], e)
+            return None
+
+    def _column(self, k: int, items: list[Item], responses: list[str]) -> list[float | None]:
+        """Scores of function k on the flattened batch; None where it failed."""
+        fn = self.functions[k]
+        if not getattr(fn, "batched", False):
+            return [self._one(k, it, r) for it, r in zip(items, responses)]
+        columns: dict[str, list[Any]] = {
+            key: [it.extra.get(key) for it in items]
+            for key in sorted({key for it in items for key in it.extra})
+        }
+        try:
+            with _deadline(self.timeout_s):
+                values = list(
+                    fn(
+                        [it.prompt for it in items],
+                        responses,
+                        [it.answer for it in items],
+                        **columns,
+                    )
+                )
+            if len(values) != len(items):
+                raise TypeError(f"returned {len(values)} rewards for {len(items)} samples")
+            return [_as_reward(v) for v in values]
+        except Exception as e:
+            self._failed(self.specs[k], e, len(items))
+            return [None] * len(items)
+
+    def score_flat(self, items: list[Item], responses: list[str]) -> list[float]:
+        """The weighted reward of each (item, response) pair; raises RewardFunctionFailed if a
+        function failed on every one of at least 2 samples."""
+        total = [0.0] * len(items)
+        for k, weight in enumerate(self.weights):
+            column = self._column(k, items, responses)
+            if len(column) >= 2 and all(v is None for v in column):
+                raise RewardFunctionFailed(
+                    f"reward.functions[{k}]: {self.specs[k]} failed on all {len(column)} samples "
+                    "of a batch; see the generator log for its first error"
+                )
+            for i, v in enumerate(column):
+                total[i] += weight * (v or 0.0)
+        return total
+
+
+class ScoredTask:
+    """A task whose rule reward is the configured reward functions: everything else (prompts,
+    held-out set, environments) is the wrapped task's."""
+
+    def __init__(self, task: Task, functions: RewardFunctions):
+        self.task, self.functions = task, functions
+        self.name = task.name
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self.task, attr)
+
+    def train_items(self, seed: int, start: int = 0) -> Iterator[Item]:
+        from rollflash.envs.base import train_stream
+
+        return train_stream(self.task, seed, start)
+
+    def heldout_items(self) -> list[Item]:
+        return self.task.heldout_items()
+
+    def score(self, item: Item, response: str) -> float:
+        return self.functions.score_flat([item], [response])[0]
+
+    def score_groups(self, items: list[Item], groups: list[list[str]]) -> list[list[float]]:
+        """Rewards of each item's responses, shaped like `groups`, in one batch."""
+        flat = self.functions.score_flat(
+            [it for it, g in zip(items, groups) for _ in g], [r for g in groups for r in g]
+        )
+        out, k = [], 0
+        for g in groups:
+            out.append(flat[k : k + len(g)])
+            k += len(g)
+        return out

@@ -1,0 +1,199 @@
+"""reward.functions (envs/reward_functions.py) and the built-in verifiers (envs/verifiers.py):
+import errors at load, weights, per-sample errors, timeouts, batched functions, the stop when a
+function fails on a whole batch, and the math-verify case table."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+import time
+
+import pytest
+
+from rollflash.broker.config import ConfigError, config_from_dict
+from rollflash.envs import Item, make_task, task_from_config
+from rollflash.envs.reward_functions import (
+    RewardFunctionError,
+    RewardFunctionFailed,
+    RewardFunctions,
+)
+from rollflash.envs.verifiers import exact, json_schema, math, regex
+
+ITEM = Item(id="r", prompt="2+2=", answer="4", extra={"bonus": 0.5})
+
+
+@pytest.fixture
+def user_module(tmp_path, monkeypatch):
+    """A package `my_rewards` on sys.path with a few reward functions."""
+    (tmp_path / "my_rewards.py").write_text(
+        textwrap.dedent(
+            """
+            import time
+            from rollflash.envs.reward_functions import batched
+
+            def format_ok(prompt, response, answer, **row):
+                return 1.0 if response.strip().isdigit() else 0.0
+
+            def with_bonus(prompt, response, answer, bonus=0.0, **row):
+                return bonus
+
+            def boom(prompt, response, answer, **row):
+                if response == "bad":
+                    raise ZeroDivisionError("division by zero")
+                return 1.0
+
+            def always_fails(prompt, response, answer, **row):
+                raise KeyError("label")
+
+            def slow(prompt, response, answer, **row):
+                if response == "slow":
+                    time.sleep(5)
+                return 1.0
+
+            def not_a_number(prompt, response, answer, **row):
+                return "yes"
+
+            @batched
+            def lengths(prompts, responses, answers, bonus=None, **columns):
+                return [len(r) + b for r, b in zip(responses, bonus)]
+
+            VALUE = 3
+            """
+        )
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield "my_rewards"
+    sys.modules.pop("my_rewards", None)
+
+
+def test_weighted_sum_with_extra_columns_as_keywords(user_module):
+    fns = RewardFunctions.load(
+        [f"{user_module}:format_ok", "exact", f"{user_module}:with_bonus"], [0.1, 1.0, 2.0]
+    )
+    # "4": format 1, exact 1, bonus 0.5 -> 0.1 * 1 + 1 * 1 + 2 * 0.5 = 2.1
+    # "5": format 1, exact 0 -> 0.1 + 0 + 1.0 = 1.1
+    assert fns.score_flat([ITEM, ITEM], ["4", "5"]) == pytest.approx([2.1, 1.1])
+    assert fns.total_errors == 0
+
+
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        (
+            "no_such_pkg.rewards:format_ok",
+            "reward.functions[0]: cannot import no_such_pkg.rewards:format_ok "
+            "(ModuleNotFoundError: No module named 'no_such_pkg')",
+        ),
+        (
+            "my_rewards:missing",
+            "reward.functions[0]: cannot import my_rewards:missing "
+            "(AttributeError: module 'my_rewards' has no attribute 'missing')",
+        ),
+        ("my_rewards:VALUE", "reward.functions[0]: my_rewards:VALUE is not callable"),
+        (
+            "mathh",
+            "reward.functions[0]: 'mathh' is neither a built-in verifier (exact, json_schema, "
+            "math, regex) nor 'package.module:function'",
+        ),
+    ],
+)
+def test_import_errors_fail_at_load_in_one_line(user_module, spec, message):
+    with pytest.raises(RewardFunctionError) as e:
+        RewardFunctions.load([spec])
+    assert str(e.value) == message
+
+
+def test_errors_are_caught_per_sample_and_counted(user_module):
+    fns = RewardFunctions.load([f"{user_module}:boom", f"{user_module}:not_a_number", "exact"])
+    # not_a_number fails on all 3 samples: the batch raises, whatever the other functions did
+    with pytest.raises(RewardFunctionFailed) as e:
+        fns.score_flat([ITEM, ITEM, ITEM], ["4", "bad", "4"])
+    assert str(e.value) == (
+        "reward.functions[1]: my_rewards:not_a_number failed on all 3 samples of a batch; "
+        "see the generator log for its first error"
+    )
+    fns = RewardFunctions.load([f"{user_module}:boom", "exact"])
+    # boom: 1, 0 (error), 1; exact: 1, 0, 0 -> 2, 0, 1
+    assert fns.score_flat([ITEM] * 3, ["4", "bad", "x"]) == [2.0, 0.0, 1.0]
+    assert fns.errors == {"my_rewards:boom": 1}
+
+
+def test_a_single_sample_batch_never_stops_the_run(user_module):
+    fns = RewardFunctions.load([f"{user_module}:always_fails"])
+    assert fns.score_flat([ITEM], ["4"]) == [0.0]
+    assert fns.errors == {"my_rewards:always_fails": 1}
+
+
+def test_a_call_over_the_timeout_scores_zero_and_counts(user_module):
+    fns = RewardFunctions.load([f"{user_module}:slow"], timeout_s=0.2)
+    started = time.monotonic()
+    assert fns.score_flat([ITEM, ITEM], ["slow", "4"]) == [0.0, 1.0]
+    assert time.monotonic() - started < 4  # the 5 s sleep was interrupted
+    assert fns.errors == {"my_rewards:slow": 1}
+
+
+def test_batched_functions_get_columns_as_lists(user_module):
+    other = Item(id="s", prompt="p", answer="a", extra={"bonus": 2.0})
+    fns = RewardFunctions.load([f"{user_module}:lengths"])
+    # len("abc") + 0.5 = 3.5; len("z") + 2 = 3
+    assert fns.score_flat([ITEM, other], ["abc", "z"]) == [3.5, 3.0]
+
+
+def test_weights_must_match_and_dataset_needs_functions():
+    with pytest.raises(ConfigError) as e:
+        config_from_dict({"reward": {"functions": ["math"], "weights": [1, 2]}})
+    assert str(e.value) == "reward.weights: 2 weights for 1 reward.functions"
+    with pytest.raises(ConfigError) as e:
+        config_from_dict({"task": {"name": "dataset", "params": {"path": "x.jsonl"}}})
+    assert str(e.value).startswith("reward.functions: task 'dataset' has no verifier")
+
+
+def test_task_from_config_scores_with_the_functions_and_refuses_multi_turn():
+    cfg = config_from_dict({"reward": {"functions": ["exact"]}})
+    task = task_from_config(cfg)
+    assert task.score(ITEM, "4") == 1.0 and task.score(ITEM, "4 ") == 1.0  # exact strips
+    assert task.heldout_items() == make_task("arithmetic").heldout_items()
+    assert task.score_groups([ITEM, ITEM], [["4", "5"], ["x"]]) == [[1.0, 0.0], [0.0]]
+    with pytest.raises(ValueError, match="multi-turn task 'gridworld' is scored by its env"):
+        task_from_config(
+            config_from_dict({"task": {"name": "gridworld"}, "reward": {"functions": ["exact"]}})
+        )
+
+
+# math-verify: (answer, response, expected reward)
+MATH_CASES = [
+    ("Natalia sold 48/2 = 24 clips.\n#### 72", "She sold 72 clips in all.\n#### 72", 1.0),
+    ("... #### 72", "#### 71", 0.0),
+    ("#### 1,234", "The total is 1234.", 1.0),  # GSM8K thousands separator
+    ("42", "The answer is \\boxed{42}.", 1.0),
+    ("42", "\\boxed{41}", 0.0),
+    ("\\frac{1}{2}", "\\boxed{0.5}", 1.0),  # fraction vs decimal
+    ("0.75", "$\\frac{3}{4}$", 1.0),
+    ("$\\sqrt{2}$", "\\boxed{\\sqrt{2}}", 1.0),  # LaTeX
+    ("$x^2+1$", "\\boxed{1+x^2}", 1.0),  # symbolic equality
+    ("-3", "so x = \\boxed{-3}", 1.0),
+    ("42", "I first thought 40, then 42", 1.0),  # the last number counts
+    ("42", "42 apples and 7 pears", 0.0),
+    ("42", "no idea", 0.0),
+]
+
+
+@pytest.mark.parametrize("answer, response, expected", MATH_CASES)
+def test_math_verifier_case_table(answer, response, expected):
+    assert math("q", response, answer) == expected
+
+
+def test_math_verifier_refuses_an_unparsable_answer():
+    with pytest.raises(ValueError, match="math: cannot parse the answer"):
+        math("q", "1", "no number here")
+
+
+def test_exact_regex_and_json_schema():
+    assert exact("q", " 42\n", "42") == 1.0 and exact("q", "42.0", "42") == 0.0
+    assert regex("q", " 2024-01-05 ", r"\d{4}-\d{2}-\d{2}") == 1.0
+    assert regex("q", "2024-1-5", "x", pattern=r"\d{4}-\d{2}-\d{2}") == 0.0
+    schema = '{"type": "object", "required": ["n"], "properties": {"n": {"type": "integer"}}}'
+    assert json_schema("q", '```json\n{"n": 3}\n```', schema) == 1.0
+    assert json_schema("q", '{"n": "3"}', schema) == 0.0  # wrong type
+    assert json_schema("q", "{n: 3}", schema) == 0.0  # not JSON
+    assert json_schema("q", "[]", "", schema={"type": "array"}) == 1.0
