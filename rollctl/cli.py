@@ -266,6 +266,31 @@ def acl(
     typer.echo(f"# learner:    --redis-url redis://rl-{run}-learner:{lpw}@HOST:6379")
 
 
+@app.command("plot")
+def plot(
+    run_dir: Path = typer.Argument(..., help="A run directory (holds metrics.jsonl)."),
+    out: Path | None = typer.Option(None, "--out", "-o", help="PNG (default RUN_DIR/report.png)."),
+    compare: list[Path] | None = typer.Option(
+        None, "--compare", help="Another run directory drawn on the same panels (repeatable)."
+    ),
+    smooth: int = typer.Option(
+        0, "--smooth", min=0, help="Trailing-mean window in steps (0 = a tenth of the run)."
+    ),
+) -> None:
+    """Draw a run's curves (reward, accuracy, length, staleness, KL, wait, speed) into a PNG."""
+    import importlib.util
+
+    if importlib.util.find_spec("matplotlib") is None:
+        _fail("rollctl plot needs matplotlib: pip install -e '.[plot]'")
+    from rollflash.rollctl.plot import PlotError, render
+
+    try:
+        report = render([run_dir, *(compare or [])], out or run_dir / "report.png", smooth)
+    except PlotError as e:
+        _fail(str(e))
+    typer.echo(f"report: {report.path}")
+
+
 @config_app.command("show")
 def config_show(config: Path | None = ConfigOpt, set_: list[str] | None = SetOpt) -> None:
     """Print the config as YAML: every key with its value and, in a comment, its type, default
