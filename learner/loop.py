@@ -38,6 +38,7 @@ from rollflash.broker.connection import connect
 from rollflash.broker.learner_side import LearnerBroker
 from rollflash.broker.notify import VersionPublisher
 from rollflash.broker.process import setup_process
+from rollflash.broker.schema import Trajectory
 from rollflash.broker.weights import WeightStore
 from rollflash.broker.wire import WireLimits
 from rollflash.envs import Item, Task, is_multi_turn, task_from_config, train_stream
@@ -51,6 +52,7 @@ from rollflash.learner.checkpoint import (
     rng_state,
 )
 from rollflash.learner.collect import Collected, Collector
+from rollflash.learner.completions import pick_completions
 from rollflash.learner.dist import (
     Dist,
     full_state_dict,
@@ -63,7 +65,7 @@ from rollflash.learner.dist import (
 from rollflash.learner.evaluate import heldout_accuracy, sampled_eval
 from rollflash.learner.filters import drop_reason
 from rollflash.learner.guards import GuardMonitor, guard_values
-from rollflash.learner.metrics import MetricsSink, merge_rank_metrics
+from rollflash.learner.metrics import MetricsSink, merge_rank_metrics, open_sink
 from rollflash.learner.prepare import AlgoModels, build_algo_models
 from rollflash.learner.simulated import SimulatedPolicy
 from rollflash.learner.train import train_step
@@ -325,7 +327,7 @@ def start(cfg: Config, resume: bool | None = None) -> Learner:
         checkpoints=checkpoints,
         state=state,
         publisher=Publisher(cfg, broker, resuming=ckpt is not None) if dist.is_main else None,
-        sink=MetricsSink(run_dir) if dist.is_main else None,
+        sink=open_sink(cfg, state.trackers) if dist.is_main else None,
         ledger=open(run_dir / ledger_name, "a", buffering=1),
         algo=algo,
     )
@@ -487,12 +489,16 @@ def learner_step(ln: Learner) -> dict[str, float]:
         metrics["eval/heldout_acc"] = ln.evaluate()
         metrics.update(ln.evaluate_sampled())
     if ln.dist.is_main:
-        _report(ln, metrics)
+        _report(ln, metrics, batch.groups)
     return metrics
 
 
-def _report(ln: Learner, metrics: dict[str, float]) -> None:
+def _report(ln: Learner, metrics: dict[str, float], groups: list[Trajectory]) -> None:
     cfg, step = ln.cfg, ln.state.step
+    n, version = cfg.logging.completions_per_step, ln.state.version - 1  # collected at version
+    rows = pick_completions(groups, n, version, cfg.run.seed, step, ln.tokenizer.decode)
+    ln.sink.log_completions(step, rows)
+    metrics["gen/idle_frac"] = ln.broker.generator_idle_frac()
     ln.sink.log(step, metrics)
     ln.broker.set_run_fields(
         version=ln.state.version,

@@ -58,10 +58,12 @@ def _expected_errors() -> tuple[type[BaseException], ...]:
     from rollflash.broker.redis_server import RedisServerError
     from rollflash.broker.weights import CorruptWeights
     from rollflash.envs.sandbox import SandboxUnavailable
+    from rollflash.learner.trackers import TrackerUnavailable
 
     return (
         BrokerUnavailable,
         SandboxUnavailable,
+        TrackerUnavailable,
         RunMismatch,
         RedisServerError,
         CorruptWeights,

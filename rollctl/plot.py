@@ -108,7 +108,8 @@ def _panel_eval(ax, runs, colors, window):
             drawn |= _line(ax, run, key, c, f"{run.name} {key.split('/')[1]}", style)
         before, after = run.summary.get("heldout_acc_before"), run.summary.get("heldout_acc_after")
         if before is not None and after is not None and run.steps:
-            ax.plot([0, run.steps[-1]], [before, after], "*", color=c, markersize=10)
+            label = f"{run.name} greedy before / after"
+            ax.plot([0, run.steps[-1]], [before, after], "*", color=c, markersize=10, label=label)
             drawn = True
     return drawn
 
