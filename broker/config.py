@@ -89,7 +89,7 @@ class Config(BaseModel):
         default_factory=GuardsConfig, description="reward-hacking warnings"
     )
     logging: LoggingConfig = Field(
-        default_factory=LoggingConfig, description="metric backends, completions, progress"
+        default_factory=LoggingConfig, description="metric backends and completions"
     )
 
     @property

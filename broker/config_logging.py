@@ -21,7 +21,7 @@ def _default_backends() -> list[Backend]:
 
 
 class LoggingConfig(Section):
-    """The `logging:` section: metric backends (trackers), completions and the progress display."""
+    """The `logging:` section: metric backends (trackers) and sample completions."""
 
     backends: list[Backend] = Field(
         default_factory=_default_backends,
@@ -52,9 +52,6 @@ class LoggingConfig(Section):
         ge=0,
         description="samples per step logged with prompt, response and reward: best, worst, then "
         "random (0 = none)",
-    )
-    progress: Literal["auto", "bar", "lines"] = Field(
-        "auto", description="learner progress: a bar on a terminal, one line per step otherwise"
     )
 
     @field_validator("backends")

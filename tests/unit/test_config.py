@@ -155,7 +155,7 @@ def test_saved_yaml_has_every_section_and_key_in_declaration_order(tmp_path):
     # eval (n_samples, temperature, max_new_tokens, threshold)
     assert {name: len(section) for name, section in saved.items()} == {
         "run": 4, "redis": 4, "model": 3, "task": 3, "rollout": 14, "trainer": 16, "algo": 29,
-        "sim": 6, "reward": 10, "eval": 4, "rm": 14, "guards": 11, "logging": 9,
+        "sim": 6, "reward": 10, "eval": 4, "rm": 14, "guards": 11, "logging": 8,
     }  # fmt: skip
     assert "max_staleness" not in saved["trainer"] and "key_prefix" not in saved
 
