@@ -26,7 +26,7 @@ $(STAMP): setup.cfg setup.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q "$(TORCH_SPEC)"
-	$(BIN)/python -m pip install -q -e ".[test,lint]"
+	$(BIN)/python -m pip install -q -e ".[test,lint,plot,wandb,mlflow]"
 	touch $(STAMP)
 
 redis-server:
@@ -54,6 +54,7 @@ $(DEMO_MODEL)/config.json: | $(STAMP)
 demo: install redis-server bwrap $(DEMO_MODEL)/config.json
 	rm -rf runs/demo
 	$(BIN)/rollctl run --config $(DEMO_CONFIG)
+	$(BIN)/rollctl plot runs/demo --out runs/demo/report.png
 
 # the main suite in .venv, then the vLLM tests in .venv-vllm (test-vllm, below)
 # ROLLFLASH_TEST_MODELS: both pytest runs share the tiny models built for this `make test`

@@ -30,6 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from rollflash.broker.config_algo import GROUP_BASELINES, AlgoConfig
 from rollflash.broker.config_errors import ConfigError, config_error
 from rollflash.broker.config_eval import EvalConfig
+from rollflash.broker.config_logging import LoggingConfig
 from rollflash.broker.config_sections import (
     GuardsConfig,
     ModelConfig,
@@ -50,6 +51,7 @@ __all__ = [
     "ConfigError",
     "EvalConfig",
     "GuardsConfig",
+    "LoggingConfig",
     "ModelConfig",
     "RedisConfig",
     "RewardConfig",
@@ -86,6 +88,9 @@ class Config(BaseModel):
     guards: GuardsConfig = Field(
         default_factory=GuardsConfig, description="reward-hacking warnings"
     )
+    logging: LoggingConfig = Field(
+        default_factory=LoggingConfig, description="metric backends and completions"
+    )
 
     @property
     def key_prefix(self) -> str:
@@ -96,9 +101,17 @@ class Config(BaseModel):
         """The config as plain YAML data: sections of str / int / float / bool / None / dict."""
         return self.model_dump()
 
+    def public_dict(self) -> dict[str, Any]:
+        """`to_dict` without the Redis password: what is saved, shown or sent to a tracker."""
+        data = self.to_dict()
+        if data["redis"]["url"]:
+            data["redis"]["url"] = without_password(data["redis"]["url"])
+        return data
+
     def fingerprint(self) -> str:
-        """sha256 of the fields every process must agree on (not run-local paths or counts)."""
-        shared = {k: v for k, v in self.to_dict().items() if k not in ("redis",)}
+        """sha256 of the fields every process must agree on: not run-local paths or counts, nor
+        `logging:`, which only the learner reads."""
+        shared = {k: v for k, v in self.to_dict().items() if k not in ("redis", "logging")}
         shared["rollout"] = {
             k: v for k, v in shared["rollout"].items() if k != "num_rollout_workers"
         }
@@ -111,9 +124,7 @@ class Config(BaseModel):
     def save(self, path: Path) -> None:
         """Write the resolved config with mode 0600 in a directory of mode 0700, without the Redis
         password (broker/secrets.py)."""
-        data = self.to_dict()
-        if data["redis"]["url"]:
-            data["redis"]["url"] = without_password(data["redis"]["url"])
+        data = self.public_dict()
         make_private_dir(path.parent)
         write_private(path, yaml.safe_dump(data, sort_keys=False))
 

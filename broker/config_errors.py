@@ -54,7 +54,7 @@ def _message(err: ErrorDetails, root: type[BaseModel]) -> str:
     if kind == "literal_error" and info is not None:
         return f"{key}: must be one of {list(typing.get_args(info.annotation))}, got {value!r}"
     if kind in _BOUND_ERRORS and info is not None:
-        return f"{key}: must be {_bounds(info)}, got {_as_stored(value, info)!r}"
+        return f"{key}: must be {bounds_text(info)}, got {_as_stored(value, info)!r}"
     return f"{key}: {err['msg']}, got {value!r}"
 
 
@@ -73,8 +73,8 @@ def _is_model(annotation: Any) -> typing.TypeGuard[type[BaseModel]]:
     return isinstance(annotation, type) and issubclass(annotation, BaseModel)
 
 
-def _bounds(info: FieldInfo) -> str:
-    """`> 0`, `>= 1 or null`, `in (0, 1]`: the field's constraints in words."""
+def bounds_text(info: FieldInfo, with_null: bool = True) -> str:
+    """`> 0`, `>= 1 or null`, `in (0, 1]`: the field's constraints in words ("" if none)."""
     low: tuple[str, str, Any] | None = None
     high: tuple[str, str, Any] | None = None
     for c in info.metadata:
@@ -86,12 +86,15 @@ def _bounds(info: FieldInfo) -> str:
             high = (")", "<", c.lt)
         elif isinstance(c, annotated_types.Le):
             high = ("]", "<=", c.le)
+    one = low or high
+    if one is None:
+        return ""
     if low and high:
         words = f"in {low[0]}{low[2]:g}, {high[2]:g}{high[0]}"
     else:
-        _, op, edge = low or high or ("", "?", 0)
-        words = f"{op} {edge:g}"
-    return f"{words} or null" if type(None) in _types(info.annotation) else words
+        words = f"{one[1]} {one[2]:g}"
+    nullable = with_null and type(None) in _types(info.annotation)
+    return f"{words} or null" if nullable else words
 
 
 def _as_stored(value: Any, info: FieldInfo) -> Any:

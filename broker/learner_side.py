@@ -106,6 +106,15 @@ class LearnerBroker:
     def loaded_versions(self) -> set[int]:
         return self._registry.loaded_versions()
 
+    def generator_idle_frac(self) -> float | None:
+        """Mean over live generators of their idle share since they started (None if none)."""
+        shares = [
+            float(g["idle_frac"])
+            for g in self._registry.live_generators().values()
+            if g.get("idle_frac") not in (None, "")
+        ]
+        return sum(shares) / len(shares) if shares else None
+
     # --- lost writes (also run by every read, through `watch`) ----------------------------------
     def track_trajectory_writes(self) -> None:
         """Rank 0 only: one witness of forgotten trajectory writes per run."""

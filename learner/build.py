@@ -32,7 +32,7 @@ from rollflash.learner.dist import Dist, init_dist, is_sharded, load_optimizer_s
 from rollflash.learner.evaluate import heldout_accuracy, sampled_eval
 from rollflash.learner.filters import drop_reason
 from rollflash.learner.guards import GuardMonitor
-from rollflash.learner.metrics import MetricsSink
+from rollflash.learner.metrics import MetricsSink, open_sink
 from rollflash.learner.prepare import AlgoModels, build_algo_models
 from rollflash.learner.publish import Publisher, publish, resume_after
 from rollflash.learner.schedule import warmup_decay
@@ -253,7 +253,7 @@ def start(cfg: Config, resume: bool | None = None) -> Learner:
         state=state,
         guard=GuardMonitor(cfg),
         publisher=Publisher(cfg, broker, resuming=ckpt is not None) if main else None,
-        sink=MetricsSink(run_dir) if main else None,
+        sink=open_sink(cfg, state.trackers) if main else None,
         ledger=open(ledger, "a", buffering=1),  # line-buffered: a kill -9 loses no whole line
     )
     ln.guard.load_state_dict(state.guards)  # adaptive kl_coef and guard streaks, resumed

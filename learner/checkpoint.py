@@ -95,6 +95,7 @@ class LearnerState:
     ranks: dict[str, dict[str, list[str]]] = field(default_factory=dict)  # rank -> RankProgress
     rng: dict[str, Any] = field(default_factory=dict)
     guards: dict[str, Any] = field(default_factory=dict)  # adaptive kl_coef, guard streaks
+    trackers: dict[str, str] = field(default_factory=dict)  # backend -> tracker run id (resume)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -109,6 +110,7 @@ class LearnerState:
             "ranks": self.ranks,
             "rng": self.rng,
             "guards": self.guards,
+            "trackers": self.trackers,
         }
 
     @classmethod
@@ -125,6 +127,7 @@ class LearnerState:
             ranks=d["ranks"],
             rng=d["rng"],
             guards=d.get("guards", {}),
+            trackers=d.get("trackers", {}),
         )
 
 

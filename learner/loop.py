@@ -27,8 +27,10 @@ from typing import Any
 
 from rollflash.broker.config import Config
 from rollflash.broker.process import setup_process
+from rollflash.broker.schema import Trajectory
 from rollflash.learner.build import Learner, start
 from rollflash.learner.collect import Collected
+from rollflash.learner.completions import pick_completions
 from rollflash.learner.guards import guard_values
 from rollflash.learner.metrics import merge_rank_metrics
 from rollflash.learner.publish import checkpoint, pause_point, publish
@@ -125,7 +127,7 @@ def learner_step(ln: Learner) -> dict[str, float]:
         metrics["eval/heldout_acc"] = ln.evaluate()
         metrics.update(ln.evaluate_sampled())
     if ln.dist.is_main:
-        _report(ln, metrics)
+        _report(ln, metrics, batch.groups)
     return metrics
 
 
@@ -155,8 +157,13 @@ def merged_metrics(
     return metrics
 
 
-def _report(ln: Learner, metrics: dict[str, float]) -> None:
+def _report(ln: Learner, metrics: dict[str, float], groups: list[Trajectory]) -> None:
     cfg, step = ln.cfg, ln.state.step
+    n, version = cfg.logging.completions_per_step, ln.state.version - 1  # collected at version
+    decode = ln.models.tokenizer.decode if ln.models.tokenizer is not None else str
+    rows = pick_completions(groups, n, version, cfg.run.seed, step, decode)
+    ln.sink.log_completions(step, rows)
+    metrics["gen/idle_frac"] = ln.broker.generator_idle_frac()
     ln.sink.log(step, metrics)
     ln.broker.set_run_fields(
         version=ln.state.version,

@@ -1,43 +1,119 @@
-"""The one metrics sink: every step's flat, namespaced metrics to JSONL and TensorBoard.
+"""The one metrics sink: every step's flat, namespaced metrics to JSONL, TensorBoard and trackers.
 
 Names are stable (`loss/policy`, `reward/mean`, `async/staleness_max`, `perf/tokens_per_s`, ...)
 so dashboards and regression checks can key on them. `{run_dir}/metrics.jsonl` gets one JSON object
-per step; `{run_dir}/tb/` holds the TensorBoard events.
+per step; `{run_dir}/tb/` holds the TensorBoard events; W&B and MLflow (learner/trackers.py) get
+the same metrics. Sample completions (learner/completions.py) go to `completions.jsonl`,
+TensorBoard text and each tracker.
+
+The files are the record and their errors end the run; a tracker is a copy, and a tracker call
+that raises is counted (`tracker/errors`, in the next rows) and logged, and training goes on.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
+
+from rollflash.broker.config import Config
+from rollflash.learner.trackers import Tracker, open_trackers
+
+log = logging.getLogger(__name__)
 
 
 class MetricsSink:
-    def __init__(self, run_dir: str | Path, tensorboard: bool = True):
+    def __init__(
+        self, run_dir: str | Path, tensorboard: bool = True, trackers: Sequence[Tracker] = ()
+    ):
         self.path = Path(run_dir) / "metrics.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._file = open(self.path, "a", buffering=1)
+        self._completions: Any = None  # completions.jsonl, opened on first use
         self._tb = None
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
             self._tb = SummaryWriter(log_dir=str(Path(run_dir) / "tb"))
+        self.trackers = list(trackers)
+        self.tracker_errors = 0
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         clean = {
             k: (v if isinstance(v, (int, float)) and math.isfinite(v) else None)
             for k, v in metrics.items()
         }
+        if self.trackers:
+            clean["tracker/errors"] = self.tracker_errors
         self._file.write(json.dumps({"step": step, **clean}) + "\n")
         if self._tb is not None:
             for name, value in clean.items():
                 if value is not None:
                     self._tb.add_scalar(name, value, step)
+        self._to_trackers("log", step, clean)
+
+    def log_completions(self, step: int, rows: list[dict[str, Any]]) -> None:
+        """Sample completions of the step: one JSON line each, a TensorBoard text table, and a
+        table (W&B) or artifact (MLflow) per tracker."""
+        if not rows:
+            return
+        if self._completions is None:
+            self._completions = open(self.path.with_name("completions.jsonl"), "a", buffering=1)
+        for row in rows:
+            self._completions.write(json.dumps({"step": step, **row}) + "\n")
+        if self._tb is not None:
+            self._tb.add_text("completions", completions_markdown(rows), step)
+        self._to_trackers("log_completions", step, [{"step": step, **r} for r in rows])
+
+    def _to_trackers(self, method: str, step: int, payload: Any) -> None:
+        for tracker in self.trackers:
+            try:
+                getattr(tracker, method)(step, payload)
+            except Exception as e:  # a tracker is a copy: count it, never stop training
+                self.tracker_errors += 1
+                log.warning(
+                    "tracker %s failed at step %d (%d failures so far): %s",
+                    tracker.name,
+                    step,
+                    self.tracker_errors,
+                    str(e).splitlines()[0] if str(e) else e.__class__.__name__,
+                )
 
     def close(self) -> None:
         self._file.close()
+        if self._completions is not None:
+            self._completions.close()
         if self._tb is not None:
             self._tb.close()
+        for tracker in self.trackers:
+            try:
+                tracker.close()
+            except Exception as e:
+                log.warning("tracker %s did not close cleanly: %s", tracker.name, e)
+
+
+def open_sink(cfg: Config, tracker_ids: dict[str, str]) -> MetricsSink:
+    """The learner's sink with the backends of `logging.backends`; `tracker_ids` (from the
+    checkpoint: backend -> run id) is filled with the runs it opened, so the next checkpoint
+    resumes them."""
+    trackers = open_trackers(cfg, tracker_ids)
+    tracker_ids.update({t.name: t.run_id() for t in trackers})
+    return MetricsSink(
+        cfg.run.run_dir, tensorboard="tensorboard" in cfg.logging.backends, trackers=trackers
+    )
+
+
+def completions_markdown(rows: list[dict[str, Any]]) -> str:
+    """A markdown table for TensorBoard's text tab."""
+    cols = ("pick", "reward", "staleness", "generator", "prompt", "response")
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for row in rows:
+        cells = [str(row.get(c, "")).replace("|", "\\|").replace("\n", " ") for c in cols]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 _SUMMED = (

@@ -28,6 +28,13 @@ RedisOpt = typer.Option(
 )
 
 
+config_app = typer.Typer(
+    no_args_is_help=True,
+    help="The config reference: every key with its type, default and one-line doc.",
+)
+app.add_typer(config_app, name="config")
+
+
 def _fail(message: str, code: int = 2) -> None:
     typer.echo(f"rollctl: error: {message}", err=True)
     raise typer.Exit(code)
@@ -51,10 +58,12 @@ def _expected_errors() -> tuple[type[BaseException], ...]:
     from rollflash.broker.redis_server import RedisServerError
     from rollflash.broker.weights import CorruptWeights
     from rollflash.envs.sandbox import SandboxUnavailable
+    from rollflash.learner.trackers import TrackerUnavailable
 
     return (
         BrokerUnavailable,
         SandboxUnavailable,
+        TrackerUnavailable,
         RunMismatch,
         RedisServerError,
         CorruptWeights,
@@ -179,13 +188,20 @@ def status(
     set_: list[str] | None = SetOpt,
     redis_url: str | None = RedisOpt,
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    watch: bool = typer.Option(
+        False, "--watch", "-w", help="Redraw a compact view every --interval seconds."
+    ),
+    interval: float = typer.Option(2.0, "--interval", min=0.1, help="Seconds between redraws."),
 ) -> None:
     """Show queues, pending counts, the weight version and live generators."""
     cfg = _load(config, set_, redis_url)
     _need_redis(cfg)
-    from rollflash.rollctl.status import show_status
+    from rollflash.rollctl.status import show_status, watch_status
 
-    _guarded(show_status, cfg, as_json)
+    if watch:
+        _guarded(watch_status, cfg, interval)
+    else:
+        _guarded(show_status, cfg, as_json)
 
 
 @app.command("export")
@@ -250,6 +266,52 @@ def acl(
         f"(or rediss:// for TLS)"
     )
     typer.echo(f"# learner:    --redis-url redis://rl-{run}-learner:{lpw}@HOST:6379")
+
+
+@app.command("plot")
+def plot(
+    run_dir: Path = typer.Argument(..., help="A run directory (holds metrics.jsonl)."),
+    out: Path | None = typer.Option(None, "--out", "-o", help="PNG (default RUN_DIR/report.png)."),
+    compare: list[Path] | None = typer.Option(
+        None, "--compare", help="Another run directory drawn on the same panels (repeatable)."
+    ),
+    smooth: int = typer.Option(
+        0, "--smooth", min=0, help="Trailing-mean window in steps (0 = a tenth of the run)."
+    ),
+) -> None:
+    """Draw a run's curves (reward, accuracy, length, staleness, KL, wait, speed) into a PNG."""
+    import importlib.util
+
+    if importlib.util.find_spec("matplotlib") is None:
+        _fail("rollctl plot needs matplotlib: pip install -e '.[plot]'")
+    from rollflash.rollctl.plot import PlotError, render
+
+    try:
+        report = render([run_dir, *(compare or [])], out or run_dir / "report.png", smooth)
+    except PlotError as e:
+        _fail(str(e))
+    typer.echo(f"report: {report.path}")
+
+
+@config_app.command("show")
+def config_show(config: Path | None = ConfigOpt, set_: list[str] | None = SetOpt) -> None:
+    """Print the config as YAML: every key with its value and, in a comment, its type, default
+    (`*` where the value differs) and doc. Without --config, the defaults."""
+    from rollflash.broker.config_reference import show_lines
+
+    cfg = _load(config, set_, None)
+    for line in show_lines(cfg):
+        typer.echo(line)
+
+
+@config_app.command("schema")
+def config_schema() -> None:
+    """Print the config's JSON Schema (for editors: YAML completion, hover docs, validation)."""
+    import json
+
+    from rollflash.broker.config_reference import json_schema
+
+    typer.echo(json.dumps(json_schema(), indent=1))
 
 
 def main() -> None:

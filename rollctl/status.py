@@ -2,7 +2,8 @@
 
 Shows stream lengths, each consumer group's pending and lag, the published weight version, the
 learner's progress, the reward-hacking guards' last warnings, what Redis forgot after a restart
-(broker/audit.py) and every live generator with its loaded version and counters.
+(broker/audit.py) and every live generator with its loaded version and counters. `--watch`
+redraws a compact view of the same status (`compact_lines`) every few seconds until Ctrl-C.
 """
 
 from __future__ import annotations
@@ -64,6 +65,75 @@ def dead_letter_line(by_code: dict[str, int]) -> str:
     with its full reason and original fields."""
     detail = ", ".join(f"{code}={n}" for code, n in sorted(by_code.items()))
     return f"dead letters: {sum(by_code.values())}" + (f" ({detail})" if detail else "")
+
+
+def _queue(name: str, stream: dict) -> str:
+    groups = " ".join(
+        f"{g['group']}: pending={g['pending']} lag={g['lag']}" for g in stream["groups"]
+    )
+    return f"{name}={stream['length']}" + (f" ({groups})" if groups else "")
+
+
+def compact_lines(s: dict, total_steps: int) -> list[str]:
+    """The status of `collect_status` in a few lines: learner, queues, dead letters, guards,
+    then one line per live generator with its loaded version and idle share."""
+    lr, w = s["learner"], s["weights"]
+    lines = [
+        f"run {s['run']}  {lr.get('state', 'not started')}  step {lr.get('step', 0)}/{total_steps}"
+        f"  weights v{w.get('version', '-')}  heldout_acc {lr.get('heldout_acc', '-')}",
+        f"learner  reward {lr.get('reward_mean', '-')}  staleness_max "
+        f"{lr.get('staleness_max', '-')}  wait {lr.get('wait_frac', '-')}  samples/s "
+        f"{lr.get('samples_per_s', '-')}  ranks {lr.get('learner_ranks', 1)}  checkpoint "
+        f"{lr.get('checkpoint_step', '-')}",
+        "queues   " + "  ".join(_queue(n, st) for n, st in s["streams"].items() if n != "dlq"),
+        dead_letter_line(s["dead_letters"]),
+        guard_line(lr),
+        f"generators: {len(s['generators'])} alive",
+    ]
+    for gid, g in s["generators"].items():
+        lines.append(
+            f"  {gid}  {g.get('state')}  v{g.get('loaded_version')}  idle {g.get('idle_frac')}"
+            f"  groups {g.get('groups')}  seen {g['last_seen_s']}s ago"
+        )
+    return lines
+
+
+def watch_status(cfg: Config, interval_s: float, rounds: int | None = None) -> None:
+    """Redraw `compact_lines` every `interval_s` (`rounds` times, or until Ctrl-C, which ends the
+    watch normally): in place on a terminal (rich's Live display), as time-stamped blocks
+    otherwise."""
+    try:
+        _watch(cfg, interval_s, rounds)
+    except KeyboardInterrupt:
+        pass
+
+
+def _watch(cfg: Config, interval_s: float, rounds: int | None) -> None:
+    import sys
+
+    from rich.console import Console
+    from rich.live import Live
+    from rich.text import Text
+
+    def view() -> str:
+        stamp = time.strftime("%H:%M:%S")
+        body = compact_lines(collect_status(cfg), cfg.trainer.total_steps)
+        return "\n".join([f"{stamp}  every {interval_s:g}s, Ctrl-C to stop", *body])
+
+    n = 0
+    if not sys.stdout.isatty():
+        while rounds is None or n < rounds:
+            print(view() + "\n", flush=True)
+            n += 1
+            if rounds is None or n < rounds:
+                time.sleep(interval_s)
+        return
+    with Live(Text(view()), console=Console(), auto_refresh=False) as live:
+        while rounds is None or n < rounds:
+            n += 1
+            if n > 1:
+                time.sleep(interval_s)
+                live.update(Text(view()), refresh=True)
 
 
 def show_status(cfg: Config, as_json: bool) -> None:

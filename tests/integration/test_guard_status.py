@@ -24,3 +24,30 @@ def test_guard_warnings_and_stop_reach_rollctl_status(learner_broker, redis_url,
     )
     mon.after_step({"guard/truncated_frac": 0.0, "guard/length_mean": 3.0}, 8, learner_broker)
     assert guard_line(collect_status(cfg)["learner"]).startswith("guards: ok | stopped by guard")
+
+
+def test_status_watch_redraws_the_compact_view(
+    learner_broker, generator_broker, redis_url, run_id, capsys
+):
+    from rollflash.rollctl.status import watch_status
+
+    cfg = config_from_dict({"run": {"run_id": run_id}, "redis": {"url": redis_url}})
+    learner_broker.set_run_fields(state="training", step=3, reward_mean=0.5)
+    generator_broker.heartbeat(
+        "g1",
+        {
+            "state": "sampling",
+            "loaded_version": 2,
+            "idle_frac": 0.25,
+            "groups": 6,
+            "heartbeat_at": 0,
+        },
+        ttl_s=30,
+    )
+    watch_status(cfg, interval_s=0.01, rounds=2)
+    blocks = [b for b in capsys.readouterr().out.split("\n\n") if b.strip()]
+    assert len(blocks) == 2  # not a terminal: one time-stamped block per round
+    for block in blocks:
+        lines = block.splitlines()
+        assert lines[1] == f"run {run_id}  training  step 3/20  weights v-  heldout_acc -"
+        assert lines[-1].startswith("  g1  sampling  v2  idle 0.25  groups 6  seen ")

@@ -14,6 +14,7 @@ HEAVY = ("torch", "transformers", "vllm", "safetensors.torch", "rollflash.algos"
     [
         "rollflash.rollctl.cli",
         "rollflash.broker.config",
+        "rollflash.broker.config_reference",
         "rollflash.rollctl.status",
         "rollflash.broker.acl",
     ],

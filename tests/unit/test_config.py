@@ -96,6 +96,15 @@ def test_saved_config_round_trips_and_fingerprint_ignores_local_fields(tmp_path)
     assert again.fingerprint() != cfg.fingerprint()
 
 
+def test_logging_is_learner_local_and_left_out_of_the_fingerprint():
+    # only the learner reads logging:, so a generator with other trackers still joins the run
+    base = load_config(None)
+    other = load_config(
+        None, ["logging.backends=[jsonl, mlflow]", "logging.completions_per_step=4"]
+    )
+    assert other.fingerprint() == base.fingerprint()
+
+
 # Fingerprints computed by the loader this config replaced (dataclasses, hand-written checks) on
 # the same files, then updated for each key added since (reward.max_abs_reward; model.chat_template,
 # reward.functions / weights / timeout_s and the eval section): processes of one
@@ -137,7 +146,7 @@ def test_saved_yaml_has_every_section_and_key_in_declaration_order(tmp_path):
     saved = yaml.safe_load((tmp_path / "resolved.yaml").read_text())
     assert list(saved) == [
         "run", "redis", "model", "task", "rollout", "trainer", "algo", "sim", "reward", "eval",
-        "rm", "guards",
+        "rm", "guards", "logging",
     ]  # fmt: skip
     assert list(saved["run"]) == ["run_id", "run_dir", "seed", "torch_threads"]
     assert saved["trainer"]["actor_lr"] == 1.0 and isinstance(saved["trainer"]["actor_lr"], float)
@@ -146,7 +155,7 @@ def test_saved_yaml_has_every_section_and_key_in_declaration_order(tmp_path):
     # eval (n_samples, temperature, max_new_tokens, threshold)
     assert {name: len(section) for name, section in saved.items()} == {
         "run": 4, "redis": 4, "model": 3, "task": 3, "rollout": 14, "trainer": 16, "algo": 29,
-        "sim": 6, "reward": 10, "eval": 4, "rm": 14, "guards": 11,
+        "sim": 6, "reward": 10, "eval": 4, "rm": 14, "guards": 11, "logging": 8,
     }  # fmt: skip
     assert "max_staleness" not in saved["trainer"] and "key_prefix" not in saved
 
@@ -191,9 +200,22 @@ def test_saved_yaml_has_every_section_and_key_in_declaration_order(tmp_path):
             "stop_on_guard)",
         ),
         (
+            {"logging": {"backends": ["tensorboard"]}},
+            "logging.backends: must include jsonl (metrics.jsonl feeds summary.json and "
+            "`rollctl plot`), got ['tensorboard']",
+        ),
+        (
+            {"logging": {"backends": ["jsonl", "wandb", "wandb"]}},
+            "logging.backends: a backend is listed twice, got ['jsonl', 'wandb', 'wandb']",
+        ),
+        (
+            {"logging": {"completions_per_step": -1}},
+            "logging.completions_per_step: must be >= 0, got -1",
+        ),
+        (
             {"bogus": {}},
-            "bogus: unknown key (known: algo, eval, guards, model, redis, reward, rm, rollout, "
-            "run, sim, task, trainer)",
+            "bogus: unknown key (known: algo, eval, guards, logging, model, redis, reward, rm, "
+            "rollout, run, sim, task, trainer)",
         ),
     ],
 )
@@ -211,7 +233,7 @@ def test_a_top_level_that_is_not_a_mapping_is_refused():
 
 def test_every_field_has_a_type_and_a_description():
     sections = Config.model_fields
-    assert len(sections) == 12
+    assert len(sections) == 13
     for name, section in sections.items():
         assert section.description, name
         for key, info in section.annotation.model_fields.items():

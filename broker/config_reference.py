@@ -1,0 +1,167 @@
+"""The config reference, read from the pydantic models themselves so that it cannot drift.
+
+Every key's type, bounds, default and one-line description are the `Field(...)` of its section
+(broker/config_sections.py, config_algo.py, config_logging.py). Three views are built from them:
+`rollctl config show` (with the current value of a loaded config), `rollctl config schema` (JSON
+Schema, for editors) and docs/config.md (scripts/gen_config_docs.py; a unit test fails when the
+committed file differs from what the models give). Importing this module imports no torch.
+"""
+
+from __future__ import annotations
+
+import inspect
+import typing
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel
+from pydantic.fields import FieldInfo
+from pydantic_core import PydanticUndefined
+
+from rollflash.broker.config import Config
+from rollflash.broker.config_errors import bounds_text
+
+SCHEMA_ID = "https://json-schema.org/draft/2020-12/schema"
+
+
+@dataclass(frozen=True)
+class KeyDoc:
+    """One config key: `section.key`, its type and bounds in words, its default and its doc."""
+
+    key: str
+    type: str
+    default: Any
+    doc: str
+
+
+@dataclass(frozen=True)
+class SectionDoc:
+    name: str
+    doc: str  # the one-line description of the section's field in `Config`
+    detail: str  # the section class's docstring, joined into one paragraph ("" if none)
+    keys: list[KeyDoc]
+
+
+def reference(root: type[BaseModel] = Config) -> list[SectionDoc]:
+    """Every section of the config with its keys, in declaration order."""
+    sections = []
+    for name, info in root.model_fields.items():
+        model = info.annotation
+        assert isinstance(model, type) and issubclass(model, BaseModel), name
+        keys = [
+            KeyDoc(f"{name}.{key}", type_text(f), default_of(f), f.description or "")
+            for key, f in model.model_fields.items()
+        ]
+        detail = " ".join(inspect.cleandoc(model.__doc__ or "").split())
+        sections.append(SectionDoc(name, info.description or "", detail, keys))
+    return sections
+
+
+def default_of(info: FieldInfo) -> Any:
+    if info.default_factory is not None:
+        return info.default_factory()  # type: ignore[call-arg]
+    return None if info.default is PydanticUndefined else info.default
+
+
+def type_text(info: FieldInfo) -> str:
+    """`float > 0`, `int >= 0`, `str or null`, `one of grpo, rloo`: the annotation and bounds."""
+    words = _annotation_text(info.annotation)
+    bounds = bounds_text(info, with_null=False)
+    if not bounds:
+        return words
+    if words.endswith(" or null"):
+        return f"{words.removesuffix(' or null')} {bounds} or null"
+    return f"{words} {bounds}"
+
+
+def _annotation_text(annotation: Any) -> str:
+    origin = typing.get_origin(annotation)
+    args = typing.get_args(annotation)
+    if origin is Annotated:
+        return _annotation_text(args[0])
+    if origin is Literal:
+        return "one of " + ", ".join(str(a) for a in args)
+    if origin in (list, tuple):
+        inner = _annotation_text(args[0]) if args else "any"
+        return f"list, each {inner}" if inner.startswith("one of") else f"list of {inner}"
+    if origin is dict:
+        return "mapping"
+    if args:  # a union: X | None
+        kinds = [_annotation_text(a) for a in args if a is not type(None)]
+        nullable = type(None) in args
+        return " or ".join(kinds) + (" or null" if nullable else "")
+    names = {int: "int", float: "float", bool: "bool", str: "str", dict: "mapping"}
+    return names.get(annotation, getattr(annotation, "__name__", str(annotation)))
+
+
+def value_text(value: Any) -> str:
+    """A value as YAML writes it in flow style: `null`, `true`, `0.0001`, `[jsonl, tensorboard]`."""
+    text = yaml.safe_dump([value], default_flow_style=True, width=10**6).strip()
+    return text[1:-1]  # the one-item list's brackets
+
+
+def show_lines(cfg: Config | None = None) -> list[str]:
+    """`rollctl config show`: the config as YAML, every key with its current value and, in a
+    comment, its type, its default (`*` marks a value that differs from it) and its doc. The
+    Redis URL is shown without its password; the text parses back to `cfg.public_dict()`."""
+    data = (cfg or Config()).public_dict()
+    out: list[str] = []
+    for section in reference():
+        out.append(f"{section.name}:  # {section.doc}")
+        for k in section.keys:
+            name = k.key.split(".", 1)[1]
+            current = data[section.name][name]
+            mark = " " if current == k.default else "*"
+            entry = f"  {name}: {value_text(current)}"
+            out.append(f"{entry:<40} #{mark}{k.type}; default {value_text(k.default)}; {k.doc}")
+    return out
+
+
+def json_schema() -> dict[str, Any]:
+    """The config's JSON Schema, for editors (YAML language servers) and other tools."""
+    schema = Config.model_json_schema()
+    for info in Config.model_fields.values():  # defaults made by a factory are left out
+        model = typing.cast(type[BaseModel], info.annotation)
+        props = schema["$defs"][model.__name__]["properties"]
+        for key, field in model.model_fields.items():
+            props[key].setdefault("default", default_of(field))
+    return {"$schema": SCHEMA_ID, **schema, "title": "rollflash run config"}
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def markdown() -> str:
+    """docs/config.md."""
+    lines = [
+        "# Config reference",
+        "",
+        "<!-- Generated by scripts/gen_config_docs.py from the pydantic models in broker/config*.py;",
+        "     edit the Field descriptions there, then run the script. tests/unit/test_config_docs.py",
+        "     fails when this file is stale. -->",
+        "",
+        "Every key of the run YAML, by section. A key not in the file takes its default; an unknown",
+        "key, a wrong type or an out-of-range value fails at load with one line naming the key.",
+        "`--set section.key=value` overrides any key from the command line.",
+        "",
+        "- `rollctl config show [--config FILE]` prints this table with the values of a config file.",
+        "- `rollctl config schema > rollflash.schema.json` writes the JSON Schema; with the YAML",
+        "  language server (VS Code's YAML extension, neovim's yamlls) the first line",
+        "  `# yaml-language-server: $schema=rollflash.schema.json` of a config gives completion,",
+        "  hover docs and validation.",
+        "",
+    ]
+    for section in reference():
+        lines += [f"## `{section.name}:` {section.doc}", ""]
+        if section.detail:
+            lines += [section.detail, ""]
+        lines += ["| key | type | default | description |", "|---|---|---|---|"]
+        for k in section.keys:
+            name = k.key.split(".", 1)[1]
+            lines.append(
+                f"| `{name}` | {_cell(k.type)} | `{_cell(value_text(k.default))}` | {_cell(k.doc)} |"
+            )
+        lines.append("")
+    return "\n".join(lines)
