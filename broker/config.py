@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from rollflash.broker.config_algo import GROUP_BASELINES, AlgoConfig
 from rollflash.broker.config_errors import ConfigError, config_error
+from rollflash.broker.config_gpu import PlacementConfig, VLLMConfig
 from rollflash.broker.config_sections import (
     GuardsConfig,
     ModelConfig,
@@ -49,6 +50,7 @@ __all__ = [
     "ConfigError",
     "GuardsConfig",
     "ModelConfig",
+    "PlacementConfig",
     "RedisConfig",
     "RewardConfig",
     "RewardModelTrainConfig",
@@ -57,6 +59,7 @@ __all__ = [
     "SimConfig",
     "TaskConfig",
     "TrainerConfig",
+    "VLLMConfig",
     "apply_override",
     "config_from_dict",
     "load_config",
@@ -83,6 +86,9 @@ class Config(BaseModel):
     guards: GuardsConfig = Field(
         default_factory=GuardsConfig, description="reward-hacking warnings"
     )
+    placement: PlacementConfig = Field(
+        default_factory=PlacementConfig, description="GPUs of the processes `rollctl run` starts"
+    )
 
     @property
     def key_prefix(self) -> str:
@@ -95,9 +101,11 @@ class Config(BaseModel):
 
     def fingerprint(self) -> str:
         """sha256 of the fields every process must agree on (not run-local paths or counts)."""
-        shared = {k: v for k, v in self.to_dict().items() if k not in ("redis",)}
+        shared = {k: v for k, v in self.to_dict().items() if k not in ("redis", "placement")}
         shared["rollout"] = {
-            k: v for k, v in shared["rollout"].items() if k != "num_rollout_workers"
+            k: v
+            for k, v in shared["rollout"].items()
+            if k not in ("num_rollout_workers", "device", "vllm")
         }
         shared["trainer"] = {
             k: v for k, v in shared["trainer"].items() if k != "num_trainer_workers"
@@ -150,6 +158,13 @@ class Config(BaseModel):
                 "vllm or sim (transformers' generate runs a batch to its end); set it "
                 "to 0 (pulls of rollout.prompts_per_pull)"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _gpu_layout_fits(self) -> Config:
+        from rollflash.broker.placement import plan_layout
+
+        plan_layout(self)  # raises ConfigError; fills in derived worker counts
         return self
 
     @model_validator(mode="after")

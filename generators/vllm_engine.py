@@ -48,12 +48,13 @@ import logging
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from safetensors import safe_open
 from transformers import AutoTokenizer
 
+from rollflash.broker.config_gpu import VLLMConfig
 from rollflash.envs import response_text
 from rollflash.generators.sampling import GeneratedSample, SamplingParams
 
@@ -74,7 +75,7 @@ CPU_DEFAULTS = {
 }
 
 
-def set_vllm_environment() -> None:
+def set_vllm_environment(kv_cache_from_config: bool = False) -> None:
     """Set the environment variables vLLM reads when an engine starts; call before `import vllm`.
 
     - VLLM_ENABLE_V1_MULTIPROCESSING=0 (always): the engine core runs in this process, so a
@@ -82,12 +83,67 @@ def set_vllm_environment() -> None:
     - VLLM_WORKER_MULTIPROC_METHOD=spawn unless set: a worker forked from a process that has run
       torch ops inherits its OpenMP pool state and decodes several times slower on CPU; a spawned
       worker starts clean;
-    - `CPU_DEFAULTS` unless set.
+    - `CPU_DEFAULTS` unless set; not the KV-cache size when `rollout.vllm.kv_cache_memory_gb`
+      gives one (vLLM's CPU backend lets the variable override it).
     """
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
     for name, value in CPU_DEFAULTS.items():
+        if name == "VLLM_CPU_KVCACHE_SPACE" and kv_cache_from_config:
+            if os.environ.get(name):
+                log.warning(
+                    "%s=%s overrides rollout.vllm.kv_cache_memory_gb on CPU", name, os.environ[name]
+                )
+            continue
         os.environ.setdefault(name, value)
+
+
+def llm_kwargs(opts: VLLMConfig, model_dtype: str, seed: int, on_cpu: bool) -> dict[str, Any]:
+    """The arguments of `vllm.LLM` (other than the model) for `rollout.vllm` = `opts`: each key
+    under vLLM's own name, nulls resolved for the device (config_gpu.py says how), then the
+    settings this engine relies on."""
+    if opts.dtype != "auto":
+        dtype = opts.dtype
+    else:
+        dtype = model_dtype if on_cpu else "bfloat16"
+    kwargs: dict[str, Any] = {
+        "dtype": dtype,
+        "seed": seed if opts.seed is None else opts.seed,
+        "tensor_parallel_size": opts.tensor_parallel_size,
+        "max_model_len": opts.max_model_len,
+        "enforce_eager": on_cpu if opts.enforce_eager is None else opts.enforce_eager,
+        "enable_prefix_caching": opts.enable_prefix_caching,
+        # on CPU a share of host RAM: vLLM's default 0.9 would claim it for the KV cache
+        "gpu_memory_utilization": opts.gpu_memory_utilization or (0.1 if on_cpu else 0.9),
+    }
+    if opts.max_num_seqs is not None:
+        kwargs["max_num_seqs"] = opts.max_num_seqs
+    if opts.max_num_batched_tokens is not None:
+        kwargs["max_num_batched_tokens"] = opts.max_num_batched_tokens
+    if opts.kv_cache_memory_gb is not None:
+        kwargs["kv_cache_memory_bytes"] = int(opts.kv_cache_memory_gb * 2**30)
+    return kwargs | {
+        "generation_config": "vllm",
+        "logprobs_mode": "processed_logprobs",
+        "worker_extension_cls": _EXTENSION,
+        "disable_log_stats": True,
+        "async_scheduling": False,
+        # vLLM's CPU backend needs its multiprocessing executor to set up OpenMP threads
+        "distributed_executor_backend": "mp" if on_cpu else None,
+    }
+
+
+def _llm_class() -> type:
+    """`vllm.LLM` (a function so that tests can capture what the engine passes it)."""
+    from vllm import LLM
+
+    return LLM
+
+
+def _on_cpu() -> bool:
+    from vllm.platforms import current_platform
+
+    return bool(current_platform.is_cpu())
 
 
 def refresh_tied_heads(model: torch.nn.Module) -> int:
@@ -149,8 +205,8 @@ class WeightReloadExtension:
 class VLLMEngine:
     """Engine-protocol wrapper around `vllm.LLM`, stepped by hand so weights can change mid-batch.
 
-    `memory_fraction` is vLLM's gpu_memory_utilization: of GPU memory, or on CPU of host memory
-    (there VLLM_CPU_KVCACHE_SPACE, in GiB, fixes the KV cache instead when set).
+    `options` is the `rollout.vllm` section (defaults when None); `dtype` is `model.dtype`, used on
+    CPU when `options.dtype` is auto.
     """
 
     def __init__(
@@ -158,8 +214,7 @@ class VLLMEngine:
         model_path: str,
         dtype: str = "float32",
         seed: int = 0,
-        memory_fraction: float | None = None,
-        max_model_len: int | None = None,
+        options: VLLMConfig | None = None,
     ):
         model_dir = Path(model_path)
         if not (model_dir / "config.json").is_file():
@@ -167,29 +222,11 @@ class VLLMEngine:
                 f"model.path: no Hugging Face model directory at {model_path} "
                 "(build one with scripts/make_tiny_model.py)"
             )
-        set_vllm_environment()
-        from vllm import LLM
-        from vllm.platforms import current_platform
-
-        on_cpu = current_platform.is_cpu()
-        if on_cpu and memory_fraction is None:
-            memory_fraction = 0.1  # of host RAM (vLLM's default 0.9 would claim it for KV cache)
-        kwargs = {"gpu_memory_utilization": memory_fraction} if memory_fraction else {}
-        self.llm = LLM(
-            model=str(model_dir),
-            dtype=dtype,
-            seed=seed,
-            max_model_len=max_model_len,
-            enforce_eager=on_cpu,
-            generation_config="vllm",
-            logprobs_mode="processed_logprobs",
-            worker_extension_cls=_EXTENSION,
-            disable_log_stats=True,
-            async_scheduling=False,
-            # vLLM's CPU backend needs its multiprocessing executor to set up OpenMP threads
-            distributed_executor_backend="mp" if on_cpu else None,
-            **kwargs,
-        )
+        opts = options if options is not None else VLLMConfig()
+        set_vllm_environment(kv_cache_from_config=opts.kv_cache_memory_gb is not None)
+        on_cpu = _on_cpu()
+        kwargs = llm_kwargs(opts, dtype, seed, on_cpu)
+        self.llm = _llm_class()(model=str(model_dir), **kwargs)
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         self.eos_id = self.tokenizer.eos_token_id
         self.vocab_size = self.llm.llm_engine.model_config.get_vocab_size()
@@ -203,12 +240,14 @@ class VLLMEngine:
         self._batches = itertools.count()
         self._streams: dict[str, tuple[list[int], set[str]]] = {}  # continuous: key -> requests
         self._request_ids = itertools.count()
-        log.info("vLLM engine ready: %s (%s, %s)", model_dir, dtype, "cpu" if on_cpu else "gpu")
+        where = "cpu" if on_cpu else f"gpu, tensor parallel {opts.tensor_parallel_size}"
+        log.info("vLLM engine ready: %s (%s, %s)", model_dir, kwargs["dtype"], where)
 
     @classmethod
     def from_config(cls, cfg: Config, seed: int) -> VLLMEngine:
-        """`model.path` in `model.dtype`, vLLM's sampling seeded with `seed`."""
-        return cls(cfg.model.path, dtype=cfg.model.dtype, seed=seed)
+        """`model.path` with the `rollout.vllm` settings; `seed` seeds vLLM's sampling unless
+        `rollout.vllm.seed` is set."""
+        return cls(cfg.model.path, dtype=cfg.model.dtype, seed=seed, options=cfg.rollout.vllm)
 
     def load_weights(self, model_file: Path, version: int) -> None:
         """Load a verified safetensors file in place; safe between steps of a running batch."""

@@ -97,19 +97,20 @@ def test_saved_config_round_trips_and_fingerprint_ignores_local_fields(tmp_path)
 
 
 # Fingerprints computed by the loader this config replaced (dataclasses, hand-written checks) on
-# the same files, then updated for each key added since (reward.max_abs_reward): processes of one
-# run compare them, so the config's representation may not change them. A new field or default
+# the same files, then updated for each key added since (reward.max_abs_reward, reward.dtype; the
+# GPU keys rollout.device, rollout.vllm and placement are not hashed): processes of one run compare
+# them, so the config's representation may not change them. A new field or default
 # changes them on purpose (update the values then).
 @pytest.mark.parametrize(
     "name, overrides, expected",
     [
-        (None, [], "ecd76d2b151e2530"),
-        ("demo.yaml", [], "c21a6176823b8a52"),
-        ("ppo_gae.yaml", [], "0f9f9040486b6290"),
-        ("dapo.yaml", [], "bd510d2a5e697e5a"),
-        ("rlhf.yaml", [], "bcebdaa918dce6cb"),
-        ("rm.yaml", [], "0eeb0fc5d3d8df2c"),
-        ("agentic_gridworld.yaml", [], "a1364ac808871d05"),
+        (None, [], "dce070981745f143"),
+        ("demo.yaml", [], "8887acf8f4f0a7dc"),
+        ("ppo_gae.yaml", [], "86c3e9bb5df3a1d6"),
+        ("dapo.yaml", [], "0b92937c5b397de7"),
+        ("rlhf.yaml", [], "15783b8c25eec01c"),
+        ("rm.yaml", [], "d586fc97444a40de"),
+        ("agentic_gridworld.yaml", [], "eef0ae960467258c"),
         (
             None,
             # ints given for floats are hashed as the floats they are stored as (1 -> 1.0)
@@ -121,7 +122,7 @@ def test_saved_config_round_trips_and_fingerprint_ignores_local_fields(tmp_path)
                 "algo.kl_target=0.1",
                 "algo.kl_coef=1",
             ],
-            "f413c960941e0489",
+            "2487a57b7554c97a",
         ),
     ],
 )
@@ -136,15 +137,17 @@ def test_saved_yaml_has_every_section_and_key_in_declaration_order(tmp_path):
     saved = yaml.safe_load((tmp_path / "resolved.yaml").read_text())
     assert list(saved) == [
         "run", "redis", "model", "task", "rollout", "trainer", "algo", "sim", "reward", "rm",
-        "guards",
+        "guards", "placement",
     ]  # fmt: skip
     assert list(saved["run"]) == ["run_id", "run_dir", "seed", "torch_threads"]
     assert saved["trainer"]["actor_lr"] == 1.0 and isinstance(saved["trainer"]["actor_lr"], float)
-    # every field of the dataclass config this replaced, counted by hand, and no property
+    # every field of the dataclass config this replaced, counted by hand, and no property; since
+    # then: rollout.device and rollout.vllm (a section of 10), reward.dtype, placement (4)
     assert {name: len(section) for name, section in saved.items()} == {
-        "run": 4, "redis": 4, "model": 2, "task": 3, "rollout": 14, "trainer": 16, "algo": 29,
-        "sim": 6, "reward": 7, "rm": 14, "guards": 11,
+        "run": 4, "redis": 4, "model": 2, "task": 3, "rollout": 16, "trainer": 16, "algo": 29,
+        "sim": 6, "reward": 8, "rm": 14, "guards": 11, "placement": 4,
     }  # fmt: skip
+    assert len(saved["rollout"]["vllm"]) == 10
     assert "max_staleness" not in saved["trainer"] and "key_prefix" not in saved
 
 
@@ -189,8 +192,8 @@ def test_saved_yaml_has_every_section_and_key_in_declaration_order(tmp_path):
         ),
         (
             {"bogus": {}},
-            "bogus: unknown key (known: algo, guards, model, redis, reward, rm, rollout, run, "
-            "sim, task, trainer)",
+            "bogus: unknown key (known: algo, guards, model, placement, redis, reward, rm, "
+            "rollout, run, sim, task, trainer)",
         ),
     ],
 )
@@ -208,7 +211,7 @@ def test_a_top_level_that_is_not_a_mapping_is_refused():
 
 def test_every_field_has_a_type_and_a_description():
     sections = Config.model_fields
-    assert len(sections) == 11
+    assert len(sections) == 12
     for name, section in sections.items():
         assert section.description, name
         for key, info in section.annotation.model_fields.items():
