@@ -60,14 +60,20 @@ class HFEngine:
         return cls(cfg.model.path, dtype=cfg.model.dtype, device=device)
 
     def load_weights(self, model_file: Path, version: int) -> None:
+        """Load a verified safetensors file; names and shapes are checked before any weight is
+        copied, so a file that does not fit leaves the current weights whole."""
         state = load_file(str(model_file))  # on the host: load_state_dict copies to the device
-        missing, unexpected = self.model.load_state_dict(state, strict=False)
+        current = self.model.state_dict()
         tied = {"lm_head.weight"} if self.model.config.tie_word_embeddings else set()
-        if unexpected or set(missing) - tied:
+        missing = sorted(set(current) - set(state) - tied)
+        unexpected = sorted(set(state) - set(current))
+        wrong = sorted(n for n in set(state) & set(current) if state[n].shape != current[n].shape)
+        if missing or unexpected or wrong:
             raise ValueError(
                 f"weights {model_file} do not fit the model: missing {missing}, "
-                f"unexpected {unexpected}"
+                f"unexpected {unexpected}, wrong shape {wrong}"
             )
+        self.model.load_state_dict(state, strict=False)
         self.model.tie_weights()
 
     @torch.no_grad()

@@ -11,7 +11,7 @@ from rollflash.broker.config import ConfigError, config_from_dict
 
 pytest.importorskip("transformers")
 
-from rollflash.generators import vllm_engine  # noqa: E402
+from rollflash.generators import vllm_engine, vllm_setup  # noqa: E402
 
 EVERY_KEY = {
     "gpu_memory_utilization": 0.35,
@@ -43,13 +43,13 @@ def captured(monkeypatch, tmp_path):
 
     for name in ("VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_WORKER_MULTIPROC_METHOD"):
         monkeypatch.delenv(name, raising=False)  # restored after the test
-    for name in vllm_engine.CPU_DEFAULTS:
+    for name in vllm_setup.CPU_DEFAULTS:
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setattr(vllm_engine, "_llm_class", lambda: FakeLLM)
+    monkeypatch.setattr(vllm_setup, "llm_class", lambda: FakeLLM)
     (tmp_path / "config.json").write_text("{}")
 
     def build(vllm: dict, on_cpu: bool, model_dtype: str = "float32") -> dict:
-        monkeypatch.setattr(vllm_engine, "_on_cpu", lambda: on_cpu)
+        monkeypatch.setattr(vllm_setup, "on_cpu", lambda: on_cpu)
         cfg = config_from_dict(
             {
                 "model": {"path": str(tmp_path), "dtype": model_dtype},
