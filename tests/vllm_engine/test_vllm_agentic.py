@@ -4,7 +4,7 @@ hf engine (tests/e2e/test_agentic.py). Real processes, real Redis, vLLM's CPU bu
 (async_ratio 0), so the learner's recomputed log-probabilities must equal vLLM's on every step.
 
 The warm start is the config's, with 2 attention heads instead of 4: vLLM's CPU attention needs a
-head size of at least 32 (hidden 64 / 2). Kept short for the vLLM suite's time: 14 steps, one
+head size of at least 32 (hidden 64 / 2). Kept short for the vLLM suite's time: 18 steps, one
 generator; the threshold is the hf test's (+0.1 success between the first and last five steps).
 """
 
@@ -21,7 +21,7 @@ pytest.importorskip("vllm")
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "configs" / "agentic_gridworld.yaml"
-STEPS = 14
+STEPS = 18
 
 
 @pytest.fixture(scope="module")
