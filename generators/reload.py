@@ -45,7 +45,7 @@ class WeightFollower:
         self.reload_refused = 0  # versions not loaded: failed verification or the engine's load
         self.reload_s = 0.0
         self._refused_version = 0  # a version refused once is not retried (nor counted again)
-        self._private = Path(tempfile.mkdtemp(prefix="rollflash-weights-"))  # mode 0700
+        self._private: Path | None = None  # mode 0700, made at the first reload
         self._sub: VersionSubscriber | None = None
         self._last_poll = 0.0
         self._announced = 0
@@ -78,6 +78,8 @@ class WeightFollower:
         if version <= max(self.loaded_version, self._refused_version):
             return False
         started = time.monotonic()
+        if self._private is None:
+            self._private = Path(tempfile.mkdtemp(prefix="rollflash-weights-"))
         copy = self._private / f"v{version:08d}.safetensors"
         try:
             self.store.verified_copy(version, copy, expect_sha256=sha)
@@ -116,4 +118,5 @@ class WeightFollower:
     def close(self) -> None:
         if self._sub is not None:
             self._sub.close()
-        shutil.rmtree(self._private, ignore_errors=True)
+        if self._private is not None:
+            shutil.rmtree(self._private, ignore_errors=True)
