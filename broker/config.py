@@ -30,6 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from rollflash.broker.config_algo import GROUP_BASELINES, AlgoConfig
 from rollflash.broker.config_errors import ConfigError, config_error
 from rollflash.broker.config_eval import EvalConfig
+from rollflash.broker.config_gpu import PlacementConfig, VLLMConfig
 from rollflash.broker.config_logging import LoggingConfig
 from rollflash.broker.config_sections import (
     GuardsConfig,
@@ -53,6 +54,7 @@ __all__ = [
     "GuardsConfig",
     "LoggingConfig",
     "ModelConfig",
+    "PlacementConfig",
     "RedisConfig",
     "RewardConfig",
     "RewardModelTrainConfig",
@@ -61,6 +63,7 @@ __all__ = [
     "SimConfig",
     "TaskConfig",
     "TrainerConfig",
+    "VLLMConfig",
     "apply_override",
     "config_from_dict",
     "load_config",
@@ -91,6 +94,9 @@ class Config(BaseModel):
     logging: LoggingConfig = Field(
         default_factory=LoggingConfig, description="metric backends and completions"
     )
+    placement: PlacementConfig = Field(
+        default_factory=PlacementConfig, description="GPUs of the processes `rollctl run` starts"
+    )
 
     @property
     def key_prefix(self) -> str:
@@ -110,10 +116,15 @@ class Config(BaseModel):
 
     def fingerprint(self) -> str:
         """sha256 of the fields every process must agree on: not run-local paths or counts, nor
-        `logging:`, which only the learner reads."""
-        shared = {k: v for k, v in self.to_dict().items() if k not in ("redis", "logging")}
+        `logging:` (only the learner reads it) or `placement:` and the rollout's device and vLLM
+        options (how one process runs: a generator on another host may use other values)."""
+        shared = {
+            k: v for k, v in self.to_dict().items() if k not in ("redis", "logging", "placement")
+        }
         shared["rollout"] = {
-            k: v for k, v in shared["rollout"].items() if k != "num_rollout_workers"
+            k: v
+            for k, v in shared["rollout"].items()
+            if k not in ("num_rollout_workers", "device", "vllm")
         }
         shared["trainer"] = {
             k: v for k, v in shared["trainer"].items() if k != "num_trainer_workers"
@@ -177,6 +188,13 @@ class Config(BaseModel):
                 "vllm or sim (transformers' generate runs a batch to its end); set it "
                 "to 0 (pulls of rollout.prompts_per_pull)"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _gpu_layout_fits(self) -> Config:
+        from rollflash.broker.placement import plan_layout
+
+        plan_layout(self)  # raises ConfigError; fills in derived worker counts
         return self
 
     @model_validator(mode="after")

@@ -49,13 +49,28 @@ def reference(root: type[BaseModel] = Config) -> list[SectionDoc]:
     for name, info in root.model_fields.items():
         model = info.annotation
         assert isinstance(model, type) and issubclass(model, BaseModel), name
-        keys = [
-            KeyDoc(f"{name}.{key}", type_text(f), default_of(f), f.description or "")
-            for key, f in model.model_fields.items()
-        ]
+        keys = _keys(name, model)
         detail = " ".join(inspect.cleandoc(model.__doc__ or "").split())
         sections.append(SectionDoc(name, info.description or "", detail, keys))
     return sections
+
+
+def _nested(info: FieldInfo) -> type[BaseModel] | None:
+    """The model of a field that is itself a section of keys (e.g. `rollout.vllm`), else None."""
+    a = info.annotation
+    return a if isinstance(a, type) and issubclass(a, BaseModel) else None
+
+
+def _keys(prefix: str, model: type[BaseModel]) -> list[KeyDoc]:
+    """The keys of `model` under `prefix`, a nested section's keys under `prefix.name`."""
+    out = []
+    for key, f in model.model_fields.items():
+        nested = _nested(f)
+        if nested is not None:
+            out += _keys(f"{prefix}.{key}", nested)
+        else:
+            out.append(KeyDoc(f"{prefix}.{key}", type_text(f), default_of(f), f.description or ""))
+    return out
 
 
 def default_of(info: FieldInfo) -> Any:
@@ -109,11 +124,18 @@ def show_lines(cfg: Config | None = None) -> list[str]:
     out: list[str] = []
     for section in reference():
         out.append(f"{section.name}:  # {section.doc}")
+        opened = ""  # the nested section (e.g. `vllm` of rollout) whose header was printed last
         for k in section.keys:
-            name = k.key.split(".", 1)[1]
-            current = data[section.name][name]
+            *parents, name = k.key.split(".")[1:]
+            current = data[section.name]
+            for parent in parents:
+                current = current[parent]
+            if parents and parents[0] != opened:
+                opened = parents[0]
+                out.append(f"  {opened}:")
+            current = current[name]
             mark = " " if current == k.default else "*"
-            entry = f"  {name}: {value_text(current)}"
+            entry = "  " * (1 + len(parents)) + f"{name}: {value_text(current)}"
             out.append(f"{entry:<40} #{mark}{k.type}; default {value_text(k.default)}; {k.doc}")
     return out
 
@@ -121,11 +143,16 @@ def show_lines(cfg: Config | None = None) -> list[str]:
 def json_schema() -> dict[str, Any]:
     """The config's JSON Schema, for editors (YAML language servers) and other tools."""
     schema = Config.model_json_schema()
-    for info in Config.model_fields.values():  # defaults made by a factory are left out
-        model = typing.cast(type[BaseModel], info.annotation)
+    models = [typing.cast(type[BaseModel], i.annotation) for i in Config.model_fields.values()]
+    while models:  # defaults made by a factory are left out: add them, nested sections too
+        model = models.pop()
         props = schema["$defs"][model.__name__]["properties"]
         for key, field in model.model_fields.items():
-            props[key].setdefault("default", default_of(field))
+            nested = _nested(field)
+            if nested is not None:
+                models.append(nested)
+            else:
+                props[key].setdefault("default", default_of(field))
     return {"$schema": SCHEMA_ID, **schema, "title": "rollflash run config"}
 
 

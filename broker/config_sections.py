@@ -9,31 +9,14 @@ takes an integer (stored as a float) but refuses strings, booleans, `.inf` and `
 from __future__ import annotations
 
 import math
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
-from pydantic import (
-    AllowInfNan,
-    BaseModel,
-    ConfigDict,
-    Field,
-    Strict,
-    StrictBool,
-    StrictInt,
-    StrictStr,
-    model_validator,
-)
+from pydantic import ConfigDict, Field, StrictBool, StrictInt, StrictStr, model_validator
 
+from rollflash.broker.config_base import Number, Section
 from rollflash.broker.config_errors import ConfigError
+from rollflash.broker.config_gpu import VLLMConfig
 from rollflash.broker.secrets import env_password, read_password_file, url_password, with_password
-
-# a finite float; an int is accepted and stored as a float
-Number = Annotated[float, Strict(), AllowInfNan(False)]
-
-
-class Section(BaseModel):
-    """Base of every config section: unknown keys are errors, assignment is not re-validated."""
-
-    model_config = ConfigDict(extra="forbid", validate_assignment=False)
 
 
 class RunConfig(Section):
@@ -167,6 +150,14 @@ class RolloutConfig(Section):
         description="multi-turn environments: an episode's response budget (actions + "
         "observations); max_new_tokens limits each turn",
     )
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto",
+        description="hf engine and reward model: auto takes cuda:0 when torch sees a GPU "
+        "(vllm picks its own device)",
+    )
+    vllm: VLLMConfig = Field(
+        default_factory=VLLMConfig, description="vllm engine settings (vllm.LLM arguments)"
+    )
 
 
 class SimConfig(Section):
@@ -281,6 +272,9 @@ class RewardConfig(Section):
         None, description="one weight per reward function (null = all 1.0)"
     )
     timeout_s: Number = Field(10.0, gt=0, description="limit of one reward-function call")
+    dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        "auto", description="reward-model parameters (auto: model.dtype)"
+    )
 
     @model_validator(mode="after")
     def _model_path_matches_type(self) -> RewardConfig:

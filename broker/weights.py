@@ -6,8 +6,11 @@ Layout: `{run_dir}/weights/v{version:08d}/` holds `model.safetensors` and `manif
 Invariants a reader can rely on:
 - A version directory appears by one atomic rename of a fully written and fsynced temp directory,
   and its manifest is the last file written inside it: a reader never sees a half-written version.
-- `verified_path(v)` re-checks sizes and sha256 of every file against the manifest, so a truncated
-  or bit-flipped file is refused with `CorruptWeights`, never loaded.
+- `verified_bytes(v)` reads the model file once and checks the size and sha256 of those bytes
+  against the manifest, so a truncated or bit-flipped file is refused with `CorruptWeights`; a
+  generator loads a private copy of exactly those bytes (`verified_copy`), so a file swapped in the
+  store after the check is never loaded. Symbolic links (a version directory, its manifest or its
+  model file) and anything outside the store are refused, never followed.
 - Retention deletes old versions but never one that a caller says is still in use.
 """
 
@@ -18,6 +21,7 @@ import json
 import logging
 import os
 import shutil
+import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -77,10 +81,29 @@ def unique_tensors(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
+def _read_regular(dir_fd: int, name: str, version: int) -> bytes | None:
+    """The whole content of `name` in the directory `dir_fd`, opened without following a link
+    (None: no such file). A link or anything but a regular file is CorruptWeights."""
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return None
+    except OSError as e:  # ELOOP: a symbolic link
+        raise CorruptWeights(
+            f"weights v{version}: {name} is a symbolic link or unreadable ({e.strerror}); "
+            "refusing to load"
+        ) from None
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise CorruptWeights(f"weights v{version}: {name} is not a regular file")
+        return f.read()
+
+
 class WeightStore:
     def __init__(self, run_dir: str | Path):
         self.root = Path(run_dir) / "weights"
         self.root.mkdir(parents=True, exist_ok=True)
+        self._real_root = Path(os.path.realpath(self.root))  # the store may sit behind a link
 
     def version_dir(self, version: int) -> Path:
         return self.root / f"v{version:08d}"
@@ -142,25 +165,70 @@ class WeightStore:
                 out.append(int(d.name[1:]))
         return sorted(out)
 
-    def verified_path(self, version: int, expect_sha256: str | None = None) -> Path:
-        """Return the model file of `version` after checking it against its manifest."""
+    def verified_bytes(self, version: int, expect_sha256: str | None = None) -> bytes:
+        """The model file of `version`, read once and checked against its manifest (size and
+        sha256 of exactly these bytes). The version directory, its manifest and the model file are
+        opened without following symbolic links (O_NOFOLLOW, relative to the directory's fd), so
+        a link, or a file swapped in after the check, is never what a caller loads."""
         d = self.version_dir(version)
+        dir_fd = self._open_version_dir(version)
         try:
-            manifest = json.loads((d / MANIFEST).read_text())
+            manifest = self._read_manifest(version, dir_fd)
+            entry = manifest.get("files", {}).get(MODEL_FILE)
+            if manifest.get("version") != version or not isinstance(entry, dict):
+                raise CorruptWeights(f"weights v{version}: manifest does not describe this version")
+            data = _read_regular(dir_fd, MODEL_FILE, version)
+        finally:
+            os.close(dir_fd)
+        if data is None or len(data) != entry.get("size"):
+            raise CorruptWeights(f"weights v{version}: {MODEL_FILE} missing or of the wrong size")
+        digest = hashlib.sha256(data).hexdigest()
+        if digest != entry.get("sha256") or (expect_sha256 and digest != expect_sha256):
+            raise CorruptWeights(f"weights v{version}: sha256 mismatch, refusing to load ({d})")
+        return data
+
+    def verified_copy(self, version: int, dest: Path, expect_sha256: str | None = None) -> Path:
+        """Write the verified bytes of `version` to `dest` (a file in a directory the caller
+        owns, not the shared store) and return it: what is loaded from there is what was hashed."""
+        data = self.verified_bytes(version, expect_sha256)
+        fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        return dest
+
+    def verified_path(self, version: int, expect_sha256: str | None = None) -> Path:
+        """The model file of `version` in the store, after `verified_bytes` has checked it. The
+        file may change after this returns: a process that must load exactly what was verified
+        (a generator) uses `verified_copy` instead."""
+        self.verified_bytes(version, expect_sha256)
+        return self.version_dir(version) / MODEL_FILE
+
+    def _open_version_dir(self, version: int) -> int:
+        d = self.version_dir(version)
+        if d.is_symlink() or (d.exists() and Path(os.path.realpath(d)).parent != self._real_root):
+            raise CorruptWeights(
+                f"weights v{version}: {d} is a link or lies outside the weight store "
+                f"{self.root}; refusing to load"
+            )
+        try:
+            return os.open(d, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
         except FileNotFoundError:
             raise CorruptWeights(f"weights v{version}: no manifest in {d}") from None
-        except json.JSONDecodeError:
+        except OSError as e:  # ELOOP / ENOTDIR: replaced by a link or a file since the check
+            raise CorruptWeights(f"weights v{version}: {d} is not a directory ({e})") from None
+
+    def _read_manifest(self, version: int, dir_fd: int) -> dict:
+        d = self.version_dir(version)
+        raw = _read_regular(dir_fd, MANIFEST, version)
+        if raw is None:
+            raise CorruptWeights(f"weights v{version}: no manifest in {d}")
+        try:
+            manifest = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError):
             raise CorruptWeights(f"weights v{version}: unreadable manifest in {d}") from None
-        entry = manifest.get("files", {}).get(MODEL_FILE)
-        if manifest.get("version") != version or not isinstance(entry, dict):
-            raise CorruptWeights(f"weights v{version}: manifest does not describe this version")
-        path = d / MODEL_FILE
-        if not path.is_file() or path.stat().st_size != entry.get("size"):
-            raise CorruptWeights(f"weights v{version}: {MODEL_FILE} missing or of the wrong size")
-        digest = sha256_file(path)
-        if digest != entry.get("sha256") or (expect_sha256 and digest != expect_sha256):
-            raise CorruptWeights(f"weights v{version}: sha256 mismatch, refusing to load")
-        return path
+        if not isinstance(manifest, dict):
+            raise CorruptWeights(f"weights v{version}: unreadable manifest in {d}")
+        return manifest
 
     def retain(self, keep: int, in_use: set[int]) -> list[int]:
         """Delete all but the newest `keep` versions, sparing those in `in_use`; returns deleted."""

@@ -55,7 +55,7 @@ class StreamingEngine(Engine, Protocol):
 
 
 class EpisodeEngine(Engine, Protocol):
-    """What multi-turn environments need besides `generate` (engines `hf` and `sim`)."""
+    """What multi-turn environments need besides `generate` (engines `hf`, `vllm` and `sim`)."""
 
     def generate_ids(
         self,

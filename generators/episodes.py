@@ -280,11 +280,11 @@ def episodes_to_trajectory(
 
 def _check_supported(engine: EpisodeEngine, task: EnvTask, cfg: Config) -> None:
     """Refuse, naming the key, what the episode runner cannot do: an engine without token-id
-    generation (vllm), or a reward other than the environment's own."""
+    generation, or a reward other than the environment's own."""
     if not hasattr(engine, "generate_ids"):
         raise NotImplementedError(
             f"rollout.engine {cfg.rollout.engine!r} cannot run multi-turn "
-            f"environments (task {task.name!r}); use 'hf' or 'sim'"
+            f"environments (task {task.name!r}); use 'hf', 'vllm' or 'sim'"
         )
     reward = getattr(cfg, "reward", None)
     if reward is not None and reward.type != "rule":

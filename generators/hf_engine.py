@@ -1,10 +1,12 @@
-"""Hugging Face transformers engine: the CPU / embedded engine.
+"""Hugging Face transformers engine: the CPU / embedded engine, on a GPU with `rollout.device`.
 
 Sampling uses `model.generate` on left-padded prompts (positions come from the attention mask, so
 they equal the learner's right-padded positions). Behaviour log-probabilities are computed from the
 raw logits as log_softmax(logits / temperature), the same quantity the learner recomputes; top-p
 only restricts which tokens can be drawn (as in verl, the log-probability is not renormalised).
-Sampling draws from torch's global generator, which `setup_process` seeds per generator.
+Sampling draws from torch's global generator, which `setup_process` seeds per generator. On a GPU
+(`rollout.device`, generators/device.py) the model and the batch live on cuda:0 and only the
+sampled ids and log-probabilities come back to the host.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 class HFEngine:
-    def __init__(self, model_path: str, dtype: str = "float32"):
+    def __init__(self, model_path: str, dtype: str = "float32", device: str | torch.device = "cpu"):
         if not (Path(model_path) / "config.json").is_file():
             raise FileNotFoundError(
                 f"model.path: no Hugging Face model directory at {model_path} "
@@ -39,8 +41,9 @@ class HFEngine:
             )
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         self.tokenizer.padding_side = "left"
+        self.device = torch.device(device)
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=_DTYPES[dtype])
-        self.model.eval()
+        self.model.to(self.device).eval()
         self.vocab_size = self.model.config.vocab_size
         self.eos_id = self.tokenizer.eos_token_id
         self.pad_id = (
@@ -49,19 +52,29 @@ class HFEngine:
 
     @classmethod
     def from_config(cls, cfg: Config, seed: int) -> HFEngine:
-        """`model.path` in `model.dtype`; `seed` is unused: sampling draws from torch's global
-        generator, which `setup_process` seeds."""
-        return cls(cfg.model.path, dtype=cfg.model.dtype)
+        """`model.path` in `model.dtype` on `rollout.device`; `seed` is unused: sampling draws
+        from torch's global generator, which `setup_process` seeds."""
+        from rollflash.generators.device import resolve_device
+
+        device = resolve_device(cfg.rollout.device)
+        log.info("hf engine on %s (%s)", device, cfg.model.dtype)
+        return cls(cfg.model.path, dtype=cfg.model.dtype, device=device)
 
     def load_weights(self, model_file: Path, version: int) -> None:
-        state = load_file(str(model_file))
-        missing, unexpected = self.model.load_state_dict(state, strict=False)
+        """Load a verified safetensors file; names and shapes are checked before any weight is
+        copied, so a file that does not fit leaves the current weights whole."""
+        state = load_file(str(model_file))  # on the host: load_state_dict copies to the device
+        current = self.model.state_dict()
         tied = {"lm_head.weight"} if self.model.config.tie_word_embeddings else set()
-        if unexpected or set(missing) - tied:
+        missing = sorted(set(current) - set(state) - tied)
+        unexpected = sorted(set(state) - set(current))
+        wrong = sorted(n for n in set(state) & set(current) if state[n].shape != current[n].shape)
+        if missing or unexpected or wrong:
             raise ValueError(
                 f"weights {model_file} do not fit the model: missing {missing}, "
-                f"unexpected {unexpected}"
+                f"unexpected {unexpected}, wrong shape {wrong}"
             )
+        self.model.load_state_dict(state, strict=False)
         self.model.tie_weights()
 
     @torch.no_grad()
@@ -95,8 +108,8 @@ class HFEngine:
     ) -> list[list[GeneratedSample]]:
         """input_ids, attention: [P, W] int64, left-padded prompts -> P lists of params.n samples."""
         n_prompts = input_ids.shape[0]
-        input_ids = input_ids.repeat_interleave(params.n, dim=0)
-        attention = attention.repeat_interleave(params.n, dim=0)
+        input_ids = input_ids.repeat_interleave(params.n, dim=0).to(self.device)
+        attention = attention.repeat_interleave(params.n, dim=0).to(self.device)
         out = self.model.generate(
             input_ids=input_ids,
             attention_mask=attention,
@@ -114,7 +127,8 @@ class HFEngine:
         new_tokens = out.sequences[:, width:]  # [N, S]
         logits = torch.stack(out.logits, dim=1).float()  # [N, S, V]
         logp = torch.log_softmax(logits / params.temperature, dim=-1)
-        token_logp = logp.gather(-1, new_tokens.unsqueeze(-1)).squeeze(-1)  # [N, S]
+        token_logp = logp.gather(-1, new_tokens.unsqueeze(-1)).squeeze(-1).cpu()  # [N, S]
+        new_tokens, input_ids, attention = new_tokens.cpu(), input_ids.cpu(), attention.cpu()
         results: list[list[GeneratedSample]] = [[] for _ in range(n_prompts)]
         for row in range(new_tokens.shape[0]):
             prompt_ids = input_ids[row][attention[row].bool()].tolist()

@@ -1,15 +1,26 @@
 """Picking up new weight versions in a generator.
 
 The `weights` hash in Redis is the source of truth; zmq notifications only wake us sooner. A version
-is loaded only after `WeightStore.verified_path` has checked it against its manifest; a version that
-fails the check (or was already deleted by retention) is skipped with a warning and the generator
-keeps its current weights until a newer version verifies.
+is read from the store once (`WeightStore.verified_copy`): its bytes are checked against the
+manifest and written to a private directory this process owns, and the engine loads that copy, so
+what is loaded is exactly what was hashed, whatever happens to the shared store meanwhile. Links
+and anything outside the store are refused.
+
+A version that fails the check (or was already deleted by retention), or that the engine cannot
+load, is refused: logged, counted (`reload_refused`, shown by `rollctl status`), and skipped; the
+generator keeps its current weights until a newer version loads, and never stops over it. The
+engines check names and shapes before they touch a weight, so a refused version leaves the old
+weights whole; an error in the middle of copying tensors (the engine itself failing) is counted
+the same way, but then the engine's state is only as good as that engine's own error handling.
 """
 
 from __future__ import annotations
 
 import logging
+import shutil
+import tempfile
 import time
+from pathlib import Path
 
 from rollflash.broker.generator_side import GeneratorBroker
 from rollflash.broker.notify import VersionSubscriber
@@ -31,7 +42,10 @@ class WeightFollower:
         self.poll_interval_s = poll_interval_s
         self.loaded_version = 0  # v0 is the model at model.path, which the engine started from
         self.reloads = 0
+        self.reload_refused = 0  # versions not loaded: failed verification or the engine's load
         self.reload_s = 0.0
+        self._refused_version = 0  # a version refused once is not retried (nor counted again)
+        self._private: Path | None = None  # mode 0700, made at the first reload
         self._sub: VersionSubscriber | None = None
         self._last_poll = 0.0
         self._announced = 0
@@ -61,15 +75,30 @@ class WeightFollower:
     def maybe_reload(self, wait_s: float = 0.0) -> bool:
         """Load the newest verified version if it is newer than the loaded one."""
         version, sha = self.newest(wait_s)
-        if version <= self.loaded_version:
+        if version <= max(self.loaded_version, self._refused_version):
             return False
         started = time.monotonic()
+        if self._private is None:
+            self._private = Path(tempfile.mkdtemp(prefix="rollflash-weights-"))
+        copy = self._private / f"v{version:08d}.safetensors"
         try:
-            path = self.store.verified_path(version, expect_sha256=sha)
-            self.engine.load_weights(path, version)
-        except (CorruptWeights, FileNotFoundError) as e:
-            log.warning("not loading weights v%d: %s", version, e)
+            self.store.verified_copy(version, copy, expect_sha256=sha)
+            self.engine.load_weights(copy, version)
+        except Exception as e:  # noqa: BLE001 - any refusal keeps the current weights
+            self.reload_refused += 1
+            self._refused_version = version
+            kind = "failed verification" if isinstance(e, CorruptWeights) else "failed to load"
+            log.error(
+                "refused weights v%d (%s: %s: %s); keeping v%d",
+                version,
+                kind,
+                type(e).__name__,
+                str(e).splitlines()[0] if str(e) else "",
+                self.loaded_version,
+            )
             return False
+        finally:
+            copy.unlink(missing_ok=True)
         self.reload_s += time.monotonic() - started
         self.reloads += 1
         self.loaded_version = version
@@ -89,3 +118,5 @@ class WeightFollower:
     def close(self) -> None:
         if self._sub is not None:
             self._sub.close()
+        if self._private is not None:
+            shutil.rmtree(self._private, ignore_errors=True)

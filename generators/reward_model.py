@@ -8,7 +8,7 @@ r_phi is a scalar-head Hugging Face model (`*ForSequenceClassification`, one lab
 `rollctl train-rm` saves. It reads `broker.rm_input.reward_model_input_ids` (prompt + response +
 EOS, the ids it was trained on) with its own tokenizer, so it need not share the policy's
 vocabulary. The generator scores every response of a pull (all its groups) in micro-batches of
-`reward.micro_batch_size` right after sampling, on the engine's device when it has one.
+`reward.micro_batch_size` right after sampling, on `rollout.device` in `reward.dtype`.
 
 Reward-model scores are not normalised here: `algo.reward_norm` / `reward_clip` in the learner do
 that (a group baseline such as GRPO's is invariant to the scale anyway). The reward model stays
@@ -138,8 +138,9 @@ class ModelRewarder:
         return out
 
 
-def make_rewarder(cfg: Config, task: Task, device: str | torch.device = "cpu") -> Rewarder:
-    """The rewarder the `reward:` section asks for; loads the reward model once."""
+def make_rewarder(cfg: Config, task: Task, device: str | torch.device | None = None) -> Rewarder:
+    """The rewarder the `reward:` section asks for; loads the reward model once, in
+    `reward.dtype` on `device` (None: `rollout.device`, generators/device.py)."""
     r = cfg.reward
     if r.type == "rule":
         return RuleRewarder(task)
@@ -148,11 +149,18 @@ def make_rewarder(cfg: Config, task: Task, device: str | torch.device = "cpu") -
             f"reward.type: {r.type!r} scores single responses; multi-turn task "
             f"{cfg.task.name!r} is scored by its environment (use 'rule')"
         )
-    scorer = RewardModelScorer(r.model_path, cfg.model.dtype, r.micro_batch_size, r.max_len, device)
+    from rollflash.generators.device import resolve_device, resolve_dtype
+
+    if device is None:
+        device = resolve_device(cfg.rollout.device)
+    dtype = resolve_dtype(r.dtype, cfg.model.dtype)
+    scorer = RewardModelScorer(r.model_path, dtype, r.micro_batch_size, r.max_len, device)
     log.info(
-        "reward: %s, reward model %s (weight_model %g, weight_rule %g)",
+        "reward: %s, reward model %s on %s in %s (weight_model %g, weight_rule %g)",
         r.type,
         r.model_path,
+        device,
+        dtype,
         r.weight_model,
         r.weight_rule if r.type == "mixed" else 0.0,
     )

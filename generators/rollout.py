@@ -206,6 +206,7 @@ class Generator:
                 "loaded_version": self.follower.loaded_version,
                 "state": state,
                 "reloads": self.follower.reloads,
+                "reload_refused": self.follower.reload_refused,
                 "redis_lost": self.broker.lost["trajectories"],
                 "dead_letters": self.broker.dead_lettered,
                 "reward_errors": getattr(self.task, "functions", None)

@@ -22,6 +22,11 @@ GEMM handle (a oneDNN / packed copy of the weight made at load time) then keeps 
 with the old embeddings. The worker extension re-processes every embedding-method layer that shares
 its weight with another after each reload.
 
+Multi-turn episodes (`generate_ids`, generators/episodes.py) hand in token ids: each turn continues
+from the episode's exact context, and prefix caching recomputes only the tokens added since the
+last turn. The episode runner reloads weights between its engine batches (`rollout.interrupt`), and
+`generate_ids` takes `on_step` as `generate` does.
+
 Continuous batching (`add_request` / `step` / `abort`, generators/continuous.py): each sample is
 its own request (prefix caching shares the prompt), so it is returned the moment it finishes and
 the redundant rest of a group can be aborted; weights reloaded between steps behave as below.
@@ -35,17 +40,14 @@ sampled from the new weights over a KV cache recomputed with them, so each token
 is exactly that of the version recorded for it. Versions come from vLLM's per-request weight-version
 spans (`CompletionOutput.weight_versions`), labelled by `set_weight_version` at each reload.
 
-Process environment: the engine core runs in this process and the model in a spawned worker, both
-configured through environment variables that vLLM reads when the engine starts, so `VLLMEngine`
-sets them (`set_vllm_environment`) before it imports vllm. A user's own values of the CPU-backend
-defaults win.
+Process environment and engine arguments: generators/vllm_setup.py (the `rollout.vllm` section
+becomes the arguments of `vllm.LLM`; the variables vLLM reads at start are set before it imports).
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -54,41 +56,17 @@ import torch
 from safetensors import safe_open
 from transformers import AutoTokenizer
 
-from rollflash.envs import response_text
+from rollflash.broker.config_gpu import VLLMConfig
+from rollflash.envs import chat_encoder, plain_encoder, response_text
 from rollflash.envs.chat import encode_prompts
+from rollflash.envs.episode import Encode
+from rollflash.generators import vllm_setup
 from rollflash.generators.sampling import GeneratedSample, SamplingParams
 
 if TYPE_CHECKING:
     from rollflash.broker.config import Config
 
 log = logging.getLogger(__name__)
-
-_EXTENSION = "rollflash.generators.vllm_engine.WeightReloadExtension"
-
-# Read by vLLM's CPU backend only; defaults that a user's environment overrides.
-CPU_DEFAULTS = {
-    # OpenMP threads left unpinned: pinned threads wait for cores that other processes hold
-    # (several generators and a learner share one machine), unpinned ones run wherever is free
-    "VLLM_CPU_OMP_THREADS_BIND": "nobind",
-    # KV cache in GiB: ample for short RL responses, and leaves host memory to the other processes
-    "VLLM_CPU_KVCACHE_SPACE": "1",
-}
-
-
-def set_vllm_environment() -> None:
-    """Set the environment variables vLLM reads when an engine starts; call before `import vllm`.
-
-    - VLLM_ENABLE_V1_MULTIPROCESSING=0 (always): the engine core runs in this process, so a
-      `step()` is one forward pass and weight reloads land between tokens (interrupt mode);
-    - VLLM_WORKER_MULTIPROC_METHOD=spawn unless set: a worker forked from a process that has run
-      torch ops inherits its OpenMP pool state and decodes several times slower on CPU; a spawned
-      worker starts clean;
-    - `CPU_DEFAULTS` unless set.
-    """
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
-    for name, value in CPU_DEFAULTS.items():
-        os.environ.setdefault(name, value)
 
 
 def refresh_tied_heads(model: torch.nn.Module) -> int:
@@ -150,8 +128,8 @@ class WeightReloadExtension:
 class VLLMEngine:
     """Engine-protocol wrapper around `vllm.LLM`, stepped by hand so weights can change mid-batch.
 
-    `memory_fraction` is vLLM's gpu_memory_utilization: of GPU memory, or on CPU of host memory
-    (there VLLM_CPU_KVCACHE_SPACE, in GiB, fixes the KV cache instead when set).
+    `options` is the `rollout.vllm` section (defaults when None); `dtype` is `model.dtype`, used on
+    CPU when `options.dtype` is auto.
     """
 
     def __init__(
@@ -159,8 +137,7 @@ class VLLMEngine:
         model_path: str,
         dtype: str = "float32",
         seed: int = 0,
-        memory_fraction: float | None = None,
-        max_model_len: int | None = None,
+        options: VLLMConfig | None = None,
     ):
         model_dir = Path(model_path)
         if not (model_dir / "config.json").is_file():
@@ -168,29 +145,11 @@ class VLLMEngine:
                 f"model.path: no Hugging Face model directory at {model_path} "
                 "(build one with scripts/make_tiny_model.py)"
             )
-        set_vllm_environment()
-        from vllm import LLM
-        from vllm.platforms import current_platform
-
-        on_cpu = current_platform.is_cpu()
-        if on_cpu and memory_fraction is None:
-            memory_fraction = 0.1  # of host RAM (vLLM's default 0.9 would claim it for KV cache)
-        kwargs = {"gpu_memory_utilization": memory_fraction} if memory_fraction else {}
-        self.llm = LLM(
-            model=str(model_dir),
-            dtype=dtype,
-            seed=seed,
-            max_model_len=max_model_len,
-            enforce_eager=on_cpu,
-            generation_config="vllm",
-            logprobs_mode="processed_logprobs",
-            worker_extension_cls=_EXTENSION,
-            disable_log_stats=True,
-            async_scheduling=False,
-            # vLLM's CPU backend needs its multiprocessing executor to set up OpenMP threads
-            distributed_executor_backend="mp" if on_cpu else None,
-            **kwargs,
-        )
+        opts = options if options is not None else VLLMConfig()
+        vllm_setup.set_vllm_environment(kv_cache_from_config=opts.kv_cache_memory_gb is not None)
+        on_cpu = vllm_setup.on_cpu()
+        kwargs = vllm_setup.llm_kwargs(opts, dtype, seed, on_cpu)
+        self.llm = vllm_setup.llm_class()(model=str(model_dir), **kwargs)
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         self.eos_id = self.tokenizer.eos_token_id
         self.vocab_size = self.llm.llm_engine.model_config.get_vocab_size()
@@ -204,12 +163,14 @@ class VLLMEngine:
         self._batches = itertools.count()
         self._streams: dict[str, tuple[list[int], set[str]]] = {}  # continuous: key -> requests
         self._request_ids = itertools.count()
-        log.info("vLLM engine ready: %s (%s, %s)", model_dir, dtype, "cpu" if on_cpu else "gpu")
+        where = "cpu" if on_cpu else f"gpu, tensor parallel {opts.tensor_parallel_size}"
+        log.info("vLLM engine ready: %s (%s, %s)", model_dir, kwargs["dtype"], where)
 
     @classmethod
     def from_config(cls, cfg: Config, seed: int) -> VLLMEngine:
-        """`model.path` in `model.dtype`, vLLM's sampling seeded with `seed`."""
-        return cls(cfg.model.path, dtype=cfg.model.dtype, seed=seed)
+        """`model.path` with the `rollout.vllm` settings; `seed` seeds vLLM's sampling unless
+        `rollout.vllm.seed` is set."""
+        return cls(cfg.model.path, dtype=cfg.model.dtype, seed=seed, options=cfg.rollout.vllm)
 
     def load_weights(self, model_file: Path, version: int) -> None:
         """Load a verified safetensors file in place; safe between steps of a running batch."""
@@ -249,10 +210,19 @@ class VLLMEngine:
     ) -> list[list[GeneratedSample]]:
         """Sample `params.n` responses per prompt; `on_step` runs between decode steps and may
         call `load_weights` (interrupt mode)."""
-        prompt_ids = encode_prompts(self.tokenizer, prompts)
+        return self.generate_ids(encode_prompts(self.tokenizer, prompts), params, on_step)
+
+    def generate_ids(
+        self,
+        prompt_ids: list[list[int]],
+        params: SamplingParams,
+        on_step: Callable[[], object] | None = None,
+    ) -> list[list[GeneratedSample]]:
+        """As `generate`, from token ids: a multi-turn episode continues from its exact tokens
+        (prefix caching reuses the KV of the context it shares with its previous turn)."""
         sampling = self._sampling(params, params.n)
         engine, batch = self.llm.llm_engine, next(self._batches)
-        request_ids = [f"b{batch}-p{i}" for i in range(len(prompts))]
+        request_ids = [f"b{batch}-p{i}" for i in range(len(prompt_ids))]
         inputs = self.llm.renderer.render_cmpl([{"prompt_token_ids": ids} for ids in prompt_ids])
         finished: dict[str, object] = {}
         try:
@@ -271,6 +241,12 @@ class VLLMEngine:
             [self._sample(ids, c) for c in sorted(finished[r].outputs, key=lambda c: c.index)]
             for ids, r in zip(prompt_ids, request_ids)
         ]
+
+    def observation_encoder(self) -> Encode:
+        """How environment observations become tokens (envs/episode.py), as in the hf engine."""
+        if getattr(self.tokenizer, "chat_template", None):
+            return chat_encoder(self.tokenizer)
+        return plain_encoder(self.tokenizer)
 
     def _sampling(self, params: SamplingParams, n: int):
         """vLLM sampling parameters for `n` samples, reported once all have finished."""

@@ -143,6 +143,12 @@ def start_generator(
     generator_id: str | None = typer.Option(
         None, "--id", help="Stable generator name (default: host-pid)."
     ),
+    gpus: str | None = typer.Option(
+        None,
+        "--gpus",
+        help="GPU ids for this generator, e.g. 3 or 4,5 (its CUDA_VISIBLE_DEVICES; as many as "
+        "rollout.vllm.tensor_parallel_size).",
+    ),
 ) -> None:
     """Run one generator: claim prompts, sample, score, stream trajectories."""
     import os
@@ -150,9 +156,29 @@ def start_generator(
 
     cfg = _load(config, (set_ or []) + ([f"rollout.engine={engine}"] if engine else []), redis_url)
     _need_redis(cfg)
+    if gpus is not None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = _generator_gpus(cfg, gpus)
     from rollflash import generators
 
     _guarded(generators.run, cfg, generator_id or f"{socket.gethostname()}-{os.getpid()}")
+
+
+def _generator_gpus(cfg, spec: str) -> str:
+    """`start-generator --gpus`: the ids as CUDA_VISIBLE_DEVICES, as many as one generator uses."""
+    from rollflash.broker.config import ConfigError
+    from rollflash.broker.placement import gpus_per_generator, parse_gpus
+
+    try:
+        ids = parse_gpus(spec, key="--gpus")
+    except ConfigError as e:
+        _fail(str(e))
+    need = gpus_per_generator(cfg)
+    if len(ids) != need:
+        _fail(
+            f"--gpus: {len(ids)} GPUs given, but a {cfg.rollout.engine} generator uses {need} "
+            f"(rollout.vllm.tensor_parallel_size {cfg.rollout.vllm.tensor_parallel_size})"
+        )
+    return ",".join(ids)
 
 
 @app.command("run")
@@ -167,16 +193,36 @@ def run(
         help="Generator processes (overrides rollout.num_rollout_workers).",
     ),
     engine: str | None = typer.Option(None, help="hf | vllm | sim (overrides rollout.engine)"),
+    gpus: str | None = typer.Option(
+        None, "--gpus", help="GPU ids to share out, e.g. 0-7 or 0,2,3 (placement.gpus)."
+    ),
+    learner_gpus: int | None = typer.Option(
+        None,
+        "--learner-gpus",
+        min=0,
+        help="The first N GPUs go to the learner, one per rank (placement.learner_gpus).",
+    ),
+    dry_run: bool = typer.Option(
+        False, "--dry-run", help="Print each process's GPUs and command, start nothing."
+    ),
 ) -> None:
     """Run everything on this machine: Redis (embedded unless --redis-url), learner, generators."""
-    cfg = _load(
-        config,
-        (set_ or [])
-        + ([f"rollout.num_rollout_workers={generators}"] if generators is not None else [])
-        + ([f"rollout.engine={engine}"] if engine else []),
-        redis_url,
-    )
-    from rollflash.rollctl.local import run_local
+    sets = list(set_ or [])
+    for key, value in (
+        ("rollout.num_rollout_workers", generators),
+        ("rollout.engine", engine),
+        ("placement.gpus", repr(gpus) if gpus is not None else None),
+        ("placement.learner_gpus", learner_gpus),
+    ):
+        if value is not None:
+            sets.append(f"{key}={value}")
+    cfg = _load(config, sets, redis_url)
+    from rollflash.rollctl.local import describe_children, run_local
+
+    if dry_run:
+        for line in describe_children(cfg, Path(cfg.run.run_dir) / "run.yaml"):
+            typer.echo(line)
+        raise typer.Exit(0)
 
     code = _guarded(run_local, cfg)
     raise typer.Exit(code)

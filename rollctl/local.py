@@ -5,6 +5,9 @@ given), then the learner and N generators as child processes of this one. Each c
 kernel to SIGKILL it if this process dies (PR_SET_PDEATHSIG; redis-server gets SIGTERM), so even a
 `kill -9` of `rollctl run` leaves no orphan. On Ctrl-C, or when the learner exits, the generators
 get SIGTERM, then SIGKILL after a grace period, and Redis is stopped last.
+
+With `placement.gpus` each child gets its share of the GPUs through CUDA_VISIBLE_DEVICES
+(broker/placement.py); `rollctl run --dry-run` prints that layout without starting anything.
 """
 
 from __future__ import annotations
@@ -16,9 +19,11 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from rollflash.broker.config import Config
+from rollflash.broker.placement import plan_layout
 from rollflash.broker.redis_server import EmbeddedRedis, die_with_parent
 from rollflash.broker.secrets import PASSWORD_ENV, url_password
 
@@ -85,6 +90,48 @@ def _follow(path: Path, offset: int) -> int:
     return offset + len(chunk)
 
 
+@dataclass(frozen=True)
+class Child:
+    name: str  # learner, gen-0, gen-1, ...
+    args: list[str]  # of `rollctl`
+    cuda_visible_devices: str | None  # None: inherited
+
+
+def plan_children(cfg: Config, config_path: Path) -> list[Child]:
+    """The processes `rollctl run` starts, with the GPUs `placement:` gives each
+    (broker/placement.py)."""
+    layout = plan_layout(cfg)
+    common = ["--config", str(config_path)]
+    children = [
+        Child("learner", ["start-learner", *common], layout.learner_env() if layout else None)
+    ]
+    for i in range(cfg.rollout.num_rollout_workers):
+        children.append(
+            Child(
+                f"gen-{i}",
+                ["start-generator", *common, "--id", f"gen-{i}"],
+                layout.generator_env(i) if layout else None,
+            )
+        )
+    return children
+
+
+def describe_children(cfg: Config, config_path: Path) -> list[str]:
+    """`rollctl run --dry-run`: one line per process, its GPUs and its command."""
+    lines = []
+    for c in plan_children(cfg, config_path):
+        gpus = "(inherited)" if c.cuda_visible_devices is None else c.cuda_visible_devices or "-"
+        lines.append(f"{c.name:<8} CUDA_VISIBLE_DEVICES={gpus:<12} rollctl {' '.join(c.args)}")
+    return lines
+
+
+def child_env(base: dict[str, str], child: Child) -> dict[str, str]:
+    env = dict(base)
+    if child.cuda_visible_devices is not None:
+        env["CUDA_VISIBLE_DEVICES"] = child.cuda_visible_devices
+    return env
+
+
 def run_local(cfg: Config, echo: bool = True) -> int:
     """Run learner + generators to the end of training; returns the learner's exit code.
     `echo` streams the learner's log and the summary to stdout."""
@@ -102,12 +149,11 @@ def run_local(cfg: Config, echo: bool = True) -> int:
     password = url_password(cfg.redis.url)
     if password:
         env[PASSWORD_ENV] = password
-    common = ["--config", str(config_path)]
-    learner = _spawn(["start-learner", *common], logs / "learner.log", env)
-    gens = [
-        _spawn(["start-generator", *common, "--id", f"gen-{i}"], logs / f"gen-{i}.log", env)
-        for i in range(cfg.rollout.num_rollout_workers)
+    procs = [
+        _spawn(c.args, logs / f"{c.name}.log", child_env(env, c))
+        for c in plan_children(cfg, config_path)
     ]
+    learner, gens = procs[0], procs[1:]
     offset = 0
     try:
         while learner.poll() is None:

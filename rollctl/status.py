@@ -175,6 +175,7 @@ def show_status(cfg: Config, as_json: bool) -> None:
     for gid, g in s["generators"].items():
         print(
             f"generator {gid}: {g.get('state')} loaded=v{g.get('loaded_version')} "
+            f"reloads={g.get('reloads', 0)} refused={g.get('reload_refused', 0)} "
             f"groups={g.get('groups')} samples={g.get('samples')} "
             f"redis_lost={g.get('redis_lost', 0)} idle={g.get('idle_frac')} "
             + (

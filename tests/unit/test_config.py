@@ -106,20 +106,22 @@ def test_logging_is_learner_local_and_left_out_of_the_fingerprint():
 
 
 # Fingerprints computed by the loader this config replaced (dataclasses, hand-written checks) on
-# the same files, then updated for each key added since (reward.max_abs_reward; model.chat_template,
-# reward.functions / weights / timeout_s and the eval section): processes of one
-# run compare them, so the config's representation may not change them. A new field or default
+# the same files, then updated for each key added since (reward.max_abs_reward, reward.dtype;
+# model.chat_template, reward.functions / weights / timeout_s and the eval section; the
+# logging section and the GPU keys rollout.device, rollout.vllm and placement are not
+# hashed): processes of one run compare them, so the config's representation may not
+# change them. A new field or default
 # changes them on purpose (update the values then).
 @pytest.mark.parametrize(
     "name, overrides, expected",
     [
-        (None, [], "8ae710c4731cfafc"),
-        ("demo.yaml", [], "8326f8e5c312624d"),
-        ("ppo_gae.yaml", [], "392b67ef704d5ae5"),
-        ("dapo.yaml", [], "d020d66bdc1fccdf"),
-        ("rlhf.yaml", [], "d5e2283dfae41e8a"),
-        ("rm.yaml", [], "fd668cb9a6d60838"),
-        ("agentic_gridworld.yaml", [], "7e01c2924c9a5833"),
+        (None, [], "e58eebf9016885aa"),
+        ("demo.yaml", [], "6737004e7defa45c"),
+        ("ppo_gae.yaml", [], "750ff04e7d1350ee"),
+        ("dapo.yaml", [], "9204afa6467c9542"),
+        ("rlhf.yaml", [], "d5ce886967ad03b0"),
+        ("rm.yaml", [], "b5179fa260f53eda"),
+        ("agentic_gridworld.yaml", [], "e7bd3824438799b4"),
         (
             None,
             # ints given for floats are hashed as the floats they are stored as (1 -> 1.0)
@@ -131,7 +133,7 @@ def test_logging_is_learner_local_and_left_out_of_the_fingerprint():
                 "algo.kl_target=0.1",
                 "algo.kl_coef=1",
             ],
-            "928e1a3c3ba1d0fe",
+            "35db9cddd267059a",
         ),
     ],
 )
@@ -146,17 +148,18 @@ def test_saved_yaml_has_every_section_and_key_in_declaration_order(tmp_path):
     saved = yaml.safe_load((tmp_path / "resolved.yaml").read_text())
     assert list(saved) == [
         "run", "redis", "model", "task", "rollout", "trainer", "algo", "sim", "reward", "eval",
-        "rm", "guards", "logging",
+        "rm", "guards", "logging", "placement",
     ]  # fmt: skip
     assert list(saved["run"]) == ["run_id", "run_dir", "seed", "torch_threads"]
     assert saved["trainer"]["actor_lr"] == 1.0 and isinstance(saved["trainer"]["actor_lr"], float)
     # every field of the dataclass config this replaced, counted by hand, and no property; since:
-    # model +1 (chat_template), reward +3 (functions, weights, timeout_s), and
-    # eval (n_samples, temperature, max_new_tokens, threshold)
+    # model +1 (chat_template), reward +4 (functions, weights, timeout_s, dtype), rollout +2
+    # (device, the vllm section), and eval (4), logging (8) and placement (4)
     assert {name: len(section) for name, section in saved.items()} == {
-        "run": 4, "redis": 4, "model": 3, "task": 3, "rollout": 14, "trainer": 16, "algo": 29,
-        "sim": 6, "reward": 10, "eval": 4, "rm": 14, "guards": 11, "logging": 8,
+        "run": 4, "redis": 4, "model": 3, "task": 3, "rollout": 16, "trainer": 16, "algo": 29,
+        "sim": 6, "reward": 11, "eval": 4, "rm": 14, "guards": 11, "logging": 8, "placement": 4,
     }  # fmt: skip
+    assert len(saved["rollout"]["vllm"]) == 10
     assert "max_staleness" not in saved["trainer"] and "key_prefix" not in saved
 
 
@@ -214,7 +217,7 @@ def test_saved_yaml_has_every_section_and_key_in_declaration_order(tmp_path):
         ),
         (
             {"bogus": {}},
-            "bogus: unknown key (known: algo, eval, guards, logging, model, redis, reward, rm, "
+            "bogus: unknown key (known: algo, eval, guards, logging, model, placement, redis, reward, rm, "
             "rollout, run, sim, task, trainer)",
         ),
     ],
@@ -233,7 +236,7 @@ def test_a_top_level_that_is_not_a_mapping_is_refused():
 
 def test_every_field_has_a_type_and_a_description():
     sections = Config.model_fields
-    assert len(sections) == 13
+    assert len(sections) == 14
     for name, section in sections.items():
         assert section.description, name
         for key, info in section.annotation.model_fields.items():

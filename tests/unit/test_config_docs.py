@@ -27,9 +27,17 @@ def test_docs_config_md_is_generated_from_the_models():
     assert committed == markdown(), "docs/config.md is stale: run python scripts/gen_config_docs.py"
 
 
+def _leaves(model) -> int:
+    """Keys of a section, a nested section (rollout.vllm) counted by its own keys."""
+    nested = [
+        f.annotation for f in model.model_fields.values() if hasattr(f.annotation, "model_fields")
+    ]
+    return len(model.model_fields) - len(nested) + sum(_leaves(m) for m in nested)
+
+
 def test_reference_lists_every_field_once_with_its_doc():
     keys = [k for section in reference() for k in section.keys]
-    expected = sum(len(info.annotation.model_fields) for info in Config.model_fields.values())
+    expected = sum(_leaves(info.annotation) for info in Config.model_fields.values())
     assert len(keys) == expected == len({k.key for k in keys})
     by_key = {k.key: k for k in keys}
     assert by_key["trainer.actor_lr"].doc == "AdamW learning rate of the policy"
@@ -88,9 +96,14 @@ def test_schema_has_every_key_with_description_default_and_no_extras():
         ref = schema["properties"][section.name]["$ref"].rsplit("/", 1)[1]
         definition = schema["$defs"][ref]
         assert definition["additionalProperties"] is False, section.name
-        assert list(definition["properties"]) == [k.key.split(".")[1] for k in section.keys]
+        names = list(dict.fromkeys(k.key.split(".")[1] for k in section.keys))
+        assert list(definition["properties"]) == names
         for k in section.keys:
-            prop = definition["properties"][k.key.split(".")[1]]
+            *nested, name = k.key.split(".")[1:]
+            props = definition["properties"]
+            if nested:  # a nested section's keys are in its own definition
+                props = schema["$defs"][props[nested[0]]["$ref"].rsplit("/", 1)[1]]["properties"]
+            prop = props[name]
             assert prop["description"] == k.doc and prop["default"] == k.default, k.key
     top_p = schema["$defs"]["RolloutConfig"]["properties"]["top_p"]
     assert (top_p["type"], top_p["exclusiveMinimum"], top_p["maximum"]) == ("number", 0, 1)

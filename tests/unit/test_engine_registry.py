@@ -1,5 +1,5 @@
 """The engine table: `rollout.engine` names an import path, and engines import only the sampling
-types, so neither side needs the other at import time."""
+types (and their own helper modules), so neither side needs the other at import time."""
 
 import ast
 import importlib.util
@@ -27,16 +27,33 @@ def test_every_engine_in_the_table_is_a_class_with_from_config(name):
     assert "from_config" in methods
 
 
+# what an engine may take from the generator package: the sampling types, and its own helpers
+# (device choice, vLLM's start-up arguments), which import nothing of the package themselves
+ENGINE_HELPERS = {"rollflash.generators.device", "rollflash.generators.vllm_setup"}
+
+
+def _generator_imports(module: str) -> set[str]:
+    """Modules of the generator package that `module` imports (`from ... import`), where a
+    `from rollflash.generators import x` counts as rollflash.generators.x."""
+    out = set()
+    for node in ast.walk(_source(module)):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
+            "rollflash.generators"
+        ):
+            if node.module == "rollflash.generators":
+                out |= {f"rollflash.generators.{a.name}" for a in node.names}
+            else:
+                out.add(node.module)
+    return out
+
+
 @pytest.mark.parametrize("name", sorted(ENGINES))
 def test_an_engine_imports_nothing_of_the_generator_package_but_the_sampling_types(name):
-    imported = {
-        node.module
-        for node in ast.walk(_source(ENGINES[name].partition(":")[0]))
-        if isinstance(node, ast.ImportFrom) and node.module
-    }
-    assert {m for m in imported if m.startswith("rollflash.generators")} == {
-        "rollflash.generators.sampling"
-    }
+    imported = _generator_imports(ENGINES[name].partition(":")[0])
+    assert "rollflash.generators.sampling" in imported
+    assert imported - ENGINE_HELPERS == {"rollflash.generators.sampling"}
+    for helper in imported & ENGINE_HELPERS:
+        assert _generator_imports(helper) == set(), helper
 
 
 def test_make_engine_builds_the_named_engine_from_the_config():

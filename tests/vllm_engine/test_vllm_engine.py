@@ -226,3 +226,37 @@ def test_continuous_requests_join_mid_flight_abort_and_track_versions(harness):
         got = torch.tensor(s.logprobs)
         torch.testing.assert_close(got[:k], h.reference_logprobs(s, a, T)[:k], atol=TOL, rtol=0)
         torch.testing.assert_close(got[k:], h.reference_logprobs(s, b, T)[k:], atol=TOL, rtol=0)
+
+
+def test_every_rollout_vllm_key_is_an_argument_of_this_vllm():
+    """tests/unit/test_vllm_options.py checks what the engine passes to vllm.LLM; here, that this
+    vLLM's EngineArgs (what LLM(**kwargs) builds) has a field of each name."""
+    import dataclasses
+
+    from vllm.engine.arg_utils import EngineArgs
+
+    from rollflash.broker.config import VLLMConfig
+    from rollflash.generators.vllm_setup import llm_kwargs
+
+    every = VLLMConfig(max_num_seqs=8, max_num_batched_tokens=512, kv_cache_memory_gb=1.0)
+    names = {f.name for f in dataclasses.fields(EngineArgs)}
+    for on_cpu in (True, False):
+        kwargs = llm_kwargs(every, "float32", 0, on_cpu)
+        assert len(kwargs) == 16  # 10 keys (kv_cache_memory_gb as bytes) + 6 the engine sets
+        assert set(kwargs) <= names, set(kwargs) - names
+
+
+def test_generate_ids_continues_from_the_exact_tokens(harness):
+    """Multi-turn episodes hand in token ids (generate_ids): the prompt is taken as given, not
+    re-tokenized, and log-probabilities are those of that exact context."""
+    h = harness
+    h.engine.load_weights(h.model_dir / "model.safetensors", 0)
+    tok = h.engine.tokenizer
+    # a context no tokenizer call would produce from text: two prompts glued, no second BOS
+    contexts = [tok("1+2=")["input_ids"] + tok("3", add_special_tokens=False)["input_ids"]]
+    contexts.append(tok("33+4=")["input_ids"])
+    groups = h.engine.generate_ids(
+        contexts, SamplingParams(n=2, temperature=T, top_p=1.0, max_new_tokens=6)
+    )
+    assert [[s.prompt_ids for s in g] for g in groups] == [[c, c] for c in contexts]
+    assert h.max_error(_flat(groups), 0, T) < TOL

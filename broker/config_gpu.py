@@ -1,0 +1,86 @@
+"""Config sections for running on GPUs: `rollout.vllm:` (settings passed to `vllm.LLM`) and
+`placement:` (which GPUs `rollctl run` gives each process, broker/placement.py).
+
+These keys say how a process runs, not what the run trains, so they are left out of the config
+fingerprint (broker/config.py): a generator on another host may use other memory shares or another
+tensor-parallel size and still join the run.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, StrictBool, StrictInt, StrictStr
+
+from rollflash.broker.config_base import Number, Section
+
+
+class VLLMConfig(Section):
+    """`rollout.vllm:`: engine arguments of `vllm.LLM` (names as vLLM's own); null keeps the
+    default each key describes."""
+
+    gpu_memory_utilization: Number | None = Field(
+        None,
+        gt=0,
+        le=1,
+        description="share of the GPU's memory vLLM may take (on CPU: of host memory); "
+        "null: 0.9 on a GPU, 0.1 on CPU",
+    )
+    tensor_parallel_size: StrictInt = Field(
+        1, ge=1, description="GPUs one generator shards the model over (its CUDA_VISIBLE_DEVICES)"
+    )
+    max_model_len: StrictInt | None = Field(
+        None, gt=0, description="longest prompt + response in tokens (null: the model's)"
+    )
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="weights and activations; auto: bfloat16 on a GPU, model.dtype on CPU"
+    )
+    enforce_eager: StrictBool | None = Field(
+        None, description="no CUDA graphs (null: eager on CPU, graphs on a GPU)"
+    )
+    enable_prefix_caching: StrictBool = Field(
+        True, description="share the KV blocks of a common prefix (a group's prompt)"
+    )
+    max_num_seqs: StrictInt | None = Field(
+        None, gt=0, description="sequences in one scheduled batch (null: vLLM's default)"
+    )
+    max_num_batched_tokens: StrictInt | None = Field(
+        None, gt=0, description="tokens in one scheduled batch (null: vLLM's default)"
+    )
+    seed: StrictInt | None = Field(
+        None,
+        description="sampling seed (null: run.seed plus an offset per generator id; a fixed "
+        "value makes every generator draw the same samples)",
+    )
+    kv_cache_memory_gb: Number | None = Field(
+        None,
+        gt=0,
+        description="KV cache size in GiB instead of what gpu_memory_utilization leaves "
+        "(null: on CPU 1, or $VLLM_CPU_KVCACHE_SPACE, which wins when set)",
+    )
+
+
+class PlacementConfig(Section):
+    """`placement:`: the GPUs of one machine and who gets which (`rollctl run`)."""
+
+    gpus: StrictStr | StrictInt | None = Field(
+        None,
+        description="GPU ids `rollctl run` hands out, '0-7' or '0,2,3' (null: every child "
+        "inherits CUDA_VISIBLE_DEVICES)",
+    )
+    learner_gpus: StrictInt | None = Field(
+        None,
+        ge=0,
+        description="the first N listed GPUs go to the learner, one per rank (null: "
+        "trainer.num_trainer_workers; 0: the learner gets none)",
+    )
+    colocate: StrictBool = Field(
+        False,
+        description="generators share the learner's GPUs instead of taking the GPUs after them",
+    )
+    learner_memory_share: Number = Field(
+        0.5,
+        gt=0,
+        lt=1,
+        description="colocate: the share of each GPU's memory the fit check leaves to the learner",
+    )

@@ -1,0 +1,49 @@
+"""A generator whose engine cannot load a published version keeps running on the weights it has,
+and `rollctl status` shows the refusal (real Redis; the sim engine with a failing loader)."""
+
+from __future__ import annotations
+
+from rollflash.broker.config import config_from_dict
+from rollflash.broker.weights import WeightStore
+from rollflash.generators import sim_engine
+from rollflash.generators.rollout import Generator
+from rollflash.rollctl.status import show_status
+
+
+def test_a_loader_error_is_counted_in_status_and_the_generator_keeps_its_version(
+    tmp_path, redis_url, run_id, learner_broker, monkeypatch, capsys
+):
+    import torch
+
+    cfg = config_from_dict(
+        {
+            "run": {"run_id": run_id, "run_dir": str(tmp_path / "run")},
+            "redis": {"url": redis_url},
+            "rollout": {"engine": "sim"},
+        }
+    )
+    learner_broker.register_run(cfg.fingerprint())
+    loaded = []
+
+    def load_weights(self, model_file, version):
+        if version == 1:
+            raise RuntimeError("the engine cannot load v1")
+        loaded.append(version)
+
+    monkeypatch.setattr(sim_engine.SimEngine, "load_weights", load_weights)
+    gen = Generator(cfg, "gen-x")
+    store = WeightStore(cfg.run.run_dir)
+    try:
+        for version in (1, 2):
+            info = store.publish({"w": torch.zeros(2) + version}, version, version)
+            learner_broker.announce_weights(version, info.path, info.sha256, "")
+            gen.follower._last_poll = 0.0  # read the hash now
+            gen.follower.maybe_reload()
+            gen.heartbeat("up")
+            show_status(cfg, as_json=False)
+            line = next(x for x in capsys.readouterr().out.splitlines() if "gen-x" in x)
+            expected = "loaded=v0 reloads=0 refused=1" if version == 1 else "loaded=v2 reloads=1"
+            assert expected in line, line
+        assert "refused=1" in line and loaded == [2]
+    finally:
+        gen.follower.close()
