@@ -108,7 +108,9 @@ def test_staleness_and_admission_bounds_hold(learner_broker, generator_broker, r
 
 
 def test_a_group_with_any_old_token_is_stale(learner_broker, generator_broker):
-    """Per-token versions are what counts: a group started on v0 and finished on v2 is as old as v0."""
+    """Per-token versions are what counts: a group started on v0 and finished on v2 is as old as v0.
+    (Its behavior_version must say so: an entry claiming v2 is dead-lettered by the wire check,
+    tests/security/test_wire.py.)"""
     admission = Admission(_items(), 1, 1.0, 1)
     admission.top_up(learner_broker, step=2)
     for entry_id, work in generator_broker.claim_prompts("g", 10, 10):
@@ -125,7 +127,7 @@ def test_a_group_with_any_old_token_is_stale(learner_broker, generator_broker):
                 prompt_id=work.prompt_id,
                 group_id=work.group_id,
                 generator="g",
-                behavior_version=2,
+                behavior_version=int(s.token_versions.min()),
                 issued_version=2,
                 prompt_ids=np.array([1], np.int32),
                 samples=[s],
