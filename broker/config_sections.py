@@ -16,6 +16,7 @@ from pydantic import ConfigDict, Field, StrictBool, StrictInt, StrictStr, model_
 from rollflash.broker.config_base import Number, Section
 from rollflash.broker.config_errors import ConfigError
 from rollflash.broker.config_gpu import VLLMConfig
+from rollflash.broker.config_reward import CodeRewardConfig, JudgeConfig
 from rollflash.broker.secrets import env_password, read_password_file, url_password, with_password
 
 
@@ -265,8 +266,8 @@ class RewardConfig(Section):
     )
     functions: list[StrictStr] = Field(
         default_factory=list,
-        description="rule reward as reward functions: 'pkg.module:fn' or a built-in verifier "
-        "(math, exact, regex, json_schema); empty = the task's own verifier",
+        description="rule reward as reward functions: 'pkg.module:fn' or a built-in (math, "
+        "exact, regex, json_schema, code, judge); empty = the task's own verifier",
     )
     weights: list[Number] | None = Field(
         None, description="one weight per reward function (null = all 1.0)"
@@ -275,6 +276,8 @@ class RewardConfig(Section):
     dtype: Literal["auto", "float32", "bfloat16"] = Field(
         "auto", description="reward-model parameters (auto: model.dtype)"
     )
+    code: CodeRewardConfig = Field(default_factory=CodeRewardConfig, description="`code` reward")
+    judge: JudgeConfig = Field(default_factory=JudgeConfig, description="`judge` reward")
 
     @model_validator(mode="after")
     def _model_path_matches_type(self) -> RewardConfig:

@@ -84,4 +84,4 @@ def task_from_config(cfg: Any) -> Task:
             f"reward.functions: score single responses; multi-turn task {cfg.task.name!r} is "
             "scored by its environment"
         )
-    return ScoredTask(task, RewardFunctions.load(r.functions, r.weights, r.timeout_s))
+    return ScoredTask(task, RewardFunctions.load(r.functions, r.weights, r.timeout_s, r))

@@ -36,6 +36,7 @@ from rollflash.broker.schema import PromptWork, Sample, Trajectory
 from rollflash.broker.secrets import redact
 from rollflash.broker.weights import WeightStore
 from rollflash.envs import Item, Task, is_multi_turn, task_from_config
+from rollflash.envs.reward_functions import failure_of
 from rollflash.generators.continuous import ContinuousRollout
 from rollflash.generators.engine import Engine, make_engine
 from rollflash.generators.episodes import rollout_episodes
@@ -106,14 +107,16 @@ def to_trajectory(
         versions = (
             s.token_versions if s.token_versions is not None else [version] * len(s.response_ids)
         )
+        reward = task.score(item, s.text) if rewards is None else rewards[k]
         out.append(
             Sample(
                 response_ids=np.asarray(s.response_ids, dtype=np.int32),
                 logprobs=np.asarray(s.logprobs, dtype=np.float32),
                 token_versions=np.asarray(versions, dtype=np.int32),
-                reward=task.score(item, s.text) if rewards is None else rewards[k],
+                reward=float(reward),
                 finished=s.finished,
                 text=s.text,
+                reward_failure=failure_of(reward),  # e.g. code_timeout; "" if none
             )
         )
     return Trajectory.for_work(work, out, samples[0].prompt_ids, generator_id, version)

@@ -32,7 +32,7 @@ from rollflash.learner.build import Learner, start
 from rollflash.learner.collect import Collected
 from rollflash.learner.completions import pick_completions
 from rollflash.learner.guards import guard_values
-from rollflash.learner.metrics import merge_rank_metrics
+from rollflash.learner.metrics import merge_rank_metrics, reward_breakdown
 from rollflash.learner.publish import checkpoint, pause_point, publish
 from rollflash.learner.train import train_step
 
@@ -58,6 +58,7 @@ def step_metrics(c: Collected, train: dict[str, float], wall: dict[str, float]) 
         **{f"filter/dropped_{reason}": n for reason, n in sorted(c.filtered.items())},
         "async/rejected": c.rejected,
         "env/errors": sum(s.env_errors for g in c.groups for s in g.samples),
+        **reward_breakdown(c.groups),
         "perf/wait_frac": c.wait_s / step_s,
         "perf/step_s": step_s,
         "perf/publish_s": wall["publish_s"],

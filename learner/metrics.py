@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from rollflash.broker.config import Config
+from rollflash.broker.schema import Trajectory
 from rollflash.learner.trackers import Tracker, open_trackers
 
 log = logging.getLogger(__name__)
@@ -116,6 +117,25 @@ def completions_markdown(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def reward_breakdown(groups: list[Trajectory]) -> dict[str, float]:
+    """Samples whose reward failed, by reason (`reward/<reason>`: `reward/code_timeout`, ...,
+    counts), and with a mixture of tasks (envs/mixture.py: prompt ids "<domain>/...") each
+    domain's mean reward `reward/<domain>/mean`."""
+    out: dict[str, float] = {}
+    sums: dict[str, list[float]] = {}
+    for g in groups:
+        domain = g.prompt_id.split("/", 1)[0] if "/" in g.prompt_id else None
+        for s in g.samples:
+            if s.reward_failure:
+                key = f"reward/{s.reward_failure}"
+                out[key] = out.get(key, 0) + 1
+            if domain is not None:
+                sums.setdefault(domain, []).append(s.reward)
+    for domain, rewards in sorted(sums.items()):
+        out[f"reward/{domain}/mean"] = sum(rewards) / len(rewards)
+    return out
+
+
 _SUMMED = (
     "async/dropped_stale",
     "async/duplicates",
@@ -125,6 +145,9 @@ _SUMMED = (
     "async/staleness_hist/",
     "env/errors",
     "filter/dropped_",
+    "reward/code_",
+    "reward/judge_",
+    "reward/function_error",
     "redis/",
 )  # redis/: counted on rank 0
 
@@ -135,10 +158,10 @@ def merge_rank_metrics(parts: list[tuple[dict[str, float], int]]) -> dict[str, f
     other value is a mean weighted by the rank's groups."""
     if len(parts) == 1:
         return dict(parts[0][0])
-    total = sum(n for _, n in parts) or 1
     out: dict[str, float] = {}
     for key in {k for m, _ in parts for k in m}:
         values = [(m[key], n) for m, n in parts if key in m]
+        weight = sum(n for _, n in values) or 1  # a rank without a key (a domain) is left out
         if key.startswith("perf/"):
             out[key] = parts[0][0].get(key, values[0][0])
             if key in ("perf/samples_per_s", "perf/tokens_per_s"):
@@ -148,5 +171,5 @@ def merge_rank_metrics(parts: list[tuple[dict[str, float], int]]) -> dict[str, f
         elif key.startswith(_SUMMED):
             out[key] = sum(v for v, _ in values)
         else:
-            out[key] = sum(v * n for v, n in values) / total
+            out[key] = sum(v * n for v, n in values) / weight
     return out

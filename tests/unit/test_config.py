@@ -107,7 +107,8 @@ def test_logging_is_learner_local_and_left_out_of_the_fingerprint():
 
 # Fingerprints computed by the loader this config replaced (dataclasses, hand-written checks) on
 # the same files, then updated for each key added since (reward.max_abs_reward, reward.dtype;
-# model.chat_template, reward.functions / weights / timeout_s and the eval section; the
+# model.chat_template, reward.functions / weights / timeout_s and the eval section;
+# reward.code and reward.judge; the
 # logging section and the GPU keys rollout.device, rollout.vllm and placement are not
 # hashed): processes of one run compare them, so the config's representation may not
 # change them. A new field or default
@@ -115,13 +116,13 @@ def test_logging_is_learner_local_and_left_out_of_the_fingerprint():
 @pytest.mark.parametrize(
     "name, overrides, expected",
     [
-        (None, [], "e58eebf9016885aa"),
-        ("demo.yaml", [], "6737004e7defa45c"),
-        ("ppo_gae.yaml", [], "750ff04e7d1350ee"),
-        ("dapo.yaml", [], "9204afa6467c9542"),
-        ("rlhf.yaml", [], "d5ce886967ad03b0"),
-        ("rm.yaml", [], "b5179fa260f53eda"),
-        ("agentic_gridworld.yaml", [], "e7bd3824438799b4"),
+        (None, [], "425897b9a7a573ff"),
+        ("demo.yaml", [], "2deea14e73e9cb47"),
+        ("ppo_gae.yaml", [], "317ea6e8e46ab180"),
+        ("dapo.yaml", [], "ee81968159037cbc"),
+        ("rlhf.yaml", [], "0edd878f16b6a06e"),
+        ("rm.yaml", [], "6f7bf1d4114d79ed"),
+        ("agentic_gridworld.yaml", [], "55384ef8f5caebf5"),
         (
             None,
             # ints given for floats are hashed as the floats they are stored as (1 -> 1.0)
@@ -133,7 +134,7 @@ def test_logging_is_learner_local_and_left_out_of_the_fingerprint():
                 "algo.kl_target=0.1",
                 "algo.kl_coef=1",
             ],
-            "35db9cddd267059a",
+            "a3d4af7549778d1e",
         ),
     ],
 )
@@ -153,13 +154,15 @@ def test_saved_yaml_has_every_section_and_key_in_declaration_order(tmp_path):
     assert list(saved["run"]) == ["run_id", "run_dir", "seed", "torch_threads"]
     assert saved["trainer"]["actor_lr"] == 1.0 and isinstance(saved["trainer"]["actor_lr"], float)
     # every field of the dataclass config this replaced, counted by hand, and no property; since:
-    # model +1 (chat_template), reward +4 (functions, weights, timeout_s, dtype), rollout +2
+    # model +1 (chat_template), reward +6 (functions, weights, timeout_s, dtype, the code and
+    # judge sections), rollout +2
     # (device, the vllm section), and eval (4), logging (8) and placement (4)
     assert {name: len(section) for name, section in saved.items()} == {
         "run": 4, "redis": 4, "model": 3, "task": 3, "rollout": 16, "trainer": 16, "algo": 29,
-        "sim": 6, "reward": 11, "eval": 4, "rm": 14, "guards": 11, "logging": 8, "placement": 4,
+        "sim": 6, "reward": 13, "eval": 4, "rm": 14, "guards": 11, "logging": 8, "placement": 4,
     }  # fmt: skip
     assert len(saved["rollout"]["vllm"]) == 10
+    assert (len(saved["reward"]["code"]), len(saved["reward"]["judge"])) == (6, 7)
     assert "max_staleness" not in saved["trainer"] and "key_prefix" not in saved
 
 
