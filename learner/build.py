@@ -74,6 +74,7 @@ class Learner:
     sink: MetricsSink | None  # rank 0 only
     ledger: TextIO  # one JSON line per step: the trajectory ids trained or dropped
     progress: RankProgress = field(default_factory=RankProgress)  # trained, not yet acknowledged
+    domain_eval: dict[str, float] = field(default_factory=dict)  # a mixture's last evaluation
 
     @property
     def simulated(self) -> bool:
@@ -85,14 +86,20 @@ class Learner:
         if self.simulated or not (self.dist.is_main or is_sharded(self.models.model)):
             return 0.0
         m, e = self.models, self.cfg.eval
-        return heldout_accuracy(
-            m.policy,
-            m.tokenizer,
-            self.task,
-            self.heldout,
-            e.max_new_tokens or self.cfg.rollout.max_new_tokens,
-            threshold=e.threshold,
-        )
+        limit = e.max_new_tokens or self.cfg.rollout.max_new_tokens
+        domains = domain_items(self.task, self.heldout, limit)
+        if domains is None:
+            return heldout_accuracy(
+                m.policy, m.tokenizer, self.task, self.heldout, limit, threshold=e.threshold
+            )
+        correct = 0.0
+        for name, (items, domain_limit) in domains.items():  # a mixture: per domain, own limit
+            acc = heldout_accuracy(
+                m.policy, m.tokenizer, self.task, items, domain_limit, threshold=e.threshold
+            )
+            self.domain_eval[f"eval/{name}/heldout_acc"] = acc
+            correct += acc * len(items)
+        return correct / max(len(self.heldout), 1)
 
     def evaluate_sampled(self) -> dict[str, float]:
         """`eval.n_samples` > 0: mean reward, pass@1 and pass@k on the held-out items (rank 0)."""
@@ -149,6 +156,20 @@ def connect_broker(cfg: Config, dist: Dist) -> LearnerBroker:
     if dist.is_main:  # one witness of forgotten trajectory writes per run, not one per rank
         broker.track_trajectory_writes()
     return broker
+
+
+def domain_items(
+    task: Task, items: list[Item], limit: int
+) -> dict[str, tuple[list[Item], int]] | None:
+    """A mixture's held-out items by domain with each domain's response limit (envs/mixture.py;
+    `limit` where the domain has none); None for any other task."""
+    if not hasattr(task, "components"):
+        return None
+    out: dict[str, tuple[list[Item], int]] = {}
+    for item in items:
+        component, _ = task.component_of(item)  # type: ignore[attr-defined]
+        out.setdefault(component.name, ([], component.max_new_tokens or limit))[0].append(item)
+    return out
 
 
 def build_models(

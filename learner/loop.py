@@ -126,6 +126,7 @@ def learner_step(ln: Learner) -> dict[str, float]:
     metrics = merged_metrics(ln, batch, stats, wall)
     if ln.cfg.trainer.eval_every and state.step % ln.cfg.trainer.eval_every == 0:
         metrics["eval/heldout_acc"] = ln.evaluate()
+        metrics.update(ln.domain_eval)  # a mixture's eval/<domain>/heldout_acc
         metrics.update(ln.evaluate_sampled())
     if ln.dist.is_main:
         _report(ln, metrics, batch.groups)
@@ -188,6 +189,11 @@ def _report(ln: Learner, metrics: dict[str, float], groups: list[Trajectory]) ->
     )
 
 
+def _flat(key: str) -> str:
+    """eval/code/heldout_acc -> code_heldout_acc (a summary key)."""
+    return key.removeprefix("eval/").replace("/", "_")
+
+
 def _mean(values: list[float] | deque[float]) -> float:
     return round(sum(values) / len(values), 4) if values else 0.0
 
@@ -218,6 +224,7 @@ def begin(ln: Learner) -> dict[str, float]:
         ln.state.heldout_acc_before = ln.evaluate()
         log.info("held-out greedy accuracy before training: %.3f", ln.state.heldout_acc_before)
         sampled = {f"{k.removeprefix('eval/')}_before": v for k, v in ln.evaluate_sampled().items()}
+        sampled.update({f"{_flat(k)}_before": v for k, v in ln.domain_eval.items()})
     if ln.dist.is_main:
         ln.broker.set_run_fields(
             state="training",
@@ -237,6 +244,7 @@ def finish(
     if every and history.steps and ln.state.step % every:
         checkpoint(ln)  # the last steps' entries are acknowledged only once this is durable
     acc_after = ln.evaluate()
+    by_domain = {_flat(k): v for k, v in ln.domain_eval.items()}
     after = ln.evaluate_sampled().items()
     sampled = {**sampled, **{f"{k.removeprefix('eval/')}_after": v for k, v in after}}
     summary = {
@@ -255,6 +263,7 @@ def finish(
         "learner_ranks": ln.dist.world_size,
         "stopped_by_guard": ln.guard.stop_reason,
         **{k: round(v, 4) for k, v in sampled.items()},
+        **{f"{k}_after": round(v, 4) for k, v in by_domain.items()},
     }
     if ln.dist.is_main:
         (Path(cfg.run.run_dir) / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
