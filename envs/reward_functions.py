@@ -148,8 +148,16 @@ def _code(options: Any) -> Callable[..., Any]:
     return CodeVerifier(CodeLimits(**code.model_dump()) if code is not None else None)
 
 
+def _judge(options: Any) -> Callable[..., Any]:
+    from rollflash.envs.judge import JudgeReward
+
+    if getattr(options, "judge", None) is None:
+        raise RewardFunctionError("reward.functions: judge needs the reward.judge options")
+    return JudgeReward(options.judge)
+
+
 # built-ins made from the `reward:` section's options (the others are in VERIFIERS)
-CONFIGURED: dict[str, Callable[[Any], Callable[..., Any]]] = {"code": _code}
+CONFIGURED: dict[str, Callable[[Any], Callable[..., Any]]] = {"code": _code, "judge": _judge}
 
 
 def known_builtins() -> list[str]:

@@ -163,6 +163,22 @@ def start_generator(
     _guarded(generators.run, cfg, generator_id or f"{socket.gethostname()}-{os.getpid()}")
 
 
+@app.command("start-reward-worker")
+def start_reward_worker(
+    config: Path | None = ConfigOpt,
+    set_: list[str] | None = SetOpt,
+    host: str = typer.Option("127.0.0.1", help="Address to listen on."),
+    port: int = typer.Option(8100, help="Port (reward.judge.url must point here)."),
+) -> None:
+    """Serve reward.judge.model_path for the `judge` reward (OpenAI-style /v1/completions)."""
+    cfg = _load(config, set_ or [], None)
+    from rollflash.broker.process import setup_process
+    from rollflash.generators import judge_server
+
+    setup_process("reward-worker", seed=cfg.run.seed, torch_threads=cfg.run.torch_threads)
+    _guarded(judge_server.serve, cfg, host, port)
+
+
 def _generator_gpus(cfg, spec: str) -> str:
     """`start-generator --gpus`: the ids as CUDA_VISIBLE_DEVICES, as many as one generator uses."""
     from rollflash.broker.config import ConfigError
