@@ -27,7 +27,7 @@ one failure reason (`Scored.failure`, counted by the learner as `reward/<reason>
 - `code_killed`: the process died of a signal (other than the limits above; a SIGKILL sooner
   than its CPU limit could have struck, since RLIMIT_CPU's own kill leaves no trace either);
 - `code_error`: the program raised an exception other than AssertionError, or exited non-zero;
-- `code_budget`: the sample's budget ran out before all its tests ran;
+- `code_budget`: the sample's budget ran out before all its tests ran (or cut one short);
 - `code_sandbox`: the sandbox itself could not start (not the program's fault; logged);
 - `code_bad_tests`: the row's tests are malformed (the row's fault; logged).
 A wrong answer (stdout differs, an assertion fails) is a failed test, not a failure reason. No
@@ -169,6 +169,8 @@ def run_tests(program: str, tests: Sequence[dict[str, str] | str], limits: CodeL
         finally:
             sandbox.close()
         verdict = classify(result, limits)
+        if verdict == "code_timeout" and left < limits.time_s:
+            verdict = "code_budget"  # cut by what was left of the budget, not by its own limit
         if verdict == "" and (isinstance(test, str) or _same_output(result.output, test["output"])):
             outcome.passed += 1
             continue
