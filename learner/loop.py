@@ -235,6 +235,8 @@ def finish(
     every = cfg.trainer.checkpoint_every
     if every and history.steps and ln.state.step % every:
         checkpoint(ln)  # the last steps' entries are acknowledged only once this is durable
+    if ln.publisher is not None:
+        ln.publisher.wait()  # the last version is announced before the run is done
     acc_after = ln.evaluate()
     after = ln.evaluate_sampled().items()
     sampled = {**sampled, **{f"{k.removeprefix('eval/')}_after": v for k, v in after}}
