@@ -49,6 +49,9 @@ from rollflash.learner.global_stats import global_mean, normalize_scores, whiten
 from rollflash.learner.packing import budget_chunks
 from rollflash.learner.reference import ReferencePolicy
 
+# estimators that whiten their returns over the batch (REINFORCE++'s global normalisation)
+WHITENED_ESTIMATORS = ("reinforce++", "reinforce++-baseline")
+
 
 @dataclass
 class AlgoModels:
@@ -150,6 +153,9 @@ def _advantages(
             inputs, AdvantageConfig(gamma=a.gamma, lam=a.lam)
         )
         adv, returns = out.advantages, out.returns
+    if a.adv_estimator in WHITENED_ESTIMATORS and dist.world_size > 1:
+        # their whitening over the batch is over every rank's tokens, as on one rank
+        adv = whiten(returns, full.mask, dist, eps=AdvantageConfig().eps)
     full.advantages = whiten(adv, full.mask, dist) if a.whiten_advantages else adv
     if models.critic is not None:
         full.returns = returns
