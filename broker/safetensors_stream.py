@@ -14,9 +14,13 @@ import hashlib
 import json
 import os
 import struct
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
+
+SLICE = 8 << 20  # bytes written (and hashed) per call
 
 _DTYPES = {
     torch.float64: "F64",
@@ -51,22 +55,34 @@ def _header(tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None) -
 def write_safetensors(
     tensors: dict[str, torch.Tensor], path: Path, metadata: dict[str, str] | None = None
 ) -> tuple[int, str]:
-    """Write `tensors` (host tensors) to `path`, fsynced; returns (size in bytes, sha256 hex)."""
+    """Write `tensors` (host tensors) to `path`, fsynced; returns (size in bytes, sha256 hex).
+
+    The bytes go out in slices of SLICE bytes; a second thread hashes each slice while the next
+    one is written (hashlib releases the GIL on large buffers), in order."""
     digest = hashlib.sha256()
     ordered = {name: tensors[name].contiguous() for name in sorted(tensors)}
     size = 0
-    with open(path, "wb") as f:
+    with open(path, "wb") as f, ThreadPoolExecutor(1, "sha256") as hasher:
+        hashed = []
         for chunk in _chunks(ordered, metadata):
-            f.write(chunk)
-            digest.update(chunk)
-            size += len(chunk)
+            for start in range(0, len(chunk), SLICE):
+                piece = chunk[start : start + SLICE]
+                hashed.append(hasher.submit(digest.update, piece))
+                f.write(piece)
+                size += len(piece)
+                hashed = [h for h in hashed if not h.done()]
+        for h in hashed:
+            h.result()
         f.flush()
         os.fsync(f.fileno())
     return size, digest.hexdigest()
 
 
-def _chunks(tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None):
+def _chunks(
+    tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None
+) -> Iterator[bytes | memoryview]:
+    """The header, then each tensor's bytes as a view of its memory (no copy)."""
     yield _header(tensors, metadata)
     for t in tensors.values():
         if t.numel():
-            yield memoryview(t.reshape(-1).view(torch.uint8).numpy())
+            yield t.reshape(-1).view(torch.uint8).numpy().data

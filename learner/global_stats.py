@@ -6,7 +6,8 @@ rank would on the whole batch.
   updated with the whole step's scores on every rank, so they stay identical and the checkpoint
   (written by rank 0) holds the run's statistics.
 - `whiten_advantages`: the masked mean and unbiased std are global (sums over ranks, float64).
-- `global_mean`: a masked mean whose numerator and count are summed over the ranks, for metrics.
+- `global_mean`: a masked mean whose numerator and count are summed over the ranks, for metrics;
+  `global_std`: the population std of the step's rewards (`guard/score_std`).
 
 Every function here is a collective when there are several ranks: every rank calls it, with an
 empty share if it has no groups this step.
@@ -53,3 +54,12 @@ def whiten(values: torch.Tensor, mask: torch.Tensor, dist: Dist, eps: float = 1e
     std = math.sqrt(sq / (count - 1)) if count > 1 else 0.0
     out = (values - mean) / (std + eps)
     return torch.where(mask, out, torch.zeros_like(out))
+
+
+def global_std(values: list[float], dist: Dist) -> float:
+    """Population std of every rank's `values` (0 for fewer than 2), as guards.score_std."""
+    count, total = dist.sums([len(values), sum(values)])
+    if count < 2:
+        return 0.0
+    (sq,) = dist.sums([sum((v - total / count) ** 2 for v in values)])
+    return math.sqrt(sq / count)

@@ -31,6 +31,7 @@ from rollflash.broker.schema import Trajectory
 from rollflash.learner.build import Learner, start
 from rollflash.learner.collect import Collected
 from rollflash.learner.completions import pick_completions
+from rollflash.learner.global_stats import global_std
 from rollflash.learner.guards import guard_values
 from rollflash.learner.metrics import merge_rank_metrics
 from rollflash.learner.publish import checkpoint, pause_point, publish
@@ -147,6 +148,9 @@ def merged_metrics(
         wall,
     )
     metrics = merge_rank_metrics(ln.dist.gather([local, len(batch.groups)]))
+    if "guard/score_std" in metrics:  # the std of every rank's rewards, not a mean of stds
+        rewards = [s.reward for g in batch.groups for s in g.samples]
+        metrics["guard/score_std"] = global_std(rewards, ln.dist)
     metrics.update(
         ln.guard.after_step(
             metrics,

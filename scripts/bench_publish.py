@@ -47,7 +47,8 @@ def main() -> None:
         publish_s = time.monotonic() - t0
         src = Path(info.path) / MODEL_FILE
         t0 = time.monotonic()
-        subprocess.run(["cp", str(src), str(root / "copy.safetensors")], check=True)
+        cp = ["cp", "--reflink=never", str(src), str(root / "copy.safetensors")]
+        subprocess.run(cp, check=True)
         subprocess.run(["sync", str(root / "copy.safetensors")], check=True)
         cp_s = time.monotonic() - t0
         size = src.stat().st_size

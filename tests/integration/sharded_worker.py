@@ -1,7 +1,8 @@
 """Two gloo ranks for tests/integration/test_sharded_learner.py, under torchrun:
 
 1. global statistics: each rank's advantages with reward_norm batch / running and
-   whiten_advantages equal one rank's over all groups (computed here, in-process, with Dist());
+   whiten_advantages, and the reward std of the guards, equal one rank's over all groups
+   (computed here, in-process, with Dist());
 2. a DCP checkpoint written by one process (CKPT_IN) loads into FSDP2 shards, and one step on
    the two ranks' shares gives the weights one rank gets (rank 0 writes them to OUT/resumed);
 3. FSDP2 with MixedPrecisionPolicy (model.dtype bfloat16): fp32 sharded masters, bf16 compute, one
@@ -23,6 +24,8 @@ from rollflash.learner.batch import pad_groups
 from rollflash.learner.checkpoint_io import Trainables, load_dcp, save_dcp
 from rollflash.learner.dist import Dist, full_state_dict, init_dist, wrap_model
 from rollflash.learner.filters import group_scores
+from rollflash.learner.global_stats import global_std
+from rollflash.learner.guards import score_std
 from rollflash.learner.prepare import AlgoModels, _advantages
 from rollflash.learner.train import train_step
 from tests.integration.dist_worker import make_groups
@@ -59,6 +62,9 @@ def check_global_stats(model_dir: str, tok, dist: Dist) -> None:
                 rows = one[g * n : (g + 1) * n, : mine.shape[1]]
                 torch.testing.assert_close(mine[i * n : (i + 1) * n], rows, atol=1e-6, rtol=0)
         assert mine_models.reward_norm == one_models.reward_norm or algo["reward_norm"] == "batch"
+    rewards = [s.reward for g in make_groups(tok, 5) for s in g.samples]
+    mine = [s.reward for g in make_groups(tok, 5)[dist.rank :: 2] for s in g.samples]
+    assert abs(global_std(mine, dist) - score_std(rewards)) < 1e-9  # guard/score_std
 
 
 def check_resume_from_one_rank(model_dir: str, tok, dist: Dist, ckpt_in: Path, out: Path) -> None:
