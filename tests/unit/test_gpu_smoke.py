@@ -17,7 +17,7 @@ def test_gpu_smoke_cpu_path_reports_every_check_passed():
             "cpu",
             "--small",
             "--strategies",
-            "fsdp",
+            "single",
         ],
         cwd=ROOT,
         capture_output=True,
@@ -26,7 +26,7 @@ def test_gpu_smoke_cpu_path_reports_every_check_passed():
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert set(report["cases"]) == {"fsdp", "fsdp-packed"}
+    assert set(report["cases"]) == {"single", "single-packed"}
     assert report["ok"] is True and report["bf16_vs_cpu_fp32"] > 0  # bf16 did compute
     for case in report["cases"].values():
         assert case["masters_fp32"] and case["loss_finite"] and case["published_greedy_match"]
