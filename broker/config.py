@@ -30,7 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from rollflash.broker.config_algo import GROUP_BASELINES, AlgoConfig
 from rollflash.broker.config_errors import ConfigError, config_error
 from rollflash.broker.config_eval import EvalConfig
-from rollflash.broker.config_gpu import PlacementConfig, VLLMConfig
+from rollflash.broker.config_gpu import PlacementConfig, TrainerGpuKeys, VLLMConfig
 from rollflash.broker.config_logging import LoggingConfig
 from rollflash.broker.config_sections import (
     GuardsConfig,
@@ -117,7 +117,8 @@ class Config(BaseModel):
     def fingerprint(self) -> str:
         """sha256 of the fields every process must agree on: not run-local paths or counts, nor
         `logging:` (only the learner reads it) or `placement:` and the rollout's device and vLLM
-        options (how one process runs: a generator on another host may use other values)."""
+        options, the learner's device and precision keys (trainer: TrainerGpuKeys,
+        model.attn_implementation): how one process runs, so another host may use other values."""
         shared = {
             k: v for k, v in self.to_dict().items() if k not in ("redis", "logging", "placement")
         }
@@ -127,8 +128,11 @@ class Config(BaseModel):
             if k not in ("num_rollout_workers", "device", "vllm")
         }
         shared["trainer"] = {
-            k: v for k, v in shared["trainer"].items() if k != "num_trainer_workers"
+            k: v
+            for k, v in shared["trainer"].items()
+            if k != "num_trainer_workers" and k not in TrainerGpuKeys.model_fields
         }
+        shared["model"] = {k: v for k, v in shared["model"].items() if k != "attn_implementation"}
         blob = json.dumps(shared, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
 

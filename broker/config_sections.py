@@ -15,7 +15,7 @@ from pydantic import ConfigDict, Field, StrictBool, StrictInt, StrictStr, model_
 
 from rollflash.broker.config_base import Number, Section
 from rollflash.broker.config_errors import ConfigError
-from rollflash.broker.config_gpu import VLLMConfig
+from rollflash.broker.config_gpu import TrainerGpuKeys, VLLMConfig
 from rollflash.broker.config_reward import CodeRewardConfig, JudgeConfig
 from rollflash.broker.secrets import env_password, read_password_file, url_password, with_password
 
@@ -80,7 +80,12 @@ class ModelConfig(Section):
         description="local Hugging Face model directory (config, tokenizer, weights)",
     )
     dtype: Literal["float32", "bfloat16"] = Field(
-        "float32", description="parameter dtype in learner and generators"
+        "float32",
+        description="compute dtype: bfloat16 keeps float32 master weights and optimiser state "
+        "in the learner and computes in bfloat16; generators load this dtype",
+    )
+    attn_implementation: Literal["sdpa", "flash_attention_2", "eager"] = Field(
+        "sdpa", description="the learner's attention kernel (flash_attention_2 needs a GPU)"
     )
     chat_template: StrictStr = Field(
         "auto",
@@ -178,7 +183,7 @@ class SimConfig(Section):
     vocab_size: StrictInt = Field(64, gt=0, description="token ids the simulated engine draws from")
 
 
-class TrainerConfig(Section):
+class TrainerConfig(TrainerGpuKeys):
     actor_lr: Number = Field(1e-4, gt=0, description="AdamW learning rate of the policy")
     weight_decay: Number = Field(0.0, ge=0, description="AdamW weight decay")
     max_grad_norm: Number = Field(1.0, ge=0, description="gradient clipping (0 = off)")

@@ -27,7 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
+
+from rollflash.broker.safetensors_stream import write_safetensors
 
 log = logging.getLogger(__name__)
 
@@ -128,14 +129,13 @@ class WeightStore:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
         model_path = tmp / MODEL_FILE
-        save_file(unique_tensors(state), str(model_path), metadata={"format": "pt"})
-        _fsync_file(model_path)
-        digest = sha256_file(model_path)
+        # hashed while written (broker/safetensors_stream.py): the file is never read back
+        size, digest = write_safetensors(unique_tensors(state), model_path, {"format": "pt"})
         manifest = {
             "version": version,
             "step": step,
             "created_at": time.time(),
-            "files": {MODEL_FILE: {"size": model_path.stat().st_size, "sha256": digest}},
+            "files": {MODEL_FILE: {"size": size, "sha256": digest}},
         }
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
         _fsync_file(tmp / MANIFEST)

@@ -1,9 +1,10 @@
 """Building one learner rank: the parts `start` wires together, each from its own builder.
 
-dist       = init_dist()                              # torchrun's rank and world size
+dist       = init_dist(trainer.device)                # rank, world size, this rank's device
 broker     = connect_broker(cfg, dist)                # Redis: groups, run registration
-models, state, optim_states = build_models(cfg, dist, checkpoint)
-optim      = build_optim(cfg, models, optim_states)   # AdamW + lr schedule, resumed
+models     = build_models(cfg, dist)                  # on the device, wrapped (learner/load.py)
+optim      = build_optim(cfg, models)                 # AdamW + lr schedule
+state      = resume_state(cfg, dist, models, optim, checkpoint)  # the checkpoint's tensors, RNG
 collector  = build_collector(cfg, dist, broker, task, state, vocab_size)
 then: publish v0, or resume after the checkpoint (learner/publish.py)
 """
@@ -15,8 +16,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import torch
-from torch.nn.parallel import DistributedDataParallel
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from rollflash.algos import RunningRewardNorm
 from rollflash.broker.config import Config
@@ -27,18 +27,18 @@ from rollflash.envs import Item, Task, is_multi_turn, task_from_config, train_st
 from rollflash.envs.chat import PromptFormatter, format_task
 from rollflash.learner.admission import Admission
 from rollflash.learner.checkpoint import CheckpointStore, LearnerState, RankProgress, restore_rng
+from rollflash.learner.checkpoint_io import Trainables
 from rollflash.learner.collect import Collector
-from rollflash.learner.dist import Dist, init_dist, is_sharded, load_optimizer_state, wrap_model
+from rollflash.learner.dist import Dist, init_dist, is_sharded, wrap_model
 from rollflash.learner.evaluate import heldout_accuracy, sampled_eval
 from rollflash.learner.filters import drop_reason
 from rollflash.learner.guards import GuardMonitor
+from rollflash.learner.load import place
 from rollflash.learner.metrics import MetricsSink, open_sink
 from rollflash.learner.prepare import AlgoModels, build_algo_models
 from rollflash.learner.publish import Publisher, publish, resume_after
 from rollflash.learner.schedule import warmup_decay
 from rollflash.learner.simulated import SimulatedPolicy
-
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 @dataclass
@@ -129,16 +129,39 @@ class Learner:
         self.dist.close()
 
 
-def load_policy(cfg: Config) -> tuple[torch.nn.Module, Any]:
+def load_policy(cfg: Config, dist: Dist = Dist()) -> tuple[torch.nn.Module, Any]:
+    """(the module the ranks train, tokenizer): float32 master weights on `dist.device`, read by
+    rank 0 and broadcast (learner/load.py), with gradient checkpointing and torch.compile as
+    configured, wrapped for the ranks (DDP, or FSDP2 shards)."""
     path = Path(cfg.model.path)
     if not (path / "config.json").is_file():
         raise FileNotFoundError(
             f"model.path: no Hugging Face model directory at {path} "
             "(build one with scripts/make_tiny_model.py)"
         )
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=_DTYPES[cfg.model.dtype])
-    return model, tokenizer
+    t, kwargs = (
+        cfg.trainer,
+        {"dtype": torch.float32, "attn_implementation": cfg.model.attn_implementation},
+    )
+
+    def wrap(policy: torch.nn.Module) -> torch.nn.Module:
+        if t.gradient_checkpointing:
+            policy.gradient_checkpointing_enable({"use_reentrant": False})
+        if t.compile:
+            blocks = set(policy._no_split_modules or [])
+            for m in policy.modules():
+                if type(m).__name__ in blocks:
+                    m.compile()
+        return wrap_model(policy, dist, t.strategy, cfg.model.dtype)
+
+    model = place(
+        lambda: AutoModelForCausalLM.from_pretrained(path, **kwargs),
+        lambda: AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path), **kwargs),
+        dist,
+        wrap,
+        sharded=t.strategy == "fsdp" and dist.world_size > 1,
+    )
+    return model, AutoTokenizer.from_pretrained(path)
 
 
 def connect_broker(cfg: Config, dist: Dist) -> LearnerBroker:
@@ -172,38 +195,37 @@ def domain_items(
     return out
 
 
-def build_models(
-    cfg: Config, dist: Dist, ckpt: Path | None
-) -> tuple[Models, LearnerState, dict[str, Any] | None]:
-    """The policy (with the checkpoint's weights when resuming), wrapped for the ranks, and the
-    algorithm's models; returns them with the checkpoint's state and optimiser states."""
-    sim = cfg.sim.learner_step_s > 0
-    policy, tokenizer = (SimulatedPolicy(cfg.sim), None) if sim else load_policy(cfg)
-    algo = AlgoModels() if sim else build_algo_models(cfg)
-    state, optim_states = LearnerState(), None
-    if ckpt is not None:  # weights go in before sharding; optimiser state after
-        state, optim_states = CheckpointStore.load(ckpt, policy, algo.critic)
-    model = policy if sim else wrap_model(policy, dist, cfg.trainer.strategy)
-    if algo.critic is not None and dist.world_size > 1:
-        algo.critic = DistributedDataParallel(algo.critic)
-    return Models(policy, model, tokenizer, algo), state, optim_states
+def build_models(cfg: Config, dist: Dist) -> Models:
+    """The policy wrapped for the ranks and the algorithm's models, on this rank's device."""
+    if cfg.sim.learner_step_s > 0:
+        policy = SimulatedPolicy(cfg.sim).to(dist.device)
+        return Models(policy, policy, None, AlgoModels())
+    model, tokenizer = load_policy(cfg, dist)
+    policy = getattr(model, "module", model)
+    return Models(policy, model, tokenizer, build_algo_models(cfg, dist))
 
 
-def build_optim(cfg: Config, models: Models, optim_states: dict[str, Any] | None) -> Optim:
-    """AdamW on the policy with the warm-up/decay schedule (learner/schedule.py); the
-    checkpoint's optimiser, scheduler and critic-optimiser states when resuming."""
+def build_optim(cfg: Config, models: Models) -> Optim:
+    """AdamW on the policy's (float32, possibly sharded) parameters with the warm-up/decay
+    schedule (learner/schedule.py)."""
     t = cfg.trainer
     optimizer = torch.optim.AdamW(
-        models.policy.parameters(), lr=t.actor_lr, weight_decay=t.weight_decay
+        models.model.parameters(), lr=t.actor_lr, weight_decay=t.weight_decay
     )
     schedule = warmup_decay(t.lr_warmup_steps, t.total_steps, t.lr_schedule)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
-    if optim_states is not None:
-        load_optimizer_state(models.model, optimizer, optim_states["optimizer"])
-        scheduler.load_state_dict(optim_states["scheduler"])
-        if models.algo.critic_optimizer is not None:
-            models.algo.critic_optimizer.load_state_dict(optim_states["critic_optimizer"])
     return Optim(optimizer, scheduler)
+
+
+def resume_state(cfg: Config, dist: Dist, models: Models, optim: Optim, ckpt: Path) -> LearnerState:
+    """Load the checkpoint into the models and optimisers (collective); restore the scheduler,
+    the running reward statistics and this rank's RNG; return the checkpoint's state."""
+    state = CheckpointStore.load(ckpt, Trainables.of(models, optim), dist)
+    if state.scheduler:
+        optim.scheduler.load_state_dict(state.scheduler)
+    models.algo.reward_norm = RunningRewardNorm(**state.reward_norm)
+    restore_rng(state.rng, dist.rank)
+    return state
 
 
 def build_collector(
@@ -240,7 +262,7 @@ def build_collector(
 def start(cfg: Config, resume: bool | None = None) -> Learner:
     """Build this rank's learner. `resume`: None resumes when a checkpoint exists, True requires
     one, False refuses to start over an earlier run's weights."""
-    dist = init_dist()
+    dist = init_dist(cfg.trainer.device)
     run_dir = Path(cfg.run.run_dir)
     if dist.is_main:
         cfg.save(run_dir / "config.yaml")
@@ -249,15 +271,13 @@ def start(cfg: Config, resume: bool | None = None) -> Learner:
     ckpt = None if resume is False else checkpoints.latest()
     if resume and ckpt is None:
         raise FileNotFoundError(f"--resume: no learner checkpoint in {checkpoints.root}")
-    models, state, optim_states = build_models(cfg, dist, ckpt)
+    models = build_models(cfg, dist)
     # prompts are rendered (chat template) here, once, before they are issued: envs/chat.py
     task = format_task(
         task_from_config(cfg), PromptFormatter(models.tokenizer, cfg.model.chat_template)
     )
-    optim = build_optim(cfg, models, optim_states)
-    if ckpt is not None:
-        models.algo.reward_norm = RunningRewardNorm(**state.reward_norm)
-        restore_rng(state.rng)
+    optim = build_optim(cfg, models)
+    state = LearnerState() if ckpt is None else resume_state(cfg, dist, models, optim, ckpt)
     collector = build_collector(cfg, dist, broker, task, state, models.policy.config.vocab_size)
     main = dist.is_main
     ledger = run_dir / ("ledger.jsonl" if main else f"ledger.rank{dist.rank}.jsonl")

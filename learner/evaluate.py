@@ -55,8 +55,8 @@ def heldout_accuracy(
         chunk = items[start : start + batch_size]
         ids, attention = _left_pad(encode_prompts(tokenizer, [it.prompt for it in chunk]), pad_id)
         out = model.generate(
-            input_ids=ids,
-            attention_mask=attention,
+            input_ids=ids.to(model.device),
+            attention_mask=attention.to(model.device),
             do_sample=False,
             max_new_tokens=max_new_tokens,
             pad_token_id=pad_id,
@@ -111,8 +111,8 @@ def sampled_eval(
                 encode_prompts(tokenizer, [it.prompt for it in chunk]), pad_id
             )
             out = model.generate(
-                input_ids=ids.repeat_interleave(n_samples, dim=0),
-                attention_mask=attention.repeat_interleave(n_samples, dim=0),
+                input_ids=ids.repeat_interleave(n_samples, dim=0).to(model.device),
+                attention_mask=attention.repeat_interleave(n_samples, dim=0).to(model.device),
                 do_sample=True,
                 temperature=temperature,
                 top_p=1.0,
@@ -184,8 +184,8 @@ def heldout_success(
             chunk = active[start : start + batch_size]
             ids, attention = _left_pad([ep.context for ep in chunk], pad_id)
             out = model.generate(
-                input_ids=ids,
-                attention_mask=attention,
+                input_ids=ids.to(model.device),
+                attention_mask=attention.to(model.device),
                 do_sample=False,
                 max_new_tokens=max_new_tokens,
                 pad_token_id=pad_id,

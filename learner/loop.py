@@ -31,6 +31,7 @@ from rollflash.broker.schema import Trajectory
 from rollflash.learner.build import Learner, start
 from rollflash.learner.collect import Collected
 from rollflash.learner.completions import pick_completions
+from rollflash.learner.global_stats import global_std
 from rollflash.learner.guards import guard_values
 from rollflash.learner.metrics import merge_rank_metrics, reward_breakdown
 from rollflash.learner.publish import checkpoint, pause_point, publish
@@ -149,6 +150,9 @@ def merged_metrics(
         wall,
     )
     metrics = merge_rank_metrics(ln.dist.gather([local, len(batch.groups)]))
+    if "guard/score_std" in metrics:  # the std of every rank's rewards, not a mean of stds
+        rewards = [s.reward for g in batch.groups for s in g.samples]
+        metrics["guard/score_std"] = global_std(rewards, ln.dist)
     metrics.update(
         ln.guard.after_step(
             metrics,
@@ -243,6 +247,8 @@ def finish(
     every = cfg.trainer.checkpoint_every
     if every and history.steps and ln.state.step % every:
         checkpoint(ln)  # the last steps' entries are acknowledged only once this is durable
+    if ln.publisher is not None:
+        ln.publisher.wait()  # the last version is announced before the run is done
     acc_after = ln.evaluate()
     by_domain = {_flat(k): v for k, v in ln.domain_eval.items()}
     after = ln.evaluate_sampled().items()

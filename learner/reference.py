@@ -11,9 +11,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM
 
 from rollflash.learner.batch import MicroBatch
+from rollflash.learner.dist import Dist, shard
+from rollflash.learner.load import place
 from rollflash.learner.logprobs import token_logprobs
 
 
@@ -23,14 +25,34 @@ class ReferencePolicy:
         self.model.requires_grad_(False)
 
     @classmethod
-    def load(cls, path: str | Path, dtype: str) -> ReferencePolicy:
-        """dtype: "float32" or "bfloat16", as `model.dtype`."""
-        return cls(AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)))
+    def load(
+        cls,
+        path: str | Path,
+        dtype: str,
+        dist: Dist = Dist(),
+        fsdp: bool = False,
+        attn: str = "sdpa",
+    ) -> ReferencePolicy:
+        """dtype: "float32" or "bfloat16", as `model.dtype` (frozen: no master copy needed), on
+        this rank's device; `fsdp` shards it over the ranks like the policy (every rank must
+        then run the same number of forward passes: learner/prepare.py)."""
+        kwargs = {"dtype": getattr(torch, dtype), "attn_implementation": attn}
+        model = place(
+            lambda: AutoModelForCausalLM.from_pretrained(path, **kwargs),
+            lambda: AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path), **kwargs),
+            dist,
+            shard if fsdp and dist.world_size > 1 else (lambda m: m),
+            sharded=fsdp and dist.world_size > 1,
+        )
+        return cls(model)
 
     @torch.no_grad()
-    def logprobs(self, mb: MicroBatch, temperature: float, packed: bool = False) -> torch.Tensor:
-        """[b, L-1] float32 log pi_ref of each next token, aligned like `mb.mask`."""
+    def logprobs(
+        self, mb: MicroBatch, temperature: float, packed: bool = False, chunk: int = 0
+    ) -> torch.Tensor:
+        """[b, L-1] float32 log pi_ref of each next token, aligned like `mb.mask`; `chunk`:
+        `trainer.logprob_chunk` (learner/logprobs.py)."""
         logp, _ = token_logprobs(
-            self.model, mb.input_ids, mb.attention_mask, temperature, packed=packed
+            self.model, mb.input_ids, mb.attention_mask, temperature, packed=packed, chunk=chunk
         )
         return logp

@@ -154,11 +154,11 @@ def test_saved_yaml_has_every_section_and_key_in_declaration_order(tmp_path):
     assert list(saved["run"]) == ["run_id", "run_dir", "seed", "torch_threads"]
     assert saved["trainer"]["actor_lr"] == 1.0 and isinstance(saved["trainer"]["actor_lr"], float)
     # every field of the dataclass config this replaced, counted by hand, and no property; since:
-    # model +1 (chat_template), reward +6 (functions, weights, timeout_s, dtype, the code and
-    # judge sections), rollout +2
-    # (device, the vllm section), and eval (4), logging (8) and placement (4)
+    # model +2 (chat_template, attn_implementation), reward +6 (functions, weights, timeout_s,
+    # dtype, the code and judge sections), rollout +2 (device, the vllm section), trainer +7 (the
+    # learner's device and precision keys), and eval (4), logging (8) and placement (4)
     assert {name: len(section) for name, section in saved.items()} == {
-        "run": 4, "redis": 4, "model": 3, "task": 3, "rollout": 16, "trainer": 16, "algo": 29,
+        "run": 4, "redis": 4, "model": 4, "task": 3, "rollout": 16, "trainer": 23, "algo": 29,
         "sim": 6, "reward": 13, "eval": 4, "rm": 14, "guards": 11, "logging": 8, "placement": 4,
     }  # fmt: skip
     assert len(saved["rollout"]["vllm"]) == 10
