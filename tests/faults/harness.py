@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -48,15 +49,28 @@ def write_config(
     return path
 
 
-def start(
-    role: str, config: Path, *extra: str, env: dict[str, str] | None = None
-) -> subprocess.Popen:
-    return subprocess.Popen(
+class Child(subprocess.Popen):
+    """A `rollctl` process whose stderr goes to a file beside the run's config, never to a pipe:
+    a pipe that the test reads only after `wait()` fills up (64 KiB) and blocks a chatty child
+    forever. The child's descriptor is opened for appending, so a test may read the log while the
+    child still writes (`stderr_text`)."""
+
+    def __init__(self, args: list[str], log_path: Path, env: dict[str, str]):
+        self.log_path = log_path
+        with open(log_path, "ab") as log:  # the child keeps its own copy of the descriptor
+            super().__init__(args, stdout=subprocess.DEVNULL, stderr=log, env=env)
+
+    def stderr_text(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+def start(role: str, config: Path, *extra: str, env: dict[str, str] | None = None) -> Child:
+    fd, log_path = tempfile.mkstemp(prefix=f"{role}-", suffix=".stderr", dir=config.parent)
+    os.close(fd)
+    return Child(
         [sys.executable, "-m", "rollflash.rollctl.cli", role, "--config", str(config), *extra],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, **(env or {})},
+        Path(log_path),
+        {**os.environ, **(env or {})},
     )
 
 

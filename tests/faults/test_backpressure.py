@@ -58,7 +58,7 @@ def test_a_stalled_learner_caps_producers_and_nothing_is_trimmed(
         time.sleep(1.5)
         after = (r.xlen(prompts), r.xlen(trajectories), _produced(r, run_id))
         os.kill(learner.pid, signal.SIGCONT)
-        assert learner.wait(timeout=120) == 0, learner.stderr.read()[-3000:]
+        assert learner.wait(timeout=120) == 0, learner.stderr_text()[-3000:]
         for g in gens:
             assert g.wait(timeout=30) == 0
         info = {s: r.xinfo_stream(s) for s in (prompts, trajectories)}
@@ -103,11 +103,11 @@ def test_redis_at_maxmemory_makes_processes_back_off_not_crash(tmp_path, run_id,
         alive = [p.poll() is None for p in (learner, *gens)]
         stalled = steps_done(run_dir) <= refused_from + 1  # at most the step in flight
         admin.config_set("maxmemory", 0)
-        assert learner.wait(timeout=120) == 0, learner.stderr.read()[-3000:]
+        assert learner.wait(timeout=120) == 0, learner.stderr_text()[-3000:]
         errs = []
         for g in gens:
             assert g.wait(timeout=30) == 0
-            errs.append(g.stderr.read())
+            errs.append(g.stderr_text())
     finally:
         stop_all([learner, *gens])
         server.stop()

@@ -100,11 +100,11 @@ def test_redis_restart_mid_training(tmp_path, run_id, fault_report, fsync, power
             erased = _erase_tail(server, durable)
         time.sleep(1.0)
         server.start()
-        assert learner.wait(timeout=120) == 0, learner.stderr.read()[-3000:]
+        assert learner.wait(timeout=120) == 0, learner.stderr_text()[-3000:]
         logs = []
         for g in gens:
-            assert g.wait(timeout=30) == 0, g.stderr.read()[-3000:]
-            logs += [x for x in g.stderr.read().splitlines() if "forgot" in x]
+            assert g.wait(timeout=30) == 0, g.stderr_text()[-3000:]
+            logs += [x for x in g.stderr_text().splitlines() if "forgot" in x]
         r = redis.Redis.from_url(server.url)
         trained = trained_ids(run_dir)
         missing = acknowledged_not_stored(r, run_id)
@@ -176,9 +176,9 @@ def test_everysec_power_cut_after_the_writer_died_is_counted_by_the_learner(
         erased = _erase_tail(server, durable)
         server.start()
         os.kill(gens[1].pid, signal.SIGCONT)
-        assert learner.wait(timeout=120) == 0, learner.stderr.read()[-3000:]
-        assert gens[1].wait(timeout=30) == 0, gens[1].stderr.read()[-3000:]
-        logs = [x[-90:] for x in gens[1].stderr.read().splitlines() if "forgot" in x]
+        assert learner.wait(timeout=120) == 0, learner.stderr_text()[-3000:]
+        assert gens[1].wait(timeout=30) == 0, gens[1].stderr_text()[-3000:]
+        logs = [x[-90:] for x in gens[1].stderr_text().splitlines() if "forgot" in x]
         writers = {}
         for _, f in r.xrange(f"rl:{run_id}:trajectories"):
             writers.setdefault(f[b"traj_id"].decode(), set()).add(f[b"generator"].decode())
@@ -238,7 +238,7 @@ def test_redis_back_empty_stops_the_run_with_a_clear_error(tmp_path, run_id, fau
         server.kill()
         server.start()  # empty: no AOF, no snapshot
         codes = [p.wait(timeout=60) for p in (learner, *gens)]
-        errors = [p.stderr.read().strip().splitlines()[-1] for p in (learner, *gens)]
+        errors = [p.stderr_text().strip().splitlines()[-1] for p in (learner, *gens)]
         r = redis.Redis.from_url(server.url)
         recreated = [k for k in ("prompts", "trajectories") if r.exists(f"rl:{run_id}:{k}")]
     finally:
