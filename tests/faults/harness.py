@@ -131,6 +131,21 @@ def learner_lag(r: redis.Redis, run_id: str) -> int | None:
     return next(g["lag"] for g in groups if g["name"] == b"learner")
 
 
+# How many XINFO STREAM calls to wait for so that the learner has looked at the trajectories
+# stream twice: its watch (broker/streams.py `watch`) makes one such call on the trajectories
+# stream and at most one on the prompts stream, so any 4 consecutive calls hold two trajectory
+# looks; Redis < 7 counts all XINFO subcommands together, 3-4 per watch, so 8 calls are needed
+# there (and are plenty on Redis 7). Two looks, because the second is sent only after the learner
+# has taken in the first one's answer.
+LOOKS_PER_TWO_WATCHES = 8
+
+
+def stream_looks(r: redis.Redis) -> int:
+    """XINFO STREAM calls the server has executed (XINFO calls on Redis < 7)."""
+    stats = r.info("commandstats")
+    return int(stats.get("cmdstat_xinfo|stream", stats.get("cmdstat_xinfo", {})).get("calls", 0))
+
+
 def status_text(config: Path) -> str:
     """What `rollctl status` prints for the run."""
     return subprocess.run(
