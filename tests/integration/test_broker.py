@@ -4,6 +4,7 @@ import time
 
 import numpy as np
 import pytest
+import redis
 
 from rollflash.broker.connection import BrokerUnavailable, connect
 from rollflash.broker.schema import PromptWork, Sample, Trajectory
@@ -99,12 +100,22 @@ def test_a_process_with_another_config_is_refused(redis_url, run_id):
         RunBroker(connect(redis_url, 5), run_id, 1000).register_run("bbbb")
 
 
-def test_heartbeats_expire(broker):
-    broker.heartbeat("gen-0", {"loaded_version": 3}, ttl_s=0.3)
+def test_heartbeats_expire(broker, redis_url, run_id):
+    """A heartbeat is live until its TTL runs out, and then gone. The live half uses a TTL no
+    slow machine can outlast between two calls; the expiry half is waited for, not slept: Redis
+    guarantees the key is gone once its TTL has passed, whenever the test looks."""
+    key = f"rl:{run_id}:gen:gen-0"
+    r = redis.Redis.from_url(redis_url)
+    broker.heartbeat("gen-0", {"loaded_version": 3}, ttl_s=600)
+    assert 0 < r.pttl(key) <= 600_000  # the heartbeat carries its TTL
     assert broker.live_generators()["gen-0"]["loaded_version"] == "3"
     assert broker.loaded_versions() == {3}
-    time.sleep(0.5)
-    assert broker.live_generators() == {}
+    broker.heartbeat("gen-0", {"loaded_version": 4}, ttl_s=0.2)  # each beat renews the TTL
+    assert r.pttl(key) <= 200
+    deadline = time.monotonic() + 30
+    while broker.live_generators() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert broker.live_generators() == {} and broker.loaded_versions() == set()
 
 
 def test_unreachable_redis_fails_after_bounded_retries(tmp_path):
