@@ -132,8 +132,15 @@ def test_redis_at_maxmemory_makes_processes_back_off_not_crash(tmp_path, run_id,
         # No fixed sleep: wait until each generator has met a refused write and tried it again
         # after backing off (it logs every refusal; its heartbeat writes at least every second),
         # then check that nobody crashed. A refusal that was not waited out would have ended the
-        # process with an error before its second attempt.
-        wait_until(lambda: all(_refusals(g) >= 2 for g in gens), 120, "both generators to retry")
+        # process with an error before its second attempt (the wait stops early if one exits).
+        wait_until(
+            lambda: (
+                all(_refusals(g) >= 2 for g in gens)
+                or any(p.poll() is not None for p in (learner, *gens))
+            ),
+            120,
+            "both generators to retry",
+        )
         alive = [p.poll() is None for p in (learner, *gens)]
         # while every write is refused the learner cannot publish: at most the step in flight
         # completes (this holds however slow a step is; the lines above show the fault was met)
