@@ -21,7 +21,15 @@ def e2e_config(tmp_path, tiny_model_dir, run_id):
         "run": {"run_id": run_id, "run_dir": str(tmp_path / "run"), "torch_threads": 1},
         "model": {"path": str(tiny_model_dir)},
         "task": {"name": "arithmetic", "eval_size": 16},
-        "rollout": {"num_return_sequences": N, "max_new_tokens": 6, "prompts_per_pull": 1},
+        "rollout": {
+            "num_return_sequences": N,
+            "max_new_tokens": 6,
+            "prompts_per_pull": 1,
+            # a generator's status hash outlives its last beat by this much: the tests read it
+            # after the run has ended, through `rollctl status` processes that can take tens of
+            # seconds each to start on a loaded machine
+            "heartbeat_ttl_s": 600,
+        },
         "trainer": {
             "rollout_batch_size": B,
             "total_steps": STEPS,
