@@ -76,11 +76,11 @@ def test_learner_killed_mid_step_resumes_without_loss_or_double_training(
             90,
             f"the learner to reach {window} of step {step}",
         )
-        assert first.poll() is None, first.stderr.read()[-3000:]
+        assert first.poll() is None, first.stderr_text()[-3000:]
         first.send_signal(signal.SIGKILL)
         first.wait()
         second = start("start-learner", config)
-        assert second.wait(timeout=120) == 0, second.stderr.read()[-3000:]
+        assert second.wait(timeout=120) == 0, second.stderr_text()[-3000:]
     finally:
         stop_all(gens)
 
