@@ -1,4 +1,4 @@
-"""Acceptance of the algorithm wiring (issue 3): on the tiny task, the default GRPO
+"""The algorithm wiring end to end: on the tiny task, the default GRPO
 (configs/demo.yaml) and PPO with GAE and a learned critic (configs/ppo_gae.yaml) both raise held-out
 greedy accuracy in a short CPU run.
 

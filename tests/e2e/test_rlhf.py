@@ -1,4 +1,4 @@
-"""Issue 9 acceptance, short CI versions of the documented runs (README, "RLHF with a learned
+"""Short CI versions of the documented RLHF runs (README, "RLHF with a learned
 reward model"), with real processes: scripts/make_preferences.py, `rollctl train-rm` (also on two
 gloo ranks under torchrun), and `rollctl run` (its own redis-server, a learner, two generators
 scoring with the reward model).

@@ -1,5 +1,5 @@
-"""Two gloo ranks under torchrun train to the same weights as one rank on the same batches
-(issue 6), with DDP and with FSDP2: the loss shares are of the whole step, gradients are averaged
+"""Two gloo ranks under torchrun train to the same weights as one rank on the same batches,
+with DDP and with FSDP2: the loss shares are of the whole step, gradients are averaged
 over the ranks, and a rank with less (or no) data this step still takes part in every collective.
 Runs tests/integration/dist_worker.py as real processes."""
 
