@@ -22,6 +22,7 @@ from rollflash.algos import RunningRewardNorm
 from rollflash.broker.config import Config
 from rollflash.broker.connection import connect
 from rollflash.broker.learner_side import LearnerBroker
+from rollflash.broker.model_dir import model_directory
 from rollflash.broker.wire import WireLimits
 from rollflash.envs import Item, Task, is_multi_turn, task_from_config, train_stream
 from rollflash.envs.chat import PromptFormatter, format_task
@@ -123,14 +124,12 @@ class Learner:
 
 
 def load_policy(cfg: Config) -> tuple[torch.nn.Module, Any]:
-    path = Path(cfg.model.path)
-    if not (path / "config.json").is_file():
-        raise FileNotFoundError(
-            f"model.path: no Hugging Face model directory at {path} "
-            "(build one with scripts/make_tiny_model.py)"
-        )
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=_DTYPES[cfg.model.dtype])
+    """The policy and its tokenizer from `model.path` (a directory or a cached hub id)."""
+    path, remote = model_directory(cfg.model.path), cfg.model.trust_remote_code
+    tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=remote)
+    model = AutoModelForCausalLM.from_pretrained(
+        path, dtype=_DTYPES[cfg.model.dtype], trust_remote_code=remote
+    )
     return model, tokenizer
 
 
@@ -245,7 +244,7 @@ def start(cfg: Config, resume: bool | None = None) -> Learner:
         dist=dist,
         broker=broker,
         task=task,
-        heldout=task.heldout_items()[: cfg.task.eval_size or None],
+        heldout=task.heldout_items()[: cfg.eval.size or None],
         models=models,
         optim=optim,
         collector=collector,

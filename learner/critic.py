@@ -18,6 +18,7 @@ import torch
 from transformers import AutoModel
 
 from rollflash.broker.config import Config
+from rollflash.broker.model_dir import model_directory
 from rollflash.learner.packing import forward_packed, pack, unpack
 
 
@@ -30,8 +31,10 @@ class Critic(torch.nn.Module):
         torch.nn.init.zeros_(self.value_head.bias)
 
     @classmethod
-    def load(cls, path: str | Path, dtype: str) -> Critic:
-        backbone = AutoModel.from_pretrained(path, dtype=getattr(torch, dtype))
+    def load(cls, path: str | Path, dtype: str, trust_remote_code: bool = False) -> Critic:
+        backbone = AutoModel.from_pretrained(
+            path, dtype=getattr(torch, dtype), trust_remote_code=trust_remote_code
+        )
         return cls(backbone, backbone.config.hidden_size)
 
     def forward(
@@ -50,7 +53,9 @@ class Critic(torch.nn.Module):
 
 def build_critic(cfg: Config) -> tuple[Critic, torch.optim.Optimizer]:
     """The critic and its optimiser (weight decay and gradient clipping as the policy's)."""
-    critic = Critic.load(cfg.model.path, cfg.model.dtype)
+    critic = Critic.load(
+        model_directory(cfg.model.path), cfg.model.dtype, cfg.model.trust_remote_code
+    )
     optimizer = torch.optim.AdamW(
         critic.parameters(), lr=cfg.algo.critic_lr, weight_decay=cfg.trainer.weight_decay
     )

@@ -123,7 +123,7 @@ def learner_step(ln: Learner) -> dict[str, float]:
     checkpoint_s = make_durable(ln)
     wall = {"step_s": time.monotonic() - t0, "publish_s": publish_s, "checkpoint_s": checkpoint_s}
     metrics = merged_metrics(ln, batch, stats, wall)
-    if ln.cfg.trainer.eval_every and state.step % ln.cfg.trainer.eval_every == 0:
+    if ln.cfg.eval.every and state.step % ln.cfg.eval.every == 0:
         metrics["eval/heldout_acc"] = ln.evaluate()
         metrics.update(ln.evaluate_sampled())
     if ln.dist.is_main:

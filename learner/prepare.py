@@ -31,6 +31,7 @@ from rollflash.algos import (
     normalize_rewards,
 )
 from rollflash.broker.config import Config
+from rollflash.broker.model_dir import model_directory
 from rollflash.broker.schema import Trajectory
 from rollflash.learner.batch import (
     MicroBatch,
@@ -62,7 +63,9 @@ def build_algo_models(cfg: Config) -> AlgoModels:
     """Load the reference and build the critic only when the config uses them."""
     models = AlgoModels()
     if cfg.algo.kl_coef > 0:
-        models.reference = ReferencePolicy.load(cfg.model.path, cfg.model.dtype)
+        models.reference = ReferencePolicy.load(
+            model_directory(cfg.model.path), cfg.model.dtype, cfg.model.trust_remote_code
+        )
     if cfg.algo.critic:
         models.critic, models.critic_optimizer = build_critic(cfg)
     return models

@@ -23,9 +23,13 @@ class ReferencePolicy:
         self.model.requires_grad_(False)
 
     @classmethod
-    def load(cls, path: str | Path, dtype: str) -> ReferencePolicy:
+    def load(cls, path: str | Path, dtype: str, trust_remote_code: bool = False) -> ReferencePolicy:
         """dtype: "float32" or "bfloat16", as `model.dtype`."""
-        return cls(AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)))
+        return cls(
+            AutoModelForCausalLM.from_pretrained(
+                path, dtype=getattr(torch, dtype), trust_remote_code=trust_remote_code
+            )
+        )
 
     @torch.no_grad()
     def logprobs(self, mb: MicroBatch, temperature: float, packed: bool = False) -> torch.Tensor:

@@ -31,9 +31,10 @@ def test_plot_renders_a_report_from_a_short_run(tmp_path, tiny_model_dir, redis_
     cfg = {
         "run": {"run_id": run_id, "run_dir": str(run_dir), "torch_threads": 1},
         "model": {"path": str(tiny_model_dir)},
-        "task": {"name": "arithmetic", "eval_size": 8},
+        "task": {"name": "arithmetic"},
+        "eval": {"size": 8, "every": 2},
         "rollout": {"num_return_sequences": 4, "max_new_tokens": 6},
-        "trainer": {"rollout_batch_size": 2, "total_steps": 4, "eval_every": 2},
+        "trainer": {"rollout_batch_size": 2, "total_steps": 4},
         "logging": {"completions_per_step": 3},
     }
     path = tmp_path / "run.yaml"

@@ -107,7 +107,9 @@ def test_logging_is_learner_local_and_left_out_of_the_fingerprint():
 
 # Fingerprints computed by the loader this config replaced (dataclasses, hand-written checks) on
 # the same files, then updated for each key added since (reward.max_abs_reward, reward.dtype;
-# model.chat_template, reward.functions / weights / timeout_s and the eval section; the
+# model.chat_template, reward.functions / weights / timeout_s and the eval section;
+# model.trust_remote_code, trainer.eval_every and task.eval_size moved to eval.every and
+# eval.size; the
 # logging section and the GPU keys rollout.device, rollout.vllm and placement are not
 # hashed): processes of one run compare them, so the config's representation may not
 # change them. A new field or default
@@ -115,13 +117,13 @@ def test_logging_is_learner_local_and_left_out_of_the_fingerprint():
 @pytest.mark.parametrize(
     "name, overrides, expected",
     [
-        (None, [], "e58eebf9016885aa"),
-        ("demo.yaml", [], "6737004e7defa45c"),
-        ("ppo_gae.yaml", [], "750ff04e7d1350ee"),
-        ("dapo.yaml", [], "9204afa6467c9542"),
-        ("rlhf.yaml", [], "d5ce886967ad03b0"),
-        ("rm.yaml", [], "b5179fa260f53eda"),
-        ("agentic_gridworld.yaml", [], "e7bd3824438799b4"),
+        (None, [], "9eeeaa224bbc0f92"),
+        ("demo.yaml", [], "6e9981d9a4cdbf0b"),
+        ("ppo_gae.yaml", [], "789d1517cf882e5f"),
+        ("dapo.yaml", [], "f9a5cb3bbd518c87"),
+        ("rlhf.yaml", [], "8f6734decdab5a77"),
+        ("rm.yaml", [], "75c0f595f1d0945a"),
+        ("agentic_gridworld.yaml", [], "39c78cac3a00983b"),
         (
             None,
             # ints given for floats are hashed as the floats they are stored as (1 -> 1.0)
@@ -133,7 +135,7 @@ def test_logging_is_learner_local_and_left_out_of_the_fingerprint():
                 "algo.kl_target=0.1",
                 "algo.kl_coef=1",
             ],
-            "35db9cddd267059a",
+            "c199df6f679d519a",
         ),
     ],
 )
@@ -153,11 +155,12 @@ def test_saved_yaml_has_every_section_and_key_in_declaration_order(tmp_path):
     assert list(saved["run"]) == ["run_id", "run_dir", "seed", "torch_threads"]
     assert saved["trainer"]["actor_lr"] == 1.0 and isinstance(saved["trainer"]["actor_lr"], float)
     # every field of the dataclass config this replaced, counted by hand, and no property; since:
-    # model +1 (chat_template), reward +4 (functions, weights, timeout_s, dtype), rollout +2
-    # (device, the vllm section), and eval (4), logging (8) and placement (4)
+    # model +2 (chat_template, trust_remote_code), reward +4 (functions, weights, timeout_s,
+    # dtype), rollout +2 (device, the vllm section), task -1 and trainer -1 (eval_size and
+    # eval_every moved to eval.size and eval.every), and eval (6), logging (8) and placement (4)
     assert {name: len(section) for name, section in saved.items()} == {
-        "run": 4, "redis": 4, "model": 3, "task": 3, "rollout": 16, "trainer": 16, "algo": 29,
-        "sim": 6, "reward": 11, "eval": 4, "rm": 14, "guards": 11, "logging": 8, "placement": 4,
+        "run": 4, "redis": 4, "model": 4, "task": 2, "rollout": 16, "trainer": 15, "algo": 29,
+        "sim": 6, "reward": 11, "eval": 6, "rm": 14, "guards": 11, "logging": 8, "placement": 4,
     }  # fmt: skip
     assert len(saved["rollout"]["vllm"]) == 10
     assert "max_staleness" not in saved["trainer"] and "key_prefix" not in saved
@@ -214,6 +217,14 @@ def test_saved_yaml_has_every_section_and_key_in_declaration_order(tmp_path):
         (
             {"logging": {"completions_per_step": -1}},
             "logging.completions_per_step: must be >= 0, got -1",
+        ),
+        (
+            {"trainer": {"eval_every": 5}},
+            "trainer.eval_every: moved to eval.every; set eval.every: 5 instead",
+        ),
+        (
+            {"task": {"name": "arithmetic", "eval_size": 8}},
+            "task.eval_size: moved to eval.size; set eval.size: 8 instead",
         ),
         (
             {"bogus": {}},
