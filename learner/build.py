@@ -82,18 +82,22 @@ class Learner:
 
     def evaluate(self) -> float:
         """Greedy held-out accuracy, on rank 0 (with FSDP every rank generates: the shards are
-        gathered in every forward pass)."""
+        gathered in every forward pass); rank 0 logs the generations."""
         if self.simulated or not (self.dist.is_main or is_sharded(self.models.model)):
             return 0.0
-        m, e = self.models, self.cfg.eval
-        return heldout_accuracy(
+        m, e, rows = self.models, self.cfg.eval, []
+        acc = heldout_accuracy(
             m.policy,
             m.tokenizer,
             self.task,
             self.heldout,
             e.max_new_tokens or self.cfg.rollout.max_new_tokens,
             threshold=e.threshold,
+            record=rows,
         )
+        if self.sink is not None:
+            self.sink.log_eval_generations(self.state.step, rows)
+        return acc
 
     def evaluate_sampled(self) -> dict[str, float]:
         """`eval.n_samples` > 0: mean reward, pass@1 and pass@k on the held-out items (rank 0)."""
@@ -102,7 +106,8 @@ class Learner:
             return {}
         if is_multi_turn(self.task) or is_sharded(m.model):
             return {}  # episodes have their own success rate; sharded weights need every rank
-        return sampled_eval(
+        rows: list[dict] = []
+        out = sampled_eval(
             m.policy,
             m.tokenizer,
             self.task,
@@ -112,7 +117,11 @@ class Learner:
             e.max_new_tokens or self.cfg.rollout.max_new_tokens,
             e.threshold,
             seed=self.cfg.run.seed + self.state.step,
+            record=rows,
         )
+        if self.sink is not None:
+            self.sink.log_eval_generations(self.state.step, rows)
+        return out
 
     def close(self) -> None:
         self.ledger.close()
