@@ -21,6 +21,7 @@ import json
 import logging
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -262,15 +263,22 @@ def finish(
     return summary
 
 
-def run(cfg: Config, resume: bool | None = None) -> dict[str, Any]:
-    """Train until `trainer.total_steps` (or a guard stops the run); returns the summary."""
+def run(
+    cfg: Config, resume: bool | None = None, on_step: Callable[[dict], None] | None = None
+) -> dict[str, Any]:
+    """Train until `trainer.total_steps` (or a guard stops the run); returns the summary.
+    `on_step`: called on rank 0 with each step's metrics row (`step` included), e.g. a
+    progress bar (rollctl/progress.py)."""
     setup_process("learner", seed=cfg.run.seed, torch_threads=cfg.run.torch_threads)
     ln = start(cfg, resume)
     started = time.monotonic()
     sampled_before = begin(ln)
     history = History()
     for _ in range(ln.state.step, cfg.trainer.total_steps):
-        history.add(learner_step(ln))
+        metrics = learner_step(ln)
+        history.add(metrics)
+        if on_step is not None and ln.dist.is_main:
+            on_step({"step": ln.state.step, **metrics})
         if ln.guard.stop_requested:  # guards.stop_on_guard
             break
     summary = finish(ln, history, started, sampled_before)
