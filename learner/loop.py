@@ -165,6 +165,11 @@ def _report(ln: Learner, metrics: dict[str, float], groups: list[Trajectory]) ->
     rows = pick_completions(groups, n, version, cfg.run.seed, step, decode)
     ln.sink.log_completions(step, rows)
     metrics["gen/idle_frac"] = ln.broker.generator_idle_frac()
+    metrics["reward/errors"] = ln.broker.generator_reward_errors()
+    filtered = getattr(ln.task, "filtered", None)  # a dataset's prompts over max_prompt_tokens
+    if filtered is not None:
+        metrics["data/filtered_train"] = filtered["train"]
+        metrics["data/filtered_heldout"] = filtered["heldout"]
     ln.sink.log(step, metrics)
     ln.broker.set_run_fields(
         version=ln.state.version,
