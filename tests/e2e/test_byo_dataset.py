@@ -43,6 +43,7 @@ def word_problems(tmp_path_factory) -> tuple[Path, Path]:
     return data, model
 
 
+@pytest.mark.slow
 def test_byo_dataset_run_raises_heldout_pass_at_1(tmp_path, redis_url, run_id, word_problems):
     data, model = word_problems
     run_dir = tmp_path / "run"
