@@ -29,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from rollflash.broker.config_algo import GROUP_BASELINES, AlgoConfig
 from rollflash.broker.config_errors import ConfigError, config_error
-from rollflash.broker.config_eval import EvalConfig
+from rollflash.broker.config_eval import EvalConfig, refuse_moved_keys
 from rollflash.broker.config_gpu import PlacementConfig, TrainerGpuKeys, VLLMConfig
 from rollflash.broker.config_logging import LoggingConfig
 from rollflash.broker.config_sections import (
@@ -228,6 +228,7 @@ def apply_override(data: dict, assignment: str) -> None:
 
 def config_from_dict(data: dict) -> Config:
     """Validate a parsed YAML mapping; the first problem found raises ConfigError."""
+    refuse_moved_keys(data)
     try:
         return Config.model_validate(data)
     except ValidationError as e:

@@ -77,7 +77,13 @@ class RedisConfig(Section):
 class ModelConfig(Section):
     path: StrictStr = Field(
         "models/tiny",
-        description="local Hugging Face model directory (config, tokenizer, weights)",
+        description="a Hugging Face model directory, or a hub id read from the local hub cache "
+        "(never downloaded: `huggingface-cli download ID` first)",
+    )
+    trust_remote_code: StrictBool = Field(
+        False,
+        description="let transformers and vLLM run the Python code a model directory ships "
+        "(needed by some hub models; runs that code in every process)",
     )
     dtype: Literal["float32", "bfloat16"] = Field(
         "float32",
@@ -98,9 +104,6 @@ class TaskConfig(Section):
     name: StrictStr = Field("arithmetic", description="a task from envs.registry")
     params: dict[Any, Any] = Field(
         default_factory=dict, description="passed to the task's constructor"
-    )
-    eval_size: StrictInt = Field(
-        200, ge=0, description="held-out items used for greedy evaluation (0 = all)"
     )
 
 
@@ -204,9 +207,6 @@ class TrainerConfig(TrainerGpuKeys):
     )
     async_ratio: Number = Field(
         1.0, ge=0, description="how many versions ahead prompts may be issued (0 = on-policy)"
-    )
-    eval_every: StrictInt = Field(
-        0, ge=0, description="greedy held-out evaluation every N steps (0 = only before and after)"
     )
     keep_versions: StrictInt = Field(
         3, gt=0, description="weight versions kept on disk (plus any a live generator has loaded)"

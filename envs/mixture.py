@@ -28,7 +28,7 @@ at its own position with `envs.base.train_stream` (O(1) for a dataset).
 
 Ids: a domain's item "train-000123" becomes "code/train-000123" (the learner groups its metrics by
 that prefix: `reward/<domain>/mean`, `eval/<domain>/heldout_acc`). The held-out set interleaves
-the domains' held-out items round-robin, so `task.eval_size` keeps every domain.
+the domains' held-out items round-robin, so `eval.size` keeps every domain.
 """
 
 from __future__ import annotations

@@ -57,6 +57,7 @@ from safetensors import safe_open
 from transformers import AutoTokenizer
 
 from rollflash.broker.config_gpu import VLLMConfig
+from rollflash.broker.model_dir import model_directory
 from rollflash.envs import chat_encoder, plain_encoder, response_text
 from rollflash.envs.chat import encode_prompts
 from rollflash.envs.episode import Encode
@@ -138,19 +139,19 @@ class VLLMEngine:
         dtype: str = "float32",
         seed: int = 0,
         options: VLLMConfig | None = None,
+        trust_remote_code: bool = False,
     ):
-        model_dir = Path(model_path)
-        if not (model_dir / "config.json").is_file():
-            raise FileNotFoundError(
-                f"model.path: no Hugging Face model directory at {model_path} "
-                "(build one with scripts/make_tiny_model.py)"
-            )
+        model_dir = model_directory(str(model_path))
         opts = options if options is not None else VLLMConfig()
         vllm_setup.set_vllm_environment(kv_cache_from_config=opts.kv_cache_memory_gb is not None)
         on_cpu = vllm_setup.on_cpu()
         kwargs = vllm_setup.llm_kwargs(opts, dtype, seed, on_cpu)
-        self.llm = vllm_setup.llm_class()(model=str(model_dir), **kwargs)
-        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        self.llm = vllm_setup.llm_class()(
+            model=str(model_dir), trust_remote_code=trust_remote_code, **kwargs
+        )
+        self.tokenizer = AutoTokenizer.from_pretrained(
+            model_dir, trust_remote_code=trust_remote_code
+        )
         self.eos_id = self.tokenizer.eos_token_id
         self.vocab_size = self.llm.llm_engine.model_config.get_vocab_size()
         self.version = 0  # the model at model.path is v0
@@ -170,7 +171,13 @@ class VLLMEngine:
     def from_config(cls, cfg: Config, seed: int) -> VLLMEngine:
         """`model.path` with the `rollout.vllm` settings; `seed` seeds vLLM's sampling unless
         `rollout.vllm.seed` is set."""
-        return cls(cfg.model.path, dtype=cfg.model.dtype, seed=seed, options=cfg.rollout.vllm)
+        return cls(
+            cfg.model.path,
+            dtype=cfg.model.dtype,
+            seed=seed,
+            options=cfg.rollout.vllm,
+            trust_remote_code=cfg.model.trust_remote_code,
+        )
 
     def load_weights(self, model_file: Path, version: int) -> None:
         """Load a verified safetensors file in place; safe between steps of a running batch."""

@@ -22,6 +22,7 @@ from rollflash.algos import RunningRewardNorm
 from rollflash.broker.config import Config
 from rollflash.broker.connection import connect
 from rollflash.broker.learner_side import LearnerBroker
+from rollflash.broker.model_dir import model_directory
 from rollflash.broker.wire import WireLimits
 from rollflash.envs import Item, Task, is_multi_turn, task_from_config, train_stream
 from rollflash.envs.chat import PromptFormatter, format_task
@@ -82,23 +83,30 @@ class Learner:
 
     def evaluate(self) -> float:
         """Greedy held-out accuracy, on rank 0 (with FSDP every rank generates: the shards are
-        gathered in every forward pass)."""
+        gathered in every forward pass); rank 0 logs the generations."""
         if self.simulated or not (self.dist.is_main or is_sharded(self.models.model)):
             return 0.0
-        m, e = self.models, self.cfg.eval
+        m, e, rows = self.models, self.cfg.eval, list[dict]()
         limit = e.max_new_tokens or self.cfg.rollout.max_new_tokens
         domains = domain_items(self.task, self.heldout, limit)
         if domains is None:
-            return heldout_accuracy(
-                m.policy, m.tokenizer, self.task, self.heldout, limit, threshold=e.threshold
-            )
+            domains = {"": (self.heldout, limit)}
         correct = 0.0
         for name, (items, domain_limit) in domains.items():  # a mixture: per domain, own limit
             acc = heldout_accuracy(
-                m.policy, m.tokenizer, self.task, items, domain_limit, threshold=e.threshold
+                m.policy,
+                m.tokenizer,
+                self.task,
+                items,
+                domain_limit,
+                threshold=e.threshold,
+                record=rows,
             )
-            self.domain_eval[f"eval/{name}/heldout_acc"] = acc
+            if name:
+                self.domain_eval[f"eval/{name}/heldout_acc"] = acc
             correct += acc * len(items)
+        if self.sink is not None:
+            self.sink.log_eval_generations(self.state.step, rows)
         return correct / max(len(self.heldout), 1)
 
     def evaluate_sampled(self) -> dict[str, float]:
@@ -108,7 +116,8 @@ class Learner:
             return {}
         if is_multi_turn(self.task) or is_sharded(m.model):
             return {}  # episodes have their own success rate; sharded weights need every rank
-        return sampled_eval(
+        rows: list[dict] = []
+        out = sampled_eval(
             m.policy,
             m.tokenizer,
             self.task,
@@ -118,7 +127,11 @@ class Learner:
             e.max_new_tokens or self.cfg.rollout.max_new_tokens,
             e.threshold,
             seed=self.cfg.run.seed + self.state.step,
+            record=rows,
         )
+        if self.sink is not None:
+            self.sink.log_eval_generations(self.state.step, rows)
+        return out
 
     def close(self) -> None:
         self.ledger.close()
@@ -133,15 +146,14 @@ def load_policy(cfg: Config, dist: Dist = Dist()) -> tuple[torch.nn.Module, Any]
     """(the module the ranks train, tokenizer): float32 master weights on `dist.device`, read by
     rank 0 and broadcast (learner/load.py), with gradient checkpointing and torch.compile as
     configured, wrapped for the ranks (DDP, or FSDP2 shards)."""
-    path = Path(cfg.model.path)
-    if not (path / "config.json").is_file():
-        raise FileNotFoundError(
-            f"model.path: no Hugging Face model directory at {path} "
-            "(build one with scripts/make_tiny_model.py)"
-        )
+    path, remote = model_directory(cfg.model.path), cfg.model.trust_remote_code  # dir or hub id
     t, kwargs = (
         cfg.trainer,
-        {"dtype": torch.float32, "attn_implementation": cfg.model.attn_implementation},
+        {
+            "dtype": torch.float32,
+            "attn_implementation": cfg.model.attn_implementation,
+            "trust_remote_code": remote,
+        },
     )
 
     def wrap(policy: torch.nn.Module) -> torch.nn.Module:
@@ -156,12 +168,14 @@ def load_policy(cfg: Config, dist: Dist = Dist()) -> tuple[torch.nn.Module, Any]
 
     model = place(
         lambda: AutoModelForCausalLM.from_pretrained(path, **kwargs),
-        lambda: AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path), **kwargs),
+        lambda: AutoModelForCausalLM.from_config(
+            AutoConfig.from_pretrained(path, trust_remote_code=remote), **kwargs
+        ),
         dist,
         wrap,
         sharded=t.strategy == "fsdp" and dist.world_size > 1,
     )
-    return model, AutoTokenizer.from_pretrained(path)
+    return model, AutoTokenizer.from_pretrained(path, trust_remote_code=remote)
 
 
 def connect_broker(cfg: Config, dist: Dist) -> LearnerBroker:
@@ -286,7 +300,7 @@ def start(cfg: Config, resume: bool | None = None) -> Learner:
         dist=dist,
         broker=broker,
         task=task,
-        heldout=task.heldout_items()[: cfg.task.eval_size or None],
+        heldout=task.heldout_items()[: cfg.eval.size or None],
         models=models,
         optim=optim,
         collector=collector,

@@ -19,6 +19,7 @@ import torch
 from transformers import AutoConfig, AutoModel
 
 from rollflash.broker.config import Config
+from rollflash.broker.model_dir import model_directory
 from rollflash.learner.dist import Dist, wrap_model
 from rollflash.learner.load import place
 from rollflash.learner.packing import forward_packed, pack, unpack
@@ -33,17 +34,22 @@ class Critic(torch.nn.Module):
         torch.nn.init.zeros_(self.value_head.bias)
 
     @classmethod
-    def load(cls, path: str | Path, dtype: str = "float32", attn: str = "sdpa") -> Critic:
+    def load(
+        cls, path: str | Path, dtype: str = "float32", attn: str = "sdpa", remote: bool = False
+    ) -> Critic:
+        """`remote`: model.trust_remote_code."""
         backbone = AutoModel.from_pretrained(
-            path, dtype=getattr(torch, dtype), attn_implementation=attn
+            path, dtype=getattr(torch, dtype), attn_implementation=attn, trust_remote_code=remote
         )
         return cls(backbone, backbone.config.hidden_size)
 
     @classmethod
-    def empty(cls, path: str | Path, attn: str = "sdpa") -> Critic:
+    def empty(cls, path: str | Path, attn: str = "sdpa", remote: bool = False) -> Critic:
         """The same module without reading the weights (for `learner/load.py`'s meta build)."""
-        config = AutoConfig.from_pretrained(path)
-        backbone = AutoModel.from_config(config, dtype=torch.float32, attn_implementation=attn)
+        config = AutoConfig.from_pretrained(path, trust_remote_code=remote)
+        backbone = AutoModel.from_config(
+            config, dtype=torch.float32, attn_implementation=attn, trust_remote_code=remote
+        )
         return cls(backbone, config.hidden_size)
 
     def forward(
@@ -71,7 +77,8 @@ def build_critic(cfg: Config, dist: Dist = Dist()) -> tuple[torch.nn.Module, tor
     """The critic on this rank's device with float32 master weights (it computes in
     `model.dtype`), wrapped as the policy is (DDP, or sharded with `strategy: fsdp`), and its
     optimiser (weight decay and gradient clipping as the policy's)."""
-    path, attn = cfg.model.path, cfg.model.attn_implementation
+    path, attn = model_directory(cfg.model.path), cfg.model.attn_implementation
+    remote = cfg.model.trust_remote_code
     fsdp = cfg.trainer.strategy == "fsdp" and dist.world_size > 1
 
     def wrap(critic: torch.nn.Module) -> torch.nn.Module:
@@ -80,8 +87,8 @@ def build_critic(cfg: Config, dist: Dist = Dist()) -> tuple[torch.nn.Module, tor
         return wrap_model(critic, dist, cfg.trainer.strategy, cfg.model.dtype)
 
     critic = place(
-        lambda: Critic.load(path, "float32", attn),
-        lambda: Critic.empty(path, attn),
+        lambda: Critic.load(path, "float32", attn, remote),
+        lambda: Critic.empty(path, attn, remote),
         dist,
         wrap,
         fsdp,

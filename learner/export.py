@@ -14,6 +14,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rollflash.broker.config import Config
+from rollflash.broker.model_dir import model_directory
 from rollflash.broker.weights import WeightStore
 
 
@@ -23,7 +24,8 @@ def export_version(cfg: Config, version: int | None, out: Path) -> Path:
     if version is None:
         raise FileNotFoundError(f"run.run_dir: no published weights in {store.root}")
     state = load_file(str(store.verified_path(version)))
-    model = AutoModelForCausalLM.from_pretrained(cfg.model.path)
+    source, remote = model_directory(cfg.model.path), cfg.model.trust_remote_code
+    model = AutoModelForCausalLM.from_pretrained(source, trust_remote_code=remote)
     missing, unexpected = model.load_state_dict(state, strict=False)
     tied = {"lm_head.weight"} if model.config.tie_word_embeddings else set()
     if unexpected or set(missing) - tied:
@@ -34,5 +36,5 @@ def export_version(cfg: Config, version: int | None, out: Path) -> Path:
     model.tie_weights()
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
-    AutoTokenizer.from_pretrained(cfg.model.path).save_pretrained(out)
+    AutoTokenizer.from_pretrained(source, trust_remote_code=remote).save_pretrained(out)
     return out

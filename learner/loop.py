@@ -21,6 +21,7 @@ import json
 import logging
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -125,7 +126,7 @@ def learner_step(ln: Learner) -> dict[str, float]:
     checkpoint_s = make_durable(ln)
     wall = {"step_s": time.monotonic() - t0, "publish_s": publish_s, "checkpoint_s": checkpoint_s}
     metrics = merged_metrics(ln, batch, stats, wall)
-    if ln.cfg.trainer.eval_every and state.step % ln.cfg.trainer.eval_every == 0:
+    if ln.cfg.eval.every and state.step % ln.cfg.eval.every == 0:
         metrics["eval/heldout_acc"] = ln.evaluate()
         metrics.update(ln.domain_eval)  # a mixture's eval/<domain>/heldout_acc
         metrics.update(ln.evaluate_sampled())
@@ -170,6 +171,11 @@ def _report(ln: Learner, metrics: dict[str, float], groups: list[Trajectory]) ->
     rows = pick_completions(groups, n, version, cfg.run.seed, step, decode)
     ln.sink.log_completions(step, rows)
     metrics["gen/idle_frac"] = ln.broker.generator_idle_frac()
+    metrics["reward/errors"] = ln.broker.generator_reward_errors()
+    filtered = getattr(ln.task, "filtered", None)  # a dataset's prompts over max_prompt_tokens
+    if filtered is not None:
+        metrics["data/filtered_train"] = filtered["train"]
+        metrics["data/filtered_heldout"] = filtered["heldout"]
     ln.sink.log(step, metrics)
     ln.broker.set_run_fields(
         version=ln.state.version,
@@ -278,15 +284,22 @@ def finish(
     return summary
 
 
-def run(cfg: Config, resume: bool | None = None) -> dict[str, Any]:
-    """Train until `trainer.total_steps` (or a guard stops the run); returns the summary."""
+def run(
+    cfg: Config, resume: bool | None = None, on_step: Callable[[dict], None] | None = None
+) -> dict[str, Any]:
+    """Train until `trainer.total_steps` (or a guard stops the run); returns the summary.
+    `on_step`: called on rank 0 with each step's metrics row (`step` included), e.g. a
+    progress bar (rollctl/progress.py)."""
     setup_process("learner", seed=cfg.run.seed, torch_threads=cfg.run.torch_threads)
     ln = start(cfg, resume)
     started = time.monotonic()
     sampled_before = begin(ln)
     history = History()
     for _ in range(ln.state.step, cfg.trainer.total_steps):
-        history.add(learner_step(ln))
+        metrics = learner_step(ln)
+        history.add(metrics)
+        if on_step is not None and ln.dist.is_main:
+            on_step({"step": ln.state.step, **metrics})
         if ln.guard.stop_requested:  # guards.stop_on_guard
             break
     summary = finish(ln, history, started, sampled_before)

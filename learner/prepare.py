@@ -31,6 +31,7 @@ from rollflash.algos import (
     kl_reward_penalty,
 )
 from rollflash.broker.config import Config
+from rollflash.broker.model_dir import model_directory
 from rollflash.broker.schema import Trajectory
 from rollflash.learner.batch import (
     MicroBatch,
@@ -72,7 +73,12 @@ def build_algo_models(cfg: Config, dist: Dist = Dist()) -> AlgoModels:
     fsdp = cfg.trainer.strategy == "fsdp"
     if cfg.algo.kl_coef > 0:
         models.reference = ReferencePolicy.load(
-            cfg.model.path, cfg.model.dtype, dist, fsdp, cfg.model.attn_implementation
+            model_directory(cfg.model.path),
+            cfg.model.dtype,
+            dist,
+            fsdp,
+            cfg.model.attn_implementation,
+            cfg.model.trust_remote_code,
         )
     if cfg.algo.critic:
         models.critic, models.critic_optimizer = build_critic(cfg, dist)

@@ -32,14 +32,19 @@ class ReferencePolicy:
         dist: Dist = Dist(),
         fsdp: bool = False,
         attn: str = "sdpa",
+        remote: bool = False,
     ) -> ReferencePolicy:
         """dtype: "float32" or "bfloat16", as `model.dtype` (frozen: no master copy needed), on
         this rank's device; `fsdp` shards it over the ranks like the policy (every rank must
-        then run the same number of forward passes: learner/prepare.py)."""
+        then run the same number of forward passes: learner/prepare.py); `remote`:
+        model.trust_remote_code."""
         kwargs = {"dtype": getattr(torch, dtype), "attn_implementation": attn}
+        kwargs["trust_remote_code"] = remote
         model = place(
             lambda: AutoModelForCausalLM.from_pretrained(path, **kwargs),
-            lambda: AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path), **kwargs),
+            lambda: AutoModelForCausalLM.from_config(
+                AutoConfig.from_pretrained(path, trust_remote_code=remote), **kwargs
+            ),
             dist,
             shard if fsdp and dist.world_size > 1 else (lambda m: m),
             sharded=fsdp and dist.world_size > 1,

@@ -38,6 +38,7 @@ import torch
 
 from rollflash.algos import bradley_terry_loss
 from rollflash.broker.config import Config
+from rollflash.broker.model_dir import model_directory
 from rollflash.broker.process import setup_process
 from rollflash.broker.rm_input import reward_model_input_ids
 from rollflash.learner.device import autocast, to_device
@@ -55,19 +56,23 @@ log = logging.getLogger(__name__)
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
-def load_reward_model(path: str | Path, dtype: str = "float32"):
+def load_reward_model(
+    path: str | Path,
+    dtype: str = "float32",
+    key: str = "rm.pretrain",
+    trust_remote_code: bool = False,
+):
     """(model, tokenizer) of a scalar-head model: `AutoModelForSequenceClassification` with one
-    label; a causal-LM directory gets a fresh head. Sets pad_token_id (needed for batches)."""
+    label; a causal-LM directory gets a fresh head. Sets pad_token_id (needed for batches).
+    `path`: a directory or a cached hub id (broker/model_dir.py); `key` names it in errors."""
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    path = Path(path)
-    if not (path / "config.json").is_file():
-        raise FileNotFoundError(f"rm.pretrain: no Hugging Face model directory at {path}")
-    tokenizer = AutoTokenizer.from_pretrained(path)
+    path = model_directory(str(path), key)
+    tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     model = AutoModelForSequenceClassification.from_pretrained(
-        path, num_labels=1, dtype=_DTYPES[dtype]
+        path, num_labels=1, dtype=_DTYPES[dtype], trust_remote_code=trust_remote_code
     )
     model.config.pad_token_id = tokenizer.pad_token_id
     return model, tokenizer
@@ -277,7 +282,12 @@ def train_reward_model(cfg: Config, dist: Dist | None = None) -> dict[str, Any]:
     started = time.monotonic()
     train, held = _datasets(cfg)
     # float32 master weights; model.dtype is the compute dtype (pair_scores' autocast)
-    model, tokenizer = load_reward_model(rm.pretrain or cfg.model.path, "float32")
+    model, tokenizer = load_reward_model(
+        rm.pretrain or cfg.model.path,
+        "float32",
+        "rm.pretrain" if rm.pretrain else "model.path",
+        cfg.model.trust_remote_code,
+    )
     same = indistinguishable(tokenizer, train + held, rm.max_len)
     if same:
         log.warning(

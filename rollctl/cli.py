@@ -130,8 +130,14 @@ def start_learner(
         argv = torchrun_argv(ranks, nnodes, rdzv_endpoint, sys.argv[1:])
         os.execv(argv[0], argv)  # torchrun starts the ranks, each running this command again
     from rollflash import learner
+    from rollflash.rollctl.progress import terminal_progress
 
-    _guarded(learner.run, cfg, resume)
+    bar = terminal_progress(cfg.trainer.total_steps, sys.stderr)  # None off a terminal
+    try:
+        _guarded(learner.run, cfg, resume, bar.update if bar else None)
+    finally:
+        if bar is not None:
+            bar.close()
 
 
 @app.command("start-generator")

@@ -32,7 +32,7 @@ def _run(config: str, tmp_path: Path, model: Path) -> dict:
         f"run.run_id={tmp_path.name}",
         f"trainer.total_steps={STEPS}",
         "task.params={ops: ['+']}",
-        "task.eval_size=200",
+        "eval.size=200",
     ]
     proc = subprocess.run(
         [

@@ -20,7 +20,8 @@ def e2e_config(tmp_path, tiny_model_dir, run_id):
     cfg = {
         "run": {"run_id": run_id, "run_dir": str(tmp_path / "run"), "torch_threads": 1},
         "model": {"path": str(tiny_model_dir)},
-        "task": {"name": "arithmetic", "eval_size": 16},
+        "task": {"name": "arithmetic"},
+        "eval": {"size": 16},
         "rollout": {
             "num_return_sequences": N,
             "max_new_tokens": 6,

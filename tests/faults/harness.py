@@ -22,7 +22,7 @@ def write_config(
     cfg = {
         "run": {"run_id": run_id, "run_dir": str(tmp_path / "run"), "torch_threads": 1},
         "redis": {"url": redis_url, "connect_timeout_s": 20},
-        "task": {"eval_size": 1},
+        "eval": {"size": 1},
         "rollout": {
             "engine": "sim",
             "num_return_sequences": 2,

@@ -142,6 +142,15 @@ def test_heartbeats_expire(learner_broker, generator_broker, redis_url, run_id):
     assert status.live_generators() == {} and learner_broker.loaded_versions() == set()
 
 
+def test_the_learner_sums_live_generators_reward_errors(learner_broker, generator_broker):
+    assert learner_broker.generator_reward_errors() == 0  # no generator yet
+    generator_broker.heartbeat("gen-0", {"reward_errors": 3, "idle_frac": 0.5}, ttl_s=30)
+    generator_broker.heartbeat("gen-1", {"reward_errors": 4, "idle_frac": 0.1}, ttl_s=30)
+    generator_broker.heartbeat("gen-2", {"loaded_version": 1}, ttl_s=30)  # no count reported
+    assert learner_broker.generator_reward_errors() == 3 + 4
+    assert learner_broker.generator_idle_frac() == pytest.approx((0.5 + 0.1) / 2)
+
+
 def test_unreachable_redis_fails_after_bounded_retries(tmp_path):
     started = time.monotonic()
     with pytest.raises(BrokerUnavailable, match="cannot reach Redis at unix://.*after"):

@@ -160,7 +160,7 @@ def test_a_run_over_tls_with_acl_users(tmp_path, tls_redis, run_id):
         "--set",
         "trainer.total_steps=3",
         "--set",
-        "task.eval_size=1",
+        "eval.size=1",
         "--set",
         "redis.connect_timeout_s=10",
     ]

@@ -108,7 +108,8 @@ def test_logging_is_learner_local_and_left_out_of_the_fingerprint():
 # Fingerprints computed by the loader this config replaced (dataclasses, hand-written checks) on
 # the same files, then updated for each key added since (reward.max_abs_reward, reward.dtype;
 # model.chat_template, reward.functions / weights / timeout_s and the eval section;
-# reward.code and reward.judge; the
+# reward.code and reward.judge; model.trust_remote_code, trainer.eval_every and
+# task.eval_size moved to eval.every and eval.size; the
 # logging section and the GPU keys rollout.device, rollout.vllm and placement are not
 # hashed): processes of one run compare them, so the config's representation may not
 # change them. A new field or default
@@ -116,13 +117,13 @@ def test_logging_is_learner_local_and_left_out_of_the_fingerprint():
 @pytest.mark.parametrize(
     "name, overrides, expected",
     [
-        (None, [], "425897b9a7a573ff"),
-        ("demo.yaml", [], "2deea14e73e9cb47"),
-        ("ppo_gae.yaml", [], "317ea6e8e46ab180"),
-        ("dapo.yaml", [], "ee81968159037cbc"),
-        ("rlhf.yaml", [], "0edd878f16b6a06e"),
-        ("rm.yaml", [], "6f7bf1d4114d79ed"),
-        ("agentic_gridworld.yaml", [], "55384ef8f5caebf5"),
+        (None, [], "907f0e26920ab66c"),
+        ("demo.yaml", [], "710c1e9cda22156d"),
+        ("ppo_gae.yaml", [], "b40cab0e92f255fa"),
+        ("dapo.yaml", [], "1398fa81b8aa1f33"),
+        ("rlhf.yaml", [], "e2af3e3121fc52be"),
+        ("rm.yaml", [], "3d16378aeed2679b"),
+        ("agentic_gridworld.yaml", [], "3cfc2192fb28ddfe"),
         (
             None,
             # ints given for floats are hashed as the floats they are stored as (1 -> 1.0)
@@ -134,7 +135,7 @@ def test_logging_is_learner_local_and_left_out_of_the_fingerprint():
                 "algo.kl_target=0.1",
                 "algo.kl_coef=1",
             ],
-            "a3d4af7549778d1e",
+            "5d96a493a0dc3884",
         ),
     ],
 )
@@ -154,12 +155,14 @@ def test_saved_yaml_has_every_section_and_key_in_declaration_order(tmp_path):
     assert list(saved["run"]) == ["run_id", "run_dir", "seed", "torch_threads"]
     assert saved["trainer"]["actor_lr"] == 1.0 and isinstance(saved["trainer"]["actor_lr"], float)
     # every field of the dataclass config this replaced, counted by hand, and no property; since:
-    # model +2 (chat_template, attn_implementation), reward +6 (functions, weights, timeout_s,
-    # dtype, the code and judge sections), rollout +2 (device, the vllm section), trainer +7 (the
-    # learner's device and precision keys), and eval (4), logging (8) and placement (4)
+    # model +3 (chat_template, attn_implementation, trust_remote_code), reward +6 (functions,
+    # weights, timeout_s, dtype, the code and judge sections), rollout +2 (device, the vllm
+    # section), trainer +7 (the learner's device and precision keys) and -1 (eval_every moved to
+    # eval.every), task -1 (eval_size moved to eval.size), and eval (6), logging (8) and
+    # placement (4)
     assert {name: len(section) for name, section in saved.items()} == {
-        "run": 4, "redis": 4, "model": 4, "task": 3, "rollout": 16, "trainer": 23, "algo": 29,
-        "sim": 6, "reward": 13, "eval": 4, "rm": 14, "guards": 11, "logging": 8, "placement": 4,
+        "run": 4, "redis": 4, "model": 5, "task": 2, "rollout": 16, "trainer": 22, "algo": 29,
+        "sim": 6, "reward": 13, "eval": 6, "rm": 14, "guards": 11, "logging": 8, "placement": 4,
     }  # fmt: skip
     assert len(saved["rollout"]["vllm"]) == 10
     assert (len(saved["reward"]["code"]), len(saved["reward"]["judge"])) == (6, 7)
@@ -217,6 +220,14 @@ def test_saved_yaml_has_every_section_and_key_in_declaration_order(tmp_path):
         (
             {"logging": {"completions_per_step": -1}},
             "logging.completions_per_step: must be >= 0, got -1",
+        ),
+        (
+            {"trainer": {"eval_every": 5}},
+            "trainer.eval_every: moved to eval.every; set eval.every: 5 instead",
+        ),
+        (
+            {"task": {"name": "arithmetic", "eval_size": 8}},
+            "task.eval_size: moved to eval.size; set eval.size: 8 instead",
         ),
         (
             {"bogus": {}},
