@@ -11,6 +11,9 @@ TORCH_SPEC ?= torch==2.13.0
 DEMO_CONFIG ?= configs/demo.yaml
 DEMO_MODEL ?= models/tiny
 PYTEST_ARGS ?=
+# pytest-xdist workers for the main suite: many tests wait on subprocesses and Redis, so two
+# workers finish sooner even on two cores (each test module stays on one worker: --dist loadfile)
+TEST_WORKERS ?= 2
 # The demo model: a 2-layer Qwen2 warm-started by SFT on a teacher whose answer is off by one 60%
 # of the time, so it starts at ~15-30% held-out accuracy and RL has room to improve (the task
 # params must match configs/demo.yaml; scripts/make_tiny_model.py explains the choice).
@@ -79,7 +82,7 @@ byo: install redis-server $(BYO_MODEL)/config.json
 test: export ROLLFLASH_TEST_MODELS = $(CURDIR)/.test-models
 test: install redis-server bwrap
 	rm -rf .test-models && mkdir -p .test-models
-	$(BIN)/python -m pytest tests -q --ignore=tests/vllm_engine $(PYTEST_ARGS)
+	$(BIN)/python -m pytest tests -q -n $(TEST_WORKERS) --dist loadfile --ignore=tests/vllm_engine $(PYTEST_ARGS)
 	$(MAKE) --no-print-directory test-vllm
 
 # ruff (format and lint), mypy on algos/ and broker/, and the file/function size limits.
