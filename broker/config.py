@@ -103,6 +103,14 @@ class Config(BaseModel):
         """The prefix of every Redis key of this run (ARCHITECTURE.md)."""
         return f"rl:{self.run.run_id}:"
 
+    @property
+    def publish_kind(self) -> str:
+        """What a weight version holds: `full` weights or a LoRA `adapter` (`trainer.publish`;
+        auto: an adapter when `model.lora` is set)."""
+        if self.trainer.publish == "auto":
+            return "full" if self.model.lora is None else "adapter"
+        return self.trainer.publish
+
     def to_dict(self) -> dict[str, Any]:
         """The config as plain YAML data: sections of str / int / float / bool / None / dict."""
         return self.model_dump()
@@ -177,6 +185,18 @@ class Config(BaseModel):
             raise ConfigError(
                 "trainer.strategy: fsdp does not shard the critic yet; use ddp with "
                 "algo.critic: true"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _lora_fits_the_trainer(self) -> Config:
+        if self.model.lora is None and self.trainer.publish == "adapter":
+            raise ConfigError(
+                "trainer.publish: adapter versions need model.lora; set it or publish: full"
+            )
+        if self.model.lora is not None and self.trainer.strategy == "fsdp":
+            raise ConfigError(
+                "trainer.strategy: fsdp does not shard LoRA adapters yet; use ddp with model.lora"
             )
         return self
 

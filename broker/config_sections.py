@@ -16,6 +16,7 @@ from pydantic import ConfigDict, Field, StrictBool, StrictInt, StrictStr, model_
 from rollflash.broker.config_base import Number, Section
 from rollflash.broker.config_errors import ConfigError
 from rollflash.broker.config_gpu import VLLMConfig
+from rollflash.broker.config_lora import LoRAConfig
 from rollflash.broker.secrets import env_password, read_password_file, url_password, with_password
 
 
@@ -85,6 +86,9 @@ class ModelConfig(Section):
         "auto",
         description="single-turn prompts: auto (the tokenizer's template if it has one), "
         "none (raw text), or a Jinja template file",
+    )
+    lora: LoRAConfig | None = Field(
+        None, description="null: full fine-tuning; {rank, alpha, ...}: LoRA adapters (docs/lora.md)"
     )
 
 
@@ -227,6 +231,10 @@ class TrainerConfig(Section):
         0, ge=0, description="linear learning-rate warm-up over this many steps"
     )
     lr_schedule: Literal["constant", "cosine"] = Field("constant", description="after warm-up")
+    publish: Literal["auto", "full", "adapter"] = Field(
+        "auto",
+        description="weight versions: full, adapter (model.lora only), auto: adapter with lora",
+    )
 
     @property
     def max_staleness(self) -> int:

@@ -107,7 +107,8 @@ def test_logging_is_learner_local_and_left_out_of_the_fingerprint():
 
 # Fingerprints computed by the loader this config replaced (dataclasses, hand-written checks) on
 # the same files, then updated for each key added since (reward.max_abs_reward, reward.dtype;
-# model.chat_template, reward.functions / weights / timeout_s and the eval section; the
+# model.chat_template, reward.functions / weights / timeout_s and the eval section; model.lora
+# and trainer.publish; the
 # logging section and the GPU keys rollout.device, rollout.vllm and placement are not
 # hashed): processes of one run compare them, so the config's representation may not
 # change them. A new field or default
@@ -115,13 +116,13 @@ def test_logging_is_learner_local_and_left_out_of_the_fingerprint():
 @pytest.mark.parametrize(
     "name, overrides, expected",
     [
-        (None, [], "e58eebf9016885aa"),
-        ("demo.yaml", [], "6737004e7defa45c"),
-        ("ppo_gae.yaml", [], "750ff04e7d1350ee"),
-        ("dapo.yaml", [], "9204afa6467c9542"),
-        ("rlhf.yaml", [], "d5ce886967ad03b0"),
-        ("rm.yaml", [], "b5179fa260f53eda"),
-        ("agentic_gridworld.yaml", [], "e7bd3824438799b4"),
+        (None, [], "d50f0b151d275f06"),
+        ("demo.yaml", [], "fadb931d0ee961fd"),
+        ("ppo_gae.yaml", [], "0dd197962ea00dc2"),
+        ("dapo.yaml", [], "d993abcb2a11d213"),
+        ("rlhf.yaml", [], "fba7b6cca1361c63"),
+        ("rm.yaml", [], "6339f9d2e7269428"),
+        ("agentic_gridworld.yaml", [], "17773c955a123b7c"),
         (
             None,
             # ints given for floats are hashed as the floats they are stored as (1 -> 1.0)
@@ -133,7 +134,7 @@ def test_logging_is_learner_local_and_left_out_of_the_fingerprint():
                 "algo.kl_target=0.1",
                 "algo.kl_coef=1",
             ],
-            "35db9cddd267059a",
+            "3d08a2cdd0b7c002",
         ),
     ],
 )
@@ -154,9 +155,10 @@ def test_saved_yaml_has_every_section_and_key_in_declaration_order(tmp_path):
     assert saved["trainer"]["actor_lr"] == 1.0 and isinstance(saved["trainer"]["actor_lr"], float)
     # every field of the dataclass config this replaced, counted by hand, and no property; since:
     # model +1 (chat_template), reward +4 (functions, weights, timeout_s, dtype), rollout +2
-    # (device, the vllm section), and eval (4), logging (8) and placement (4)
+    # (device, the vllm section), model +1 (lora), trainer +1 (publish), and eval (4), logging (8)
+    # and placement (4)
     assert {name: len(section) for name, section in saved.items()} == {
-        "run": 4, "redis": 4, "model": 3, "task": 3, "rollout": 16, "trainer": 16, "algo": 29,
+        "run": 4, "redis": 4, "model": 4, "task": 3, "rollout": 16, "trainer": 17, "algo": 29,
         "sim": 6, "reward": 11, "eval": 4, "rm": 14, "guards": 11, "logging": 8, "placement": 4,
     }  # fmt: skip
     assert len(saved["rollout"]["vllm"]) == 10
@@ -186,6 +188,21 @@ def test_saved_yaml_has_every_section_and_key_in_declaration_order(tmp_path):
         (
             {"model": {"dtype": "fp16"}},
             "model.dtype: must be one of ['float32', 'bfloat16'], got 'fp16'",
+        ),
+        ({"model": {"lora": {"rank": 0}}}, "model.lora.rank: must be in (0, 512], got 0"),
+        (
+            {"model": {"lora": {"rnk": 8}}},
+            "model.lora.rnk: unknown key (known: alpha, dropout, modules_to_save, rank, "
+            "target_modules)",
+        ),
+        ({"model": {"lora": 8}}, "model.lora: expected a mapping, got 8"),
+        (
+            {"trainer": {"publish": "adapter"}},
+            "trainer.publish: adapter versions need model.lora; set it or publish: full",
+        ),
+        (
+            {"trainer": {"strategy": "fsdp"}, "model": {"lora": {"rank": 8}}},
+            "trainer.strategy: fsdp does not shard LoRA adapters yet; use ddp with model.lora",
         ),
         (
             {"trainer": {"strategy": "fsdp"}, "algo": {"adv_estimator": "gae", "critic": True}},
