@@ -4,6 +4,7 @@ dist       = init_dist()                              # torchrun's rank and worl
 broker     = connect_broker(cfg, dist)                # Redis: groups, run registration
 models, state, optim_states = build_models(cfg, dist, checkpoint)
 optim      = build_optim(cfg, models, optim_states)   # AdamW + lr schedule, resumed
+  (with model.lora the policy is the base wrapped with adapters: learner/lora.py)
 collector  = build_collector(cfg, dist, broker, task, state, vocab_size)
 then: publish v0, or resume after the checkpoint (learner/publish.py)
 """
@@ -32,6 +33,7 @@ from rollflash.learner.dist import Dist, init_dist, is_sharded, load_optimizer_s
 from rollflash.learner.evaluate import heldout_accuracy, sampled_eval
 from rollflash.learner.filters import drop_reason
 from rollflash.learner.guards import GuardMonitor
+from rollflash.learner.lora import trainable_parameters, with_adapters
 from rollflash.learner.metrics import MetricsSink, open_sink
 from rollflash.learner.prepare import AlgoModels, build_algo_models
 from rollflash.learner.publish import Publisher, publish, resume_after
@@ -158,7 +160,9 @@ def build_models(
     algorithm's models; returns them with the checkpoint's state and optimiser states."""
     sim = cfg.sim.learner_step_s > 0
     policy, tokenizer = (SimulatedPolicy(cfg.sim), None) if sim else load_policy(cfg)
-    algo = AlgoModels() if sim else build_algo_models(cfg)
+    if cfg.model.lora is not None and not sim:
+        policy = with_adapters(policy, cfg.model.lora)  # learner/lora.py: base frozen
+    algo = AlgoModels() if sim else build_algo_models(cfg, policy)
     state, optim_states = LearnerState(), None
     if ckpt is not None:  # weights go in before sharding; optimiser state after
         state, optim_states = CheckpointStore.load(ckpt, policy, algo.critic)
@@ -173,7 +177,7 @@ def build_optim(cfg: Config, models: Models, optim_states: dict[str, Any] | None
     checkpoint's optimiser, scheduler and critic-optimiser states when resuming."""
     t = cfg.trainer
     optimizer = torch.optim.AdamW(
-        models.policy.parameters(), lr=t.actor_lr, weight_decay=t.weight_decay
+        trainable_parameters(models.policy), lr=t.actor_lr, weight_decay=t.weight_decay
     )
     schedule = warmup_decay(t.lr_warmup_steps, t.total_steps, t.lr_schedule)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)

@@ -1,7 +1,8 @@
 """Learner checkpoints: everything needed to resume without losing or double-training data.
 
 Layout: `{run_dir}/checkpoints/step{step:08d}/` holds
-- `model.safetensors` (the policy), `critic.safetensors` (when `algo.critic`);
+- `model.safetensors` (the policy; with LoRA only its trainable tensors, the adapters and
+  `modules_to_save`: the frozen base is `model.path`), `critic.safetensors` (when `algo.critic`);
 - `optim.pt` (optimiser, scheduler and critic-optimiser state dicts: tensors and numbers only,
   loaded with `torch.load(weights_only=True)`, which refuses arbitrary pickled objects);
 - `state.json`: step, last published version, the version -> step lineage, admission counters,
@@ -239,11 +240,17 @@ class CheckpointStore:
 
 def load_weights(module: torch.nn.Module, path: Path) -> None:
     """Load a safetensors file saved by `unique_tensors`: names it dropped as aliases of a tied
-    tensor (lm_head.weight = embed_tokens.weight) may be missing, nothing else."""
+    tensor (lm_head.weight = embed_tokens.weight) may be missing, and so may frozen parameters
+    (a LoRA policy's base, which comes from `model.path`); nothing else."""
     missing, unexpected = module.load_state_dict(load_file(str(path)), strict=False)
     params = module.state_dict()
+    frozen = {n for n, p in module.named_parameters(remove_duplicate=False) if not p.requires_grad}
     stored = {params[k].untyped_storage().data_ptr() for k in params if k not in missing}
-    untied = [k for k in missing if params[k].untyped_storage().data_ptr() not in stored]
+    untied = [
+        k
+        for k in missing
+        if k not in frozen and params[k].untyped_storage().data_ptr() not in stored
+    ]
     if unexpected or untied:
         raise RuntimeError(
             f"checkpoint {path} does not match the model: missing {untied}, unexpected {unexpected}"

@@ -43,7 +43,7 @@ from rollflash.learner.batch import (
 from rollflash.learner.critic import Critic, build_critic
 from rollflash.learner.filters import group_scores, truncated
 from rollflash.learner.packing import budget_chunks
-from rollflash.learner.reference import ReferencePolicy
+from rollflash.learner.reference import AdaptersOffReference, ReferencePolicy
 
 
 @dataclass
@@ -58,10 +58,13 @@ class AlgoModels:
     )  # reward_norm: running
 
 
-def build_algo_models(cfg: Config) -> AlgoModels:
-    """Load the reference and build the critic only when the config uses them."""
+def build_algo_models(cfg: Config, policy: torch.nn.Module | None = None) -> AlgoModels:
+    """Load the reference and build the critic only when the config uses them; with LoRA the
+    reference is `policy` (the peft model) with its adapters off."""
     models = AlgoModels()
-    if cfg.algo.kl_coef > 0:
+    if cfg.algo.kl_coef > 0 and cfg.model.lora is not None:
+        models.reference = AdaptersOffReference(policy)
+    elif cfg.algo.kl_coef > 0:
         models.reference = ReferencePolicy.load(cfg.model.path, cfg.model.dtype)
     if cfg.algo.critic:
         models.critic, models.critic_optimizer = build_critic(cfg)

@@ -21,7 +21,7 @@ import os
 import signal
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -30,7 +30,8 @@ from rollflash.broker.learner_side import LearnerBroker
 from rollflash.broker.notify import VersionPublisher
 from rollflash.broker.weights import WeightStore
 from rollflash.learner.checkpoint import RankProgress, rng_state
-from rollflash.learner.dist import full_state_dict, optimizer_state
+from rollflash.learner.dist import optimizer_state
+from rollflash.learner.lora import checkpoint_weights, published_weights
 
 if TYPE_CHECKING:
     from rollflash.learner.build import Learner
@@ -55,9 +56,16 @@ class Publisher:
         self.keep = cfg.trainer.keep_versions
         self.zmq = VersionPublisher()
 
-    def publish(self, weights: dict[str, torch.Tensor], version: int, step: int) -> float:
+    def publish(
+        self,
+        weights: dict[str, torch.Tensor],
+        version: int,
+        step: int,
+        adapter_config: dict[str, Any] | None = None,
+    ) -> float:
+        """Publish full weights, or with `adapter_config` a LoRA adapter (broker/weights.py)."""
         started = time.monotonic()
-        info = self.store.publish(weights, version, step)
+        info = self.store.publish(weights, version, step, adapter_config=adapter_config)
         self.broker.announce_weights(version, info.path, info.sha256, self.zmq.endpoint)
         self.zmq.announce(version, info.path, info.sha256)
         self.store.retain(self.keep, in_use=self.broker.loaded_versions())
@@ -76,8 +84,10 @@ def pause_point(name: str, step: int) -> None:
 
 def publish(ln: Learner, version: int, step: int) -> float:
     """Publish the policy as `version` (rank 0; every rank helps gather FSDP shards)."""
-    weights = full_state_dict(ln.models.model)
-    return ln.publisher.publish(weights, version, step) if ln.publisher is not None else 0.0
+    weights, adapter = published_weights(ln.models.model, ln.cfg)  # adapter: LoRA (lora.py)
+    if ln.publisher is None:
+        return 0.0
+    return ln.publisher.publish(weights, version, step, adapter)
 
 
 def checkpoint(ln: Learner) -> float:
@@ -87,7 +97,7 @@ def checkpoint(ln: Learner) -> float:
     parts = dist.gather(
         [dist.consumer, ln.progress.entry_ids, ln.progress.traj_ids, consumed, pending]
     )
-    weights = full_state_dict(ln.models.model)  # collective with FSDP
+    weights = checkpoint_weights(ln.models.model)  # collective with FSDP; LoRA: adapters only
     optim = {
         "optimizer": optimizer_state(ln.models.model, ln.optim.optimizer),
         "scheduler": ln.optim.scheduler.state_dict(),
