@@ -106,10 +106,14 @@ class Config(BaseModel):
     @property
     def publish_kind(self) -> str:
         """What a weight version holds: `full` weights or a LoRA `adapter` (`trainer.publish`;
-        auto: an adapter when `model.lora` is set)."""
-        if self.trainer.publish == "auto":
-            return "full" if self.model.lora is None else "adapter"
-        return self.trainer.publish
+        auto: an adapter when `model.lora` is set, unless vLLM generators would have to load
+        `modules_to_save`, which vLLM's LoRA support does not take)."""
+        lora = self.model.lora
+        if self.trainer.publish != "auto":
+            return self.trainer.publish
+        if lora is None or (lora.modules_to_save and self.rollout.engine == "vllm"):
+            return "full"
+        return "adapter"
 
     def to_dict(self) -> dict[str, Any]:
         """The config as plain YAML data: sections of str / int / float / bool / None / dict."""
