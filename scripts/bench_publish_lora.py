@@ -7,7 +7,10 @@ values. Each repetition publishes the policy twice through the learner's own pat
 weights, what `trainer.publish: full` writes) and as an adapter version; then a generator's
 `WeightFollower` reloads each into an HF engine (verify sha256, private copy, `load_weights` or
 `load_adapter`). Times are medians of `--repeats`; bytes are what one version puts on the shared
-filesystem. The ratios full / adapter are the numbers to read. Prints one JSON line.
+filesystem. The ratios full / adapter are the numbers to read. `*_train_state_bytes` is the
+learner's training state after one AdamW step, full fine-tuning against LoRA: parameters,
+gradients and optimiser moments (activations excluded; they depend on the batch). `--model DIR`
+measures an existing model (the demo's) instead of a random one. Prints one JSON line.
 
     python scripts/bench_publish_lora.py [--hidden 512] [--layers 8] [--vocab 32000] [--rank 16]
 """
@@ -32,7 +35,11 @@ from rollflash.broker.config import config_from_dict  # noqa: E402
 from rollflash.broker.weights import WeightStore  # noqa: E402
 from rollflash.generators.hf_engine import HFEngine  # noqa: E402
 from rollflash.generators.reload import WeightFollower  # noqa: E402
-from rollflash.learner.lora import published_weights, with_adapters  # noqa: E402
+from rollflash.learner.lora import (  # noqa: E402
+    published_weights,
+    trainable_parameters,
+    with_adapters,
+)
 
 
 class _Hash:
@@ -64,11 +71,24 @@ def build_model(out: Path, hidden: int, layers: int, vocab: int) -> None:
     build_tokenizer().save_pretrained(out)
 
 
+def train_state_bytes(model: torch.nn.Module) -> int:
+    """Bytes of parameters, gradients and AdamW moments after one step on a short batch."""
+    optimizer = torch.optim.AdamW(trainable_parameters(model), lr=1e-4)
+    ids = torch.randint(0, model.config.vocab_size, (2, 16))
+    model(input_ids=ids).logits.float().logsumexp(-1).mean().backward()
+    optimizer.step()
+    params = {p.data_ptr(): p for p in model.parameters()}.values()  # tied weights once
+    moments = [t for st in optimizer.state.values() for t in st.values() if t.dim() > 0]
+    tensors = [*params, *(p.grad for p in params if p.grad is not None), *moments]
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
 def measure(args: argparse.Namespace, workdir: Path) -> dict:
     from transformers import AutoModelForCausalLM
 
-    model_dir = workdir / "model"
-    build_model(model_dir, args.hidden, args.layers, args.vocab)
+    model_dir = Path(args.model) if args.model else workdir / "model"
+    if not args.model:
+        build_model(model_dir, args.hidden, args.layers, args.vocab)
     lora = {"rank": args.rank, "alpha": 2 * args.rank}
     cfgs = {
         kind: config_from_dict({"model": {"path": str(model_dir), "lora": lora}, **extra})
@@ -104,6 +124,10 @@ def measure(args: argparse.Namespace, workdir: Path) -> dict:
             store.retain(keep=1, in_use=set())
         follower.close()
     out = {k: {m: statistics.median(v) for m, v in r.items()} for k, r in results.items()}
+    out["full"]["train_state_bytes"] = train_state_bytes(
+        AutoModelForCausalLM.from_pretrained(model_dir)
+    )
+    out["adapter"]["train_state_bytes"] = train_state_bytes(policy)
     return {
         "bench": "publish_lora",
         "params": params,
@@ -115,6 +139,9 @@ def measure(args: argparse.Namespace, workdir: Path) -> dict:
         "bytes_ratio": round(out["full"]["bytes"] / out["adapter"]["bytes"], 1),
         "publish_ratio": round(out["full"]["publish_s"] / out["adapter"]["publish_s"], 1),
         "reload_ratio": round(out["full"]["reload_s"] / out["adapter"]["reload_s"], 1),
+        "train_state_ratio": round(
+            out["full"]["train_state_bytes"] / out["adapter"]["train_state_bytes"], 2
+        ),
         "handoff_ratio": round(
             (out["full"]["publish_s"] + out["full"]["reload_s"])
             / (out["adapter"]["publish_s"] + out["adapter"]["reload_s"]),
@@ -130,6 +157,7 @@ def main() -> None:
     parser.add_argument("--vocab", type=int, default=32000)
     parser.add_argument("--rank", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--model", help="an existing model directory instead of a random one")
     args = parser.parse_args()
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory(prefix="bench-publish-lora-") as tmp:
