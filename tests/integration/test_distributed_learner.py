@@ -45,3 +45,15 @@ def test_two_gloo_ranks_match_one_rank(tiny_model_dir, tmp_path, strategy, group
         torch.testing.assert_close(two[name], w, atol=1e-5, rtol=0)
         moved += name in start and not torch.equal(start[name], w)
     assert moved > 0  # the steps did change the weights
+
+
+def test_two_gloo_ranks_match_one_rank_with_lora(tiny_model_dir, tmp_path):
+    """DDP with LoRA adapters and a KL term against the base with the adapters off: the
+    adapters two ranks train equal one rank's, and only the adapters are trainable."""
+    one = _train(tiny_model_dir, tmp_path / "one.safetensors", 5, 1, "ddp-lora")
+    two = _train(tiny_model_dir, tmp_path / "two.safetensors", 5, 2, "ddp-lora")
+    # 1 layer x (q_proj, v_proj) x (lora_A, lora_B): the checkpoint holds these 4 tensors only
+    assert len(one) == 4 and all(".lora_A." in k or ".lora_B." in k for k in one)
+    for name, w in one.items():
+        torch.testing.assert_close(two[name], w, atol=1e-5, rtol=0)
+    assert all(one[k].abs().max() > 0 for k in one if ".lora_B." in k)  # B started at zero
