@@ -83,6 +83,35 @@ def train_state_bytes(model: torch.nn.Module) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
+def handoff(
+    policy: torch.nn.Module, cfgs: dict, model_dir: Path, workdir: Path, repeats: int
+) -> dict[str, dict[str, float]]:
+    """Median publish and reload seconds and bytes per version, per kind of version."""
+    results: dict[str, dict[str, list[float]]] = {
+        k: {"publish_s": [], "reload_s": [], "bytes": []} for k in cfgs
+    }
+    version = 0
+    for kind, cfg in cfgs.items():
+        store, hash_ = WeightStore(workdir / f"run-{kind}"), _Hash()
+        engine = HFEngine(str(model_dir))
+        follower = WeightFollower(hash_, store, engine, poll_interval_s=0.0)
+        for _ in range(repeats):
+            version += 1
+            started = time.perf_counter()
+            tensors, adapter = published_weights(policy, cfg)
+            info = store.publish(tensors, version, version, adapter_config=adapter)
+            results[kind]["publish_s"].append(time.perf_counter() - started)
+            hash_.info = {"version": str(version), "sha256": info.sha256}
+            started = time.perf_counter()
+            assert follower.maybe_reload(), f"{kind} v{version} was not loaded"
+            results[kind]["reload_s"].append(time.perf_counter() - started)
+            size = sum(f.stat().st_size for f in Path(info.path).iterdir())
+            results[kind]["bytes"].append(size)
+            store.retain(keep=1, in_use=set())
+        follower.close()
+    return {k: {m: statistics.median(v) for m, v in r.items()} for k, r in results.items()}
+
+
 def measure(args: argparse.Namespace, workdir: Path) -> dict:
     from transformers import AutoModelForCausalLM
 
@@ -101,29 +130,7 @@ def measure(args: argparse.Namespace, workdir: Path) -> dict:
                 p.normal_(0, 0.01)
     params = sum(p.numel() for p in policy.parameters())
     trainable = sum(p.numel() for p in policy.parameters() if p.requires_grad)
-    results: dict[str, dict[str, list[float]]] = {
-        k: {"publish_s": [], "reload_s": [], "bytes": []} for k in cfgs
-    }
-    version = 0
-    for kind, cfg in cfgs.items():
-        store, hash_ = WeightStore(workdir / f"run-{kind}"), _Hash()
-        engine = HFEngine(str(model_dir))
-        follower = WeightFollower(hash_, store, engine, poll_interval_s=0.0)
-        for _ in range(args.repeats):
-            version += 1
-            started = time.perf_counter()
-            tensors, adapter = published_weights(policy, cfg)
-            info = store.publish(tensors, version, version, adapter_config=adapter)
-            results[kind]["publish_s"].append(time.perf_counter() - started)
-            hash_.info = {"version": str(version), "sha256": info.sha256}
-            started = time.perf_counter()
-            assert follower.maybe_reload(), f"{kind} v{version} was not loaded"
-            results[kind]["reload_s"].append(time.perf_counter() - started)
-            size = sum(f.stat().st_size for f in Path(info.path).iterdir())
-            results[kind]["bytes"].append(size)
-            store.retain(keep=1, in_use=set())
-        follower.close()
-    out = {k: {m: statistics.median(v) for m, v in r.items()} for k, r in results.items()}
+    out = handoff(policy, cfgs, model_dir, workdir, args.repeats)
     out["full"]["train_state_bytes"] = train_state_bytes(
         AutoModelForCausalLM.from_pretrained(model_dir)
     )
