@@ -49,6 +49,7 @@ class HFEngine:
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=_DTYPES[dtype])
         self.model.to(self.device).eval()
         self._adapter: dict | None = None  # the loaded LoRA adapter's config (load_adapter)
+        self._shapes = {k: v.shape for k, v in self.model.state_dict().items()}
         self.vocab_size = self.model.config.vocab_size
         self.eos_id = self.tokenizer.eos_token_id
         self.pad_id = (
@@ -70,18 +71,18 @@ class HFEngine:
         copied, so a file that does not fit leaves the current weights whole. A LoRA adapter
         loaded before is removed: a full version holds every weight."""
         state = load_file(str(model_file))  # on the host: load_state_dict copies to the device
-        if self._adapter is not None:
-            self.model, self._adapter = self.model.unload(), None
-        current = self.model.state_dict()
+        current = self._shapes  # the base model's, also while an adapter wraps it
         tied = {"lm_head.weight"} if self.model.config.tie_word_embeddings else set()
         missing = sorted(set(current) - set(state) - tied)
         unexpected = sorted(set(state) - set(current))
-        wrong = sorted(n for n in set(state) & set(current) if state[n].shape != current[n].shape)
+        wrong = sorted(n for n in set(state) & set(current) if state[n].shape != current[n])
         if missing or unexpected or wrong:
             raise ValueError(
                 f"weights {model_file} do not fit the model: missing {missing}, "
                 f"unexpected {unexpected}, wrong shape {wrong}"
             )
+        if self._adapter is not None:
+            self.model, self._adapter = self.model.unload(), None
         self.model.load_state_dict(state, strict=False)
         self.model.tie_weights()
 

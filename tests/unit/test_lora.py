@@ -13,7 +13,13 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rollflash.broker.config import config_from_dict
-from rollflash.broker.weights import ADAPTER_CONFIG, ADAPTER_FILE, MANIFEST, WeightStore
+from rollflash.broker.weights import (
+    ADAPTER_CONFIG,
+    ADAPTER_FILE,
+    MANIFEST,
+    WeightStore,
+    unique_tensors,
+)
 from rollflash.generators.reload import WeightFollower
 from rollflash.learner.batch import MicroBatch
 from rollflash.learner.build import Models, build_optim
@@ -179,8 +185,17 @@ def test_hf_engine_log_probs_after_an_adapter_version_equal_the_learners(tiny_mo
     _publish(store, hash_, policy2, cfg, 2)
     assert follower.maybe_reload() and follower.loaded_version == 2
     assert _max_error(engine, policy2, tok, 1.0) < 1e-4
-    # a merged full version replaces the adapter: the model holds every weight again
+    # a full file that does not fit is refused before the adapter is touched
     merged = merged_state_dict(policy)
+    from safetensors.torch import save_file
+
+    bad = {k: v for k, v in merged.items() if not k.endswith("up_proj.weight")}
+    save_file(unique_tensors(bad), str(tmp_path / "bad.safetensors"))
+    with pytest.raises(ValueError, match="up_proj"):
+        engine.load_weights(tmp_path / "bad.safetensors", 3)
+    assert hasattr(engine.model, "peft_config")
+    assert _max_error(engine, policy2, tok, 1.0) < 1e-4
+    # a merged full version replaces the adapter: the model holds every weight again
     hash_.info = {"version": "3", "sha256": store.publish(merged, 3, 3).sha256}
     assert follower.maybe_reload() and follower.loaded_version == 3
     assert not hasattr(engine.model, "peft_config")
