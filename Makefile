@@ -17,7 +17,15 @@ PYTEST_ARGS ?=
 TINY_MODEL_ARGS ?= --task-params '{"ops": ["+"]}' --sft-steps 1200 --sft-lr 1e-3 \
                    --sft-teacher-error 0.6 --seed 0
 
-.PHONY: install redis-server bwrap demo test test-unit lint bench clean
+# The worked example of docs/tasks.md: GSM8K-format word problems, a tiny model with a chat template
+# warm-started on them the same way (the paths must match configs/byo_dataset.yaml).
+BYO_DATA ?= data/word_problems
+BYO_MODEL ?= models/tiny-chat
+BYO_MODEL_ARGS ?= --chat --max-positions 96 --task dataset --task-params \
+  '{"path": "$(BYO_DATA)/train.jsonl", "eval_path": "$(BYO_DATA)/test.jsonl", "prompt_key": "question"}' \
+  --sft-steps 400 --sft-teacher-error 0.6 --seed 0
+
+.PHONY: install redis-server bwrap demo byo test test-unit lint bench clean
 
 install: $(STAMP)
 
@@ -55,6 +63,16 @@ demo: install redis-server bwrap $(DEMO_MODEL)/config.json
 	rm -rf runs/demo
 	$(BIN)/rollctl run --config $(DEMO_CONFIG)
 	$(BIN)/rollctl plot runs/demo --out runs/demo/report.png
+
+$(BYO_DATA)/train.jsonl: | $(STAMP)
+	$(BIN)/python scripts/make_word_problems.py --out $(BYO_DATA)
+
+$(BYO_MODEL)/config.json: $(BYO_DATA)/train.jsonl
+	$(BIN)/python scripts/make_tiny_model.py --out $(BYO_MODEL) $(BYO_MODEL_ARGS)
+
+byo: install redis-server $(BYO_MODEL)/config.json
+	rm -rf runs/byo
+	$(BIN)/rollctl run --config configs/byo_dataset.yaml
 
 # the main suite in .venv, then the vLLM tests in .venv-vllm (test-vllm, below)
 # ROLLFLASH_TEST_MODELS: both pytest runs share the tiny models built for this `make test`

@@ -29,12 +29,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from rollflash.broker.config_algo import GROUP_BASELINES, AlgoConfig
 from rollflash.broker.config_errors import ConfigError, config_error
-from rollflash.broker.config_eval import EvalConfig
-from rollflash.broker.config_gpu import PlacementConfig, VLLMConfig
+from rollflash.broker.config_eval import EvalConfig, refuse_moved_keys
+from rollflash.broker.config_gpu import PlacementConfig, TrainerGpuKeys, VLLMConfig
 from rollflash.broker.config_logging import LoggingConfig
+from rollflash.broker.config_model import ModelConfig
 from rollflash.broker.config_sections import (
     GuardsConfig,
-    ModelConfig,
     RedisConfig,
     RewardConfig,
     RewardModelTrainConfig,
@@ -129,7 +129,8 @@ class Config(BaseModel):
     def fingerprint(self) -> str:
         """sha256 of the fields every process must agree on: not run-local paths or counts, nor
         `logging:` (only the learner reads it) or `placement:` and the rollout's device and vLLM
-        options (how one process runs: a generator on another host may use other values)."""
+        options, the learner's device and precision keys (trainer: TrainerGpuKeys,
+        model.attn_implementation): how one process runs, so another host may use other values."""
         shared = {
             k: v for k, v in self.to_dict().items() if k not in ("redis", "logging", "placement")
         }
@@ -139,8 +140,11 @@ class Config(BaseModel):
             if k not in ("num_rollout_workers", "device", "vllm")
         }
         shared["trainer"] = {
-            k: v for k, v in shared["trainer"].items() if k != "num_trainer_workers"
+            k: v
+            for k, v in shared["trainer"].items()
+            if k != "num_trainer_workers" and k not in TrainerGpuKeys.model_fields
         }
+        shared["model"] = {k: v for k, v in shared["model"].items() if k != "attn_implementation"}
         blob = json.dumps(shared, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
 
@@ -248,6 +252,7 @@ def apply_override(data: dict, assignment: str) -> None:
 
 def config_from_dict(data: dict) -> Config:
     """Validate a parsed YAML mapping; the first problem found raises ConfigError."""
+    refuse_moved_keys(data)
     try:
         return Config.model_validate(data)
     except ValidationError as e:

@@ -2,15 +2,37 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import Field, StrictInt
 
+from rollflash.broker.config_errors import ConfigError
 from rollflash.broker.config_sections import Number, Section
+
+# keys that moved into `eval:`; a config that still uses one fails at load naming the new key
+MOVED = {("trainer", "eval_every"): "eval.every", ("task", "eval_size"): "eval.size"}
+
+
+def refuse_moved_keys(data: Any) -> None:
+    """ConfigError, one line, for a key of MOVED in the raw config mapping `data`."""
+    if not isinstance(data, dict):
+        return
+    for (section, key), new in MOVED.items():
+        if isinstance(data.get(section), dict) and key in data[section]:
+            raise ConfigError(
+                f"{section}.{key}: moved to {new}; set {new}: {data[section][key]!r} instead"
+            )
 
 
 class EvalConfig(Section):
-    """The `eval:` section: held-out evaluation by the learner (learner/evaluate.py). When and on
-    how many items are `trainer.eval_every` and `task.eval_size`."""
+    """The `eval:` section: held-out evaluation by the learner (learner/evaluate.py)."""
 
+    every: StrictInt = Field(
+        0, ge=0, description="evaluate every N learner steps (0 = only before and after training)"
+    )
+    size: StrictInt = Field(
+        200, ge=0, description="held-out items (or episodes) evaluated (0 = all)"
+    )
     n_samples: StrictInt = Field(
         0,
         ge=0,

@@ -84,3 +84,43 @@ class PlacementConfig(Section):
         lt=1,
         description="colocate: the share of each GPU's memory the fit check leaves to the learner",
     )
+
+
+class TrainerGpuKeys(Section):
+    """The learner's device, precision and memory keys, part of `trainer:` (README "GPUs").
+
+    They say how the learner computes, not what the run trains, so like the keys above they are
+    left out of the fingerprint: generators never read them."""
+
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto",
+        description="where the learner trains: auto takes cuda (cuda:LOCAL_RANK) when torch "
+        "sees a GPU",
+    )
+    gradient_checkpointing: StrictBool = Field(
+        False,
+        description="recompute each transformer block in the backward pass (non-reentrant): "
+        "activation memory of one block instead of all, about 30% more compute",
+    )
+    compile: StrictBool = Field(
+        False, description="torch.compile every transformer block (first steps are slow)"
+    )
+    logprob_dtype: Literal["float32", "bfloat16"] = Field(
+        "float32",
+        description="dtype of the log-softmax over the vocabulary; log-probs are always "
+        "returned in float32 for the ratio (bfloat16 costs about 1e-2 in log-prob)",
+    )
+    logprob_chunk: StrictInt = Field(
+        1024,
+        ge=0,
+        description="positions whose log-softmax is computed at once (and recomputed in the "
+        "backward pass); 0: all at once",
+    )
+    publish_dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        "auto", description="dtype of published weights (auto: model.dtype)"
+    )
+    background_publish: StrictBool = Field(
+        False,
+        description="write a version in a thread while the next step collects; it is "
+        "announced only once its manifest is durable",
+    )

@@ -10,6 +10,7 @@ committed file differs from what the models give). Importing this module imports
 from __future__ import annotations
 
 import inspect
+import json
 import typing
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
@@ -112,6 +113,8 @@ def _annotation_text(annotation: Any) -> str:
 
 def value_text(value: Any) -> str:
     """A value as YAML writes it in flow style: `null`, `true`, `0.0001`, `[jsonl, tensorboard]`."""
+    if isinstance(value, str) and "\n" in value:  # one line: a JSON string is YAML too
+        return json.dumps(value)
     text = yaml.safe_dump([value], default_flow_style=True, width=10**6).strip()
     return text[1:-1]  # the one-item list's brackets
 

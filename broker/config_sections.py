@@ -15,8 +15,8 @@ from pydantic import ConfigDict, Field, StrictBool, StrictInt, StrictStr, model_
 
 from rollflash.broker.config_base import Number, Section
 from rollflash.broker.config_errors import ConfigError
-from rollflash.broker.config_gpu import VLLMConfig
-from rollflash.broker.config_lora import LoRAConfig
+from rollflash.broker.config_gpu import TrainerGpuKeys, VLLMConfig
+from rollflash.broker.config_reward import CodeRewardConfig, JudgeConfig
 from rollflash.broker.secrets import env_password, read_password_file, url_password, with_password
 
 
@@ -74,31 +74,10 @@ class RedisConfig(Section):
         return self
 
 
-class ModelConfig(Section):
-    path: StrictStr = Field(
-        "models/tiny",
-        description="local Hugging Face model directory (config, tokenizer, weights)",
-    )
-    dtype: Literal["float32", "bfloat16"] = Field(
-        "float32", description="parameter dtype in learner and generators"
-    )
-    chat_template: StrictStr = Field(
-        "auto",
-        description="single-turn prompts: auto (the tokenizer's template if it has one), "
-        "none (raw text), or a Jinja template file",
-    )
-    lora: LoRAConfig | None = Field(
-        None, description="null: full fine-tuning; {rank, alpha, ...}: LoRA adapters (docs/lora.md)"
-    )
-
-
 class TaskConfig(Section):
     name: StrictStr = Field("arithmetic", description="a task from envs.registry")
     params: dict[Any, Any] = Field(
         default_factory=dict, description="passed to the task's constructor"
-    )
-    eval_size: StrictInt = Field(
-        200, ge=0, description="held-out items used for greedy evaluation (0 = all)"
     )
 
 
@@ -181,7 +160,7 @@ class SimConfig(Section):
     vocab_size: StrictInt = Field(64, gt=0, description="token ids the simulated engine draws from")
 
 
-class TrainerConfig(Section):
+class TrainerConfig(TrainerGpuKeys):
     actor_lr: Number = Field(1e-4, gt=0, description="AdamW learning rate of the policy")
     weight_decay: Number = Field(0.0, ge=0, description="AdamW weight decay")
     max_grad_norm: Number = Field(1.0, ge=0, description="gradient clipping (0 = off)")
@@ -202,9 +181,6 @@ class TrainerConfig(Section):
     )
     async_ratio: Number = Field(
         1.0, ge=0, description="how many versions ahead prompts may be issued (0 = on-policy)"
-    )
-    eval_every: StrictInt = Field(
-        0, ge=0, description="greedy held-out evaluation every N steps (0 = only before and after)"
     )
     keep_versions: StrictInt = Field(
         3, gt=0, description="weight versions kept on disk (plus any a live generator has loaded)"
@@ -273,8 +249,8 @@ class RewardConfig(Section):
     )
     functions: list[StrictStr] = Field(
         default_factory=list,
-        description="rule reward as reward functions: 'pkg.module:fn' or a built-in verifier "
-        "(math, exact, regex, json_schema); empty = the task's own verifier",
+        description="rule reward as reward functions: 'pkg.module:fn' or a built-in (math, "
+        "exact, regex, json_schema, code, judge); empty = the task's own verifier",
     )
     weights: list[Number] | None = Field(
         None, description="one weight per reward function (null = all 1.0)"
@@ -283,6 +259,8 @@ class RewardConfig(Section):
     dtype: Literal["auto", "float32", "bfloat16"] = Field(
         "auto", description="reward-model parameters (auto: model.dtype)"
     )
+    code: CodeRewardConfig = Field(default_factory=CodeRewardConfig, description="`code` reward")
+    judge: JudgeConfig = Field(default_factory=JudgeConfig, description="`judge` reward")
 
     @model_validator(mode="after")
     def _model_path_matches_type(self) -> RewardConfig:

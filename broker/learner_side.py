@@ -115,6 +115,15 @@ class LearnerBroker:
         ]
         return sum(shares) / len(shares) if shares else None
 
+    def generator_reward_errors(self) -> int:
+        """Reward-function errors counted so far by the live generators (their heartbeats'
+        `reward_errors`; a dead generator's count leaves with its expired heartbeat)."""
+        return sum(
+            int(g["reward_errors"])
+            for g in self._registry.live_generators().values()
+            if g.get("reward_errors", "").isdigit()
+        )
+
     # --- lost writes (also run by every read, through `watch`) ----------------------------------
     def track_trajectory_writes(self) -> None:
         """Rank 0 only: one witness of forgotten trajectory writes per run."""

@@ -16,10 +16,11 @@ A trajectory entry is one finished group: the n samples a generator drew for one
 sample, with prompt replication). A sample of a multi-turn episode (envs/episode.py) adds
 `loss_mask`, `turn_starts`, `turn_rewards` and `turn_states`, all four or none; `retried` (true
 when the prompt had been delivered before) and a sample's `env_errors` (environment or tool
-exceptions met by its episode, when there were any) are optional too. Readers refuse keys they
-do not know, so a new field needs a new SCHEMA_VERSION. The small scalar fields (`traj_id`,
-`behavior_version`, `reward_mean`, ...) sit beside the msgpack `data` field so that
-`redis-cli XRANGE` shows them readably.
+exceptions met by its episode, when there were any) and `reward_failure` (why its reward
+failed: a short snake_case reason such as `code_timeout`, when it did) are optional too.
+Readers refuse keys they do not know, so a new field needs a new SCHEMA_VERSION. The small
+scalar fields (`traj_id`, `behavior_version`, `reward_mean`, ...) sit beside the msgpack `data`
+field so that `redis-cli XRANGE` shows them readably.
 """
 
 from __future__ import annotations
@@ -32,7 +33,17 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from rollflash.broker.wire import BodyReader, WireError, WireLimits, check_range, pack_array
+from rollflash.broker.turns import TURN_FIELDS as _TURN_FIELDS
+from rollflash.broker.turns import TURN_NAMES as _TURN_NAMES
+from rollflash.broker.turns import check_turns as _check_turns
+from rollflash.broker.wire import (
+    BodyReader,
+    WireError,
+    WireLimits,
+    check_name,
+    check_range,
+    pack_array,
+)
 
 SCHEMA_VERSION = 1
 
@@ -68,6 +79,9 @@ class Sample:
     turn_rewards: np.ndarray | None = None  # [K] float32, reward of each turn (sum = reward)
     turn_states: np.ndarray | None = None  # [K] int64, state key each turn acted in (GiGPO groups)
     env_errors: int = 0  # environment / tool exceptions in the episode (absent on the wire if 0)
+    reward_failure: str = (
+        ""  # why the reward failed, e.g. "code_timeout" (absent on the wire if "")
+    )
 
 
 @dataclass
@@ -125,14 +139,6 @@ def encode_prompt(w: PromptWork) -> dict[str, Any]:
     }
 
 
-_TURN_FIELDS = (
-    ("loss_mask", "|u1"),
-    ("turn_starts", "<i4"),
-    ("turn_rewards", "<f4"),
-    ("turn_states", "<i8"),
-)
-
-
 def _encode_sample(s: Sample) -> dict[str, Any]:
     out = {
         "response_ids": pack_array(s.response_ids, "<i4"),
@@ -147,6 +153,8 @@ def _encode_sample(s: Sample) -> dict[str, Any]:
             out[name] = pack_array(getattr(s, name), dtype)
     if s.env_errors:
         out["env_errors"] = int(s.env_errors)
+    if s.reward_failure:
+        out["reward_failure"] = s.reward_failure
     return out
 
 
@@ -233,6 +241,7 @@ def _decode_prompt(fields: dict[bytes, bytes], limits: WireLimits) -> PromptWork
 _TRAJECTORY_BODY = frozenset({"prompt_ids", "issued_version", "samples", "retried"})
 _SAMPLE_BODY = frozenset(
     {"response_ids", "logprobs", "token_versions", "reward", "finished", "text", "env_errors"}
+    | {"reward_failure"}
     | {name for name, _ in _TURN_FIELDS}
 )
 
@@ -330,9 +339,11 @@ def _decode_sample(body: BodyReader, what: str) -> Sample:
             parts[key] = float(body.typed(name, (int, float)))
         elif key == "env_errors":
             parts[key] = body.typed(name, int)
+        elif key == "reward_failure":
+            parts[key] = check_name(body.typed(name, str), name)
         else:
             parts[key] = body.typed(name, bool if key == "finished" else str)
-    missing = _SAMPLE_BODY - set(_TURN_NAMES) - {"env_errors"} - parts.keys()
+    missing = _SAMPLE_BODY - set(_TURN_NAMES) - {"env_errors", "reward_failure"} - parts.keys()
     if missing:
         raise WireError(f"{what}: missing {', '.join(sorted(missing))}", "schema")
     ids, logprobs, versions = parts["response_ids"], parts["logprobs"], parts["token_versions"]
@@ -357,43 +368,13 @@ def _decode_sample(body: BodyReader, what: str) -> Sample:
         text=parts["text"],
         **_check_turns({k: parts[k] for k in _TURN_NAMES if k in parts}, ids.shape[0], what),
         env_errors=env_errors,
+        reward_failure=parts.get("reward_failure", ""),
     )
 
 
-_TURN_NAMES = tuple(name for name, _ in _TURN_FIELDS)
 _SAMPLE_ARRAYS = {
     "response_ids": ("<i4", 1),
     "logprobs": ("<f4", 1),
     "token_versions": ("<i4", 1),
     **{name: (dtype, 1) for name, dtype in _TURN_FIELDS},
 }
-
-
-def _check_turns(turns: dict[str, np.ndarray], length: int, what: str) -> dict[str, np.ndarray]:
-    """The optional multi-turn arrays: all four or none; loss_mask is 0/1 over the response, turn
-    starts strictly increase inside it and each starts on a model token, rewards are finite."""
-    if not turns:
-        return {}
-    if len(turns) != len(_TURN_NAMES):
-        missing = [n for n in _TURN_NAMES if n not in turns]
-        raise WireError(
-            f"{what}: multi-turn fields incomplete, missing {', '.join(missing)}", "schema"
-        )
-    mask, starts = turns["loss_mask"], turns["turn_starts"]
-    if mask.shape != (length,) or np.any(mask > 1):
-        raise WireError(f"{what}.loss_mask: must be 0/1 with the response's shape", "bad_shape")
-    k = starts.shape
-    if k[0] < 1 or turns["turn_rewards"].shape != k or turns["turn_states"].shape != k:
-        raise WireError(
-            f"{what}: turn_starts, turn_rewards and turn_states must be [K], K >= 1", "bad_shape"
-        )
-    if (
-        np.any(np.diff(starts) <= 0)
-        or starts[0] < 0
-        or starts[-1] >= length
-        or not np.all(mask[starts] == 1)
-    ):
-        raise WireError(f"{what}.turn_starts: not increasing model-token positions", "bad_shape")
-    if not np.all(np.isfinite(turns["turn_rewards"])):
-        raise WireError(f"{what}.turn_rewards: not finite", "out_of_range")
-    return turns

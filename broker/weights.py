@@ -36,7 +36,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import save_file
+
+from rollflash.broker.safetensors_stream import write_safetensors
 
 log = logging.getLogger(__name__)
 
@@ -165,16 +166,17 @@ class WeightStore:
         tmp.mkdir()
         kind = "full" if adapter_config is None else "adapter"
         tensors = MODEL_FILE if kind == "full" else ADAPTER_FILE
-        save_file(unique_tensors(state), str(tmp / tensors), metadata={"format": "pt"})
-        if adapter_config is not None:
-            text = json.dumps(adapter_config, indent=2, sort_keys=True)
-            (tmp / ADAPTER_CONFIG).write_text(text)
-        digests: dict[str, str] = {}
         files: dict[str, dict[str, Any]] = {}
-        for name in KIND_FILES[kind]:
-            _fsync_file(tmp / name)
-            digests[name] = sha256_file(tmp / name)
-            files[name] = {"size": (tmp / name).stat().st_size, "sha256": digests[name]}
+        # hashed while written (broker/safetensors_stream.py): the file is never read back
+        size, digest = write_safetensors(unique_tensors(state), tmp / tensors, {"format": "pt"})
+        files[tensors] = {"size": size, "sha256": digest}
+        if adapter_config is not None:
+            text = json.dumps(adapter_config, indent=2, sort_keys=True).encode()
+            (tmp / ADAPTER_CONFIG).write_bytes(text)
+            _fsync_file(tmp / ADAPTER_CONFIG)
+            digest = hashlib.sha256(text).hexdigest()
+            files[ADAPTER_CONFIG] = {"size": len(text), "sha256": digest}
+        digests = {name: entry["sha256"] for name, entry in files.items()}
         manifest = {
             "version": version,
             "step": step,

@@ -16,6 +16,7 @@ entry goes through `BodyReader`, which reads a msgpack body one object at a time
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -192,3 +193,13 @@ def check_range(values: np.ndarray, low: float, high: float, what: str) -> None:
         not np.all(np.isfinite(values)) or values.min() < low or values.max() > high
     ):
         raise WireError(f"{what}: values outside [{low}, {high}] or not finite", "out_of_range")
+
+
+_NAME = re.compile(r"[a-z][a-z0-9_]{0,47}")
+
+
+def check_name(value: str, what: str) -> str:
+    """A short snake_case name (it becomes part of a metric name, e.g. `reward/<reason>`)."""
+    if not _NAME.fullmatch(value):
+        raise WireError(f"{what}: not a short snake_case name", "out_of_range")
+    return value

@@ -267,7 +267,7 @@ class DatasetTask:
             epoch, offset = epoch + 1, 0
 
     def heldout_items(self) -> list[Item]:
-        """The held-out rows in source order (the learner evaluates the first task.eval_size)."""
+        """The held-out rows in source order (the learner evaluates the first eval.size)."""
         if self._train is None:
             self._load()
         ds, rows, prefix = self._heldout

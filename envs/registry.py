@@ -17,6 +17,7 @@ from rollflash.envs.arithmetic import ArithmeticTask
 from rollflash.envs.base import Task
 from rollflash.envs.dataset import DatasetTask
 from rollflash.envs.gridworld import GridWorld
+from rollflash.envs.mixture import MixtureTask
 from rollflash.envs.multiturn import Env, EnvTask, is_multi_turn
 from rollflash.envs.reward_functions import RewardFunctions, ScoredTask
 from rollflash.envs.simulated import SimulatedEnv
@@ -26,6 +27,7 @@ from rollflash.envs.tools import tool_use_task
 _TASKS: dict[str, Callable[..., Task]] = {
     "arithmetic": ArithmeticTask,
     "dataset": DatasetTask,  # the user's rows (envs/dataset.py); scored by reward.functions
+    "mixture": MixtureTask,  # several tasks at weights, each with its own rewards (envs/mixture.py)
     "tool_use": tool_use_task,  # multi-turn, built by its own function
 }
 
@@ -77,6 +79,13 @@ def task_from_config(cfg: Any) -> Task:
     learner and every generator build it this way. Reward-function import errors raise here."""
     task = make_task(cfg.task.name, cfg.task.params)
     r = cfg.reward
+    if isinstance(task, MixtureTask):
+        if r.functions:
+            raise ValueError(
+                "reward.functions: a mixture's rewards are set per component "
+                "(task.params.components[i].reward)"
+            )
+        task.use_reward_functions(r)
     if not r.functions:
         return task
     if is_multi_turn(task):
@@ -84,4 +93,4 @@ def task_from_config(cfg: Any) -> Task:
             f"reward.functions: score single responses; multi-turn task {cfg.task.name!r} is "
             "scored by its environment"
         )
-    return ScoredTask(task, RewardFunctions.load(r.functions, r.weights, r.timeout_s))
+    return ScoredTask(task, RewardFunctions.load(r.functions, r.weights, r.timeout_s, r))

@@ -23,6 +23,13 @@ Guarantees:
 - A function that fails on every sample of a scoring batch of at least 2 samples raises
   `RewardFunctionFailed` naming it: the generator exits with code 3 and `rollctl run` stops the
   run, since every later batch would fail the same way.
+- A function may return `Scored(value, failure)`, a float that names why the sample failed
+  (`code_timeout`, `judge_unparsed`, ...): the model's fault, not the function's, so it is no
+  error here; the sample's reward carries the reason (an exception carries `function_error`),
+  which the generator puts on the wire (`Sample.reward_failure`) and the learner counts per step
+  as `reward/<reason>`.
+- A function with `own_deadline = True` (the `code` verifier) bounds its own time and is not
+  put under `timeout_s`.
 - Timeouts use SIGALRM, so they apply when scoring runs on the main thread (the generator's
   loop); elsewhere calls are not bounded. A call stuck in C code that never returns to the
   interpreter cannot be interrupted this way.
@@ -58,20 +65,43 @@ class RewardTimeout(Exception):
     pass
 
 
+class Scored(float):
+    """A reward that says why its sample failed (`failure`, "" when it did not): a float
+    everywhere else, so weighting and the wire see a plain number."""
+
+    failure: str
+
+    def __new__(cls, value: float, failure: str = "") -> Scored:
+        out = super().__new__(cls, value)
+        out.failure = failure
+        return out
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Scored, (float(self), self.failure))
+
+
+def failure_of(reward: float) -> str:
+    """The failure reason a reward carries ("" for a plain number)."""
+    return getattr(reward, "failure", "")
+
+
 def batched(fn: Callable[..., Sequence[float]]) -> Callable[..., Sequence[float]]:
     """Mark `fn(prompts, responses, answers, **columns) -> list[float]` as a batched function."""
     fn.batched = True  # type: ignore[attr-defined]
     return fn
 
 
-def load_function(spec: str, index: int) -> Callable[..., Any]:
-    """The callable `spec` names; RewardFunctionError (one line) if it cannot be imported."""
+def load_function(spec: str, index: int, options: Any = None) -> Callable[..., Any]:
+    """The callable `spec` names; RewardFunctionError (one line) if it cannot be imported.
+    `options`: the `reward:` section, which configures the built-ins that take options."""
     where = f"reward.functions[{index}]"
     if ":" not in spec:
+        if spec in CONFIGURED:
+            return CONFIGURED[spec](options)
         if spec in VERIFIERS:
             return VERIFIERS[spec]
         raise RewardFunctionError(
-            f"{where}: {spec!r} is neither a built-in verifier ({', '.join(sorted(VERIFIERS))}) "
+            f"{where}: {spec!r} is neither a built-in verifier ({', '.join(known_builtins())}) "
             "nor 'package.module:function'"
         )
     module_name, _, attr = spec.partition(":")
@@ -108,7 +138,30 @@ def _deadline(seconds: float) -> Iterator[None]:
 def _as_reward(value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise TypeError(f"returned {value!r}, not a finite number")
-    return float(value)
+    return Scored(value, value.failure) if isinstance(value, Scored) else float(value)
+
+
+def _code(options: Any) -> Callable[..., Any]:
+    from rollflash.envs.code_verifier import CodeLimits, CodeVerifier
+
+    code = getattr(options, "code", None)
+    return CodeVerifier(CodeLimits(**code.model_dump()) if code is not None else None)
+
+
+def _judge(options: Any) -> Callable[..., Any]:
+    from rollflash.envs.judge import JudgeReward
+
+    if getattr(options, "judge", None) is None:
+        raise RewardFunctionError("reward.functions: judge needs the reward.judge options")
+    return JudgeReward(options.judge)
+
+
+# built-ins made from the `reward:` section's options (the others are in VERIFIERS)
+CONFIGURED: dict[str, Callable[[Any], Callable[..., Any]]] = {"code": _code, "judge": _judge}
+
+
+def known_builtins() -> list[str]:
+    return sorted([*VERIFIERS, *CONFIGURED])
 
 
 @dataclass
@@ -124,9 +177,14 @@ class RewardFunctions:
 
     @classmethod
     def load(
-        cls, specs: Sequence[str], weights: Sequence[float] | None = None, timeout_s: float = 10.0
+        cls,
+        specs: Sequence[str],
+        weights: Sequence[float] | None = None,
+        timeout_s: float = 10.0,
+        options: Any = None,
     ) -> RewardFunctions:
-        fns = [load_function(spec, i) for i, spec in enumerate(specs)]
+        """`options`: the `reward:` section (for built-ins with options, e.g. `reward.code`)."""
+        fns = [load_function(spec, i, options) for i, spec in enumerate(specs)]
         ws = [1.0] * len(fns) if weights is None else [float(w) for w in weights]
         if len(ws) != len(fns):
             raise RewardFunctionError(
@@ -145,9 +203,12 @@ class RewardFunctions:
             self._logged.add(kind)
             log.warning("reward function %s failed: %s: %s", spec, e.__class__.__name__, e)
 
+    def _limit(self, k: int) -> float:
+        return 0.0 if getattr(self.functions[k], "own_deadline", False) else self.timeout_s
+
     def _one(self, k: int, item: Item, response: str) -> float | None:
         try:
-            with _deadline(self.timeout_s):
+            with _deadline(self._limit(k)):
                 value = self.functions[k](item.prompt, response, item.answer, **item.extra)
             return _as_reward(value)
         except Exception as e:
@@ -164,7 +225,7 @@ class RewardFunctions:
             for key in sorted({key for it in items for key in it.extra})
         }
         try:
-            with _deadline(self.timeout_s):
+            with _deadline(self._limit(k)):
                 values = list(
                     fn(
                         [it.prompt for it in items],
@@ -181,9 +242,11 @@ class RewardFunctions:
             return [None] * len(items)
 
     def score_flat(self, items: list[Item], responses: list[str]) -> list[float]:
-        """The weighted reward of each (item, response) pair; raises RewardFunctionFailed if a
-        function failed on every one of at least 2 samples."""
+        """The weighted reward of each (item, response) pair, a `Scored` naming the first
+        failure where there is one; raises RewardFunctionFailed if a function raised on every
+        one of at least 2 samples."""
         total = [0.0] * len(items)
+        failures = [""] * len(items)
         for k, weight in enumerate(self.weights):
             column = self._column(k, items, responses)
             if len(column) >= 2 and all(v is None for v in column):
@@ -193,7 +256,8 @@ class RewardFunctions:
                 )
             for i, v in enumerate(column):
                 total[i] += weight * (v or 0.0)
-        return total
+                failures[i] = failures[i] or ("function_error" if v is None else failure_of(v))
+        return [Scored(t, f) if f else t for t, f in zip(total, failures)]
 
 
 class ScoredTask:

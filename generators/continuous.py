@@ -26,6 +26,7 @@ use their own runner (generators/episodes.py).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -77,10 +78,12 @@ class ContinuousRollout:
         stream: Callable[[str, PromptWork, list[GeneratedSample], int], None],
         beat: Callable[[], bool],
         usage: Usage,
+        limit: Callable[[PromptWork], int | None] | None = None,
     ) -> None:
+        """`limit(work)`: a prompt's own response limit (None: rollout.max_new_tokens)."""
         self.cfg, self.engine, self.follower = cfg, engine, follower
         self.broker, self.id = broker, generator_id
-        self.stream, self.beat, self.usage = stream, beat, usage
+        self.stream, self.beat, self.usage, self.limit = stream, beat, usage, limit
         self.slots = cfg.rollout.inflight_samples
         self.extra = 0 if cfg.rollout.replicate_prompts else cfg.rollout.redundant_samples
         # samples one claimed prompt starts (an entry holds one sample with prompt replication)
@@ -134,7 +137,9 @@ class ContinuousRollout:
                 self.usage.restarted += 1
 
     def _params(self, work: PromptWork) -> SamplingParams:
-        return SamplingParams.for_rollout(self.cfg.rollout, work.n + self.extra)
+        params = SamplingParams.for_rollout(self.cfg.rollout, work.n + self.extra)
+        limit = self.limit(work) if self.limit is not None else None
+        return dataclasses.replace(params, max_new_tokens=limit) if limit else params
 
     def _admit(self, full: bool) -> None:
         loaded = self.follower.loaded_version

@@ -20,6 +20,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from rollflash.broker.model_dir import model_directory
 from rollflash.envs import chat_encoder, plain_encoder, response_text
 from rollflash.envs.chat import encode_prompts
 from rollflash.envs.episode import Encode
@@ -37,16 +38,23 @@ _PER_FILE_KEYS = {"base_model_name_or_path", "inference_mode", "revision", "peft
 
 
 class HFEngine:
-    def __init__(self, model_path: str, dtype: str = "float32", device: str | torch.device = "cpu"):
-        if not (Path(model_path) / "config.json").is_file():
-            raise FileNotFoundError(
-                f"model.path: no Hugging Face model directory at {model_path} "
-                "(build one with scripts/make_tiny_model.py)"
-            )
-        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+    def __init__(
+        self,
+        model_path: str,
+        dtype: str = "float32",
+        device: str | torch.device = "cpu",
+        trust_remote_code: bool = False,
+    ):
+        """`model_path`: a model directory or a cached hub id (broker/model_dir.py)."""
+        model_dir = model_directory(str(model_path))
+        self.tokenizer = AutoTokenizer.from_pretrained(
+            model_dir, trust_remote_code=trust_remote_code
+        )
         self.tokenizer.padding_side = "left"
         self.device = torch.device(device)
-        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=_DTYPES[dtype])
+        self.model = AutoModelForCausalLM.from_pretrained(
+            model_dir, dtype=_DTYPES[dtype], trust_remote_code=trust_remote_code
+        )
         self.model.to(self.device).eval()
         self._adapter: dict | None = None  # the loaded LoRA adapter's config (load_adapter)
         self._shapes = {k: v.shape for k, v in self.model.state_dict().items()}
@@ -64,7 +72,12 @@ class HFEngine:
 
         device = resolve_device(cfg.rollout.device)
         log.info("hf engine on %s (%s)", device, cfg.model.dtype)
-        return cls(cfg.model.path, dtype=cfg.model.dtype, device=device)
+        return cls(
+            cfg.model.path,
+            dtype=cfg.model.dtype,
+            device=device,
+            trust_remote_code=cfg.model.trust_remote_code,
+        )
 
     def load_weights(self, model_file: Path, version: int) -> None:
         """Load a verified safetensors file; names and shapes are checked before any weight is

@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import signal
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import redis
@@ -36,6 +36,7 @@ from rollflash.broker.schema import PromptWork, Sample, Trajectory
 from rollflash.broker.secrets import redact
 from rollflash.broker.weights import WeightStore
 from rollflash.envs import Item, Task, is_multi_turn, task_from_config
+from rollflash.envs.reward_functions import failure_of
 from rollflash.generators.continuous import ContinuousRollout
 from rollflash.generators.engine import Engine, make_engine
 from rollflash.generators.episodes import rollout_episodes
@@ -106,14 +107,16 @@ def to_trajectory(
         versions = (
             s.token_versions if s.token_versions is not None else [version] * len(s.response_ids)
         )
+        reward = task.score(item, s.text) if rewards is None else rewards[k]
         out.append(
             Sample(
                 response_ids=np.asarray(s.response_ids, dtype=np.int32),
                 logprobs=np.asarray(s.logprobs, dtype=np.float32),
                 token_versions=np.asarray(versions, dtype=np.int32),
-                reward=task.score(item, s.text) if rewards is None else rewards[k],
+                reward=float(reward),
                 finished=s.finished,
                 text=s.text,
+                reward_failure=failure_of(reward),  # e.g. code_timeout; "" if none
             )
         )
     return Trajectory.for_work(work, out, samples[0].prompt_ids, generator_id, version)
@@ -138,11 +141,33 @@ def rollout_batch(
     params = SamplingParams.for_rollout(cfg.rollout, n + extra)
     version = follower.loaded_version
     on_step = follower.maybe_reload if cfg.rollout.interrupt else None
-    groups = engine.generate([w.item["prompt"] for _, w in claimed], params, on_step=on_step)
+    groups = generate_limited(engine, task, [w for _, w in claimed], params, on_step)
     kept_groups = [first_finished(samples, w.n) for (_, w), samples in zip(claimed, groups)]
     return stream_groups(
         claimed, kept_groups, [version] * len(claimed), task, broker, generator_id, rewarder
     )
+
+
+def response_limit(task: Task, work: PromptWork) -> int | None:
+    """The response length limit of a prompt's task when it has its own (a mixture's domain:
+    envs/mixture.py), else None (rollout.max_new_tokens)."""
+    limit = getattr(task, "response_limit", None)
+    return limit(Item(**work.item)) if limit is not None else None
+
+
+def generate_limited(
+    engine: Engine, task: Task, works: list[PromptWork], params: SamplingParams, on_step=None
+) -> list[list[GeneratedSample]]:
+    """`engine.generate` over `works`, one call per distinct response limit (response_limit)."""
+    limits = [response_limit(task, w) or params.max_new_tokens for w in works]
+    groups: list[list[GeneratedSample]] = [[] for _ in works]
+    for limit in sorted(set(limits)):
+        ks = [k for k, lim in enumerate(limits) if lim == limit]
+        prompts = [works[k].item["prompt"] for k in ks]
+        out = engine.generate(prompts, replace(params, max_new_tokens=limit), on_step=on_step)
+        for k, samples in zip(ks, out):
+            groups[k] = samples
+    return groups
 
 
 def stream_groups(
@@ -290,8 +315,9 @@ class Generator:
             c.tokens += n_tokens
 
         ContinuousRollout(
-            self.cfg, self.engine, self.follower, self.broker, self.id, stream, beat, c
-        ).run()
+            self.cfg, self.engine, self.follower, self.broker, self.id, stream, beat, c,
+            limit=lambda work: response_limit(self.task, work),
+        ).run()  # fmt: skip
 
 
 def _redis_trouble(e: Exception) -> bool:

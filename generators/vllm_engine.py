@@ -61,6 +61,7 @@ from safetensors import safe_open
 from transformers import AutoTokenizer
 
 from rollflash.broker.config_gpu import VLLMConfig
+from rollflash.broker.model_dir import model_directory
 from rollflash.envs import chat_encoder, plain_encoder, response_text
 from rollflash.envs.chat import encode_prompts
 from rollflash.envs.episode import Encode
@@ -147,14 +148,10 @@ class VLLMEngine:
         dtype: str = "float32",
         seed: int = 0,
         options: VLLMConfig | None = None,
+        trust_remote_code: bool = False,
         lora: tuple[int, int] | None = None,
     ):
-        model_dir = Path(model_path)
-        if not (model_dir / "config.json").is_file():
-            raise FileNotFoundError(
-                f"model.path: no Hugging Face model directory at {model_path} "
-                "(build one with scripts/make_tiny_model.py)"
-            )
+        model_dir = model_directory(str(model_path))
         opts = options if options is not None else VLLMConfig()
         vllm_setup.set_vllm_environment(kv_cache_from_config=opts.kv_cache_memory_gb is not None)
         on_cpu = vllm_setup.on_cpu()
@@ -162,8 +159,12 @@ class VLLMEngine:
         if lora is not None:  # (rank, slots): adapter versions (generators/vllm_lora.py)
             kwargs |= adapter_kwargs(*lora)
         self._adapters = AdapterVersions() if lora is not None else None
-        self.llm = vllm_setup.llm_class()(model=str(model_dir), **kwargs)
-        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        self.llm = vllm_setup.llm_class()(
+            model=str(model_dir), trust_remote_code=trust_remote_code, **kwargs
+        )
+        self.tokenizer = AutoTokenizer.from_pretrained(
+            model_dir, trust_remote_code=trust_remote_code
+        )
         self.eos_id = self.tokenizer.eos_token_id
         self.vocab_size = self.llm.llm_engine.model_config.get_vocab_size()
         self.version = 0  # the model at model.path is v0
@@ -187,7 +188,12 @@ class VLLMEngine:
         if cfg.model.lora is not None and cfg.publish_kind == "adapter":
             lora = (cfg.model.lora.rank, cfg.trainer.max_staleness + 2)
         return cls(
-            cfg.model.path, dtype=cfg.model.dtype, seed=seed, options=cfg.rollout.vllm, lora=lora
+            cfg.model.path,
+            dtype=cfg.model.dtype,
+            seed=seed,
+            options=cfg.rollout.vllm,
+            trust_remote_code=cfg.model.trust_remote_code,
+            lora=lora,
         )
 
     def load_weights(self, model_file: Path, version: int) -> None:

@@ -1,9 +1,10 @@
 """The learner process (see learner/loop.py). Heavy imports happen only when `run` is called."""
 
 
-def run(cfg, resume=None):
+def run(cfg, resume=None, on_step=None):
     """Train until `trainer.total_steps`; returns the summary dict (also in summary.json).
-    `resume`: None resumes from the latest checkpoint when there is one (learner/loop.py)."""
+    `resume`: None resumes from the latest checkpoint when there is one; `on_step`: called on
+    rank 0 with each step's metrics (learner/loop.py)."""
     from rollflash.learner.loop import run as _run
 
-    return _run(cfg, resume)
+    return _run(cfg, resume, on_step)

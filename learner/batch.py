@@ -58,7 +58,7 @@ def pad_groups(groups: list[Trajectory], keep: torch.Tensor | None = None) -> Mi
     batch, so its group keeps its shape and its score still enters the group baseline).
     """
     seqs = [(g.prompt_ids.tolist(), s) for g in groups for s in g.samples]
-    width = max(len(p) + len(s.response_ids) for p, s in seqs)
+    width = max((len(p) + len(s.response_ids) for p, s in seqs), default=1)  # [0, 1]: no groups
     b = len(seqs)
     input_ids = torch.zeros(b, width, dtype=torch.long)
     attention = torch.zeros(b, width, dtype=torch.long)
@@ -121,6 +121,14 @@ def take(batch: MicroBatch, rows: torch.Tensor) -> MicroBatch:
 def put(full: torch.Tensor, rows: torch.Tensor, part: torch.Tensor) -> None:
     """Write a micro-batch's [k, w] tensor back into the rows of a [B, L-1] one (w <= L-1)."""
     full[rows, : part.shape[1]] = part
+
+
+def dummy_input(device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    """(input_ids, attention_mask) [1, 2] int64: the input of a rank's zero-weighted pass."""
+    return (
+        torch.zeros(1, 2, dtype=torch.long, device=device),
+        torch.ones(1, 2, dtype=torch.long, device=device),
+    )
 
 
 def length_sorted_chunks(batch: MicroBatch, size: int) -> list[torch.Tensor]:

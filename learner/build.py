@@ -1,10 +1,11 @@
 """Building one learner rank: the parts `start` wires together, each from its own builder.
 
-dist       = init_dist()                              # torchrun's rank and world size
+dist       = init_dist(trainer.device)                # rank, world size, this rank's device
 broker     = connect_broker(cfg, dist)                # Redis: groups, run registration
-models, state, optim_states = build_models(cfg, dist, checkpoint)
-optim      = build_optim(cfg, models, optim_states)   # AdamW + lr schedule, resumed
-  (with model.lora the policy is the base wrapped with adapters: learner/lora.py)
+models     = build_models(cfg, dist)                  # on the device, wrapped (learner/load.py)
+  (with model.lora the policy is the base wrapped with peft adapters: learner/lora.py)
+optim      = build_optim(cfg, models)                 # AdamW + lr schedule (LoRA: adapters only)
+state      = resume_state(cfg, dist, models, optim, checkpoint)  # the checkpoint's tensors, RNG
 collector  = build_collector(cfg, dist, broker, task, state, vocab_size)
 then: publish v0, or resume after the checkpoint (learner/publish.py)
 """
@@ -16,31 +17,31 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import torch
-from torch.nn.parallel import DistributedDataParallel
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from rollflash.algos import RunningRewardNorm
 from rollflash.broker.config import Config
 from rollflash.broker.connection import connect
 from rollflash.broker.learner_side import LearnerBroker
+from rollflash.broker.model_dir import model_directory
 from rollflash.broker.wire import WireLimits
 from rollflash.envs import Item, Task, is_multi_turn, task_from_config, train_stream
 from rollflash.envs.chat import PromptFormatter, format_task
 from rollflash.learner.admission import Admission
 from rollflash.learner.checkpoint import CheckpointStore, LearnerState, RankProgress, restore_rng
+from rollflash.learner.checkpoint_io import Trainables
 from rollflash.learner.collect import Collector
-from rollflash.learner.dist import Dist, init_dist, is_sharded, load_optimizer_state, wrap_model
+from rollflash.learner.dist import Dist, init_dist, is_sharded, wrap_model
 from rollflash.learner.evaluate import heldout_accuracy, sampled_eval
 from rollflash.learner.filters import drop_reason
 from rollflash.learner.guards import GuardMonitor
+from rollflash.learner.load import place
 from rollflash.learner.lora import trainable_parameters, with_adapters
 from rollflash.learner.metrics import MetricsSink, open_sink
 from rollflash.learner.prepare import AlgoModels, build_algo_models
 from rollflash.learner.publish import Publisher, publish, resume_after
 from rollflash.learner.schedule import warmup_decay
 from rollflash.learner.simulated import SimulatedPolicy
-
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 @dataclass
@@ -76,6 +77,7 @@ class Learner:
     sink: MetricsSink | None  # rank 0 only
     ledger: TextIO  # one JSON line per step: the trajectory ids trained or dropped
     progress: RankProgress = field(default_factory=RankProgress)  # trained, not yet acknowledged
+    domain_eval: dict[str, float] = field(default_factory=dict)  # a mixture's last evaluation
 
     @property
     def simulated(self) -> bool:
@@ -83,18 +85,31 @@ class Learner:
 
     def evaluate(self) -> float:
         """Greedy held-out accuracy, on rank 0 (with FSDP every rank generates: the shards are
-        gathered in every forward pass)."""
+        gathered in every forward pass); rank 0 logs the generations."""
         if self.simulated or not (self.dist.is_main or is_sharded(self.models.model)):
             return 0.0
-        m, e = self.models, self.cfg.eval
-        return heldout_accuracy(
-            m.policy,
-            m.tokenizer,
-            self.task,
-            self.heldout,
-            e.max_new_tokens or self.cfg.rollout.max_new_tokens,
-            threshold=e.threshold,
-        )
+        m, e, rows = self.models, self.cfg.eval, list[dict]()
+        limit = e.max_new_tokens or self.cfg.rollout.max_new_tokens
+        domains = domain_items(self.task, self.heldout, limit)
+        if domains is None:
+            domains = {"": (self.heldout, limit)}
+        correct = 0.0
+        for name, (items, domain_limit) in domains.items():  # a mixture: per domain, own limit
+            acc = heldout_accuracy(
+                m.policy,
+                m.tokenizer,
+                self.task,
+                items,
+                domain_limit,
+                threshold=e.threshold,
+                record=rows,
+            )
+            if name:
+                self.domain_eval[f"eval/{name}/heldout_acc"] = acc
+            correct += acc * len(items)
+        if self.sink is not None:
+            self.sink.log_eval_generations(self.state.step, rows)
+        return correct / max(len(self.heldout), 1)
 
     def evaluate_sampled(self) -> dict[str, float]:
         """`eval.n_samples` > 0: mean reward, pass@1 and pass@k on the held-out items (rank 0)."""
@@ -103,7 +118,8 @@ class Learner:
             return {}
         if is_multi_turn(self.task) or is_sharded(m.model):
             return {}  # episodes have their own success rate; sharded weights need every rank
-        return sampled_eval(
+        rows: list[dict] = []
+        out = sampled_eval(
             m.policy,
             m.tokenizer,
             self.task,
@@ -113,7 +129,11 @@ class Learner:
             e.max_new_tokens or self.cfg.rollout.max_new_tokens,
             e.threshold,
             seed=self.cfg.run.seed + self.state.step,
+            record=rows,
         )
+        if self.sink is not None:
+            self.sink.log_eval_generations(self.state.step, rows)
+        return out
 
     def close(self) -> None:
         self.ledger.close()
@@ -124,16 +144,47 @@ class Learner:
         self.dist.close()
 
 
-def load_policy(cfg: Config) -> tuple[torch.nn.Module, Any]:
-    path = Path(cfg.model.path)
-    if not (path / "config.json").is_file():
-        raise FileNotFoundError(
-            f"model.path: no Hugging Face model directory at {path} "
-            "(build one with scripts/make_tiny_model.py)"
-        )
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=_DTYPES[cfg.model.dtype])
-    return model, tokenizer
+def load_policy(cfg: Config, dist: Dist = Dist()) -> tuple[torch.nn.Module, Any]:
+    """(the module the ranks train, tokenizer): float32 master weights on `dist.device`, read by
+    rank 0 and broadcast (learner/load.py), with gradient checkpointing and torch.compile as
+    configured, wrapped for the ranks (DDP, or FSDP2 shards)."""
+    path, remote = model_directory(cfg.model.path), cfg.model.trust_remote_code  # dir or hub id
+    t, kwargs = (
+        cfg.trainer,
+        {
+            "dtype": torch.float32,
+            "attn_implementation": cfg.model.attn_implementation,
+            "trust_remote_code": remote,
+        },
+    )
+
+    def wrap(policy: torch.nn.Module) -> torch.nn.Module:
+        if t.gradient_checkpointing:
+            policy.gradient_checkpointing_enable({"use_reentrant": False})
+        if t.compile:
+            blocks = set(policy._no_split_modules or [])
+            for m in policy.modules():
+                if type(m).__name__ in blocks:
+                    m.compile()
+        return wrap_model(policy, dist, t.strategy, cfg.model.dtype)
+
+    lora = cfg.model.lora  # the base wrapped by peft (learner/lora.py) before it is placed
+
+    def adapted(base: torch.nn.Module) -> torch.nn.Module:
+        return base if lora is None else with_adapters(base, lora)
+
+    model = place(
+        lambda: adapted(AutoModelForCausalLM.from_pretrained(path, **kwargs)),
+        lambda: adapted(
+            AutoModelForCausalLM.from_config(
+                AutoConfig.from_pretrained(path, trust_remote_code=remote), **kwargs
+            )
+        ),
+        dist,
+        wrap,
+        sharded=t.strategy == "fsdp" and dist.world_size > 1,
+    )
+    return model, AutoTokenizer.from_pretrained(path, trust_remote_code=remote)
 
 
 def connect_broker(cfg: Config, dist: Dist) -> LearnerBroker:
@@ -153,40 +204,51 @@ def connect_broker(cfg: Config, dist: Dist) -> LearnerBroker:
     return broker
 
 
-def build_models(
-    cfg: Config, dist: Dist, ckpt: Path | None
-) -> tuple[Models, LearnerState, dict[str, Any] | None]:
-    """The policy (with the checkpoint's weights when resuming), wrapped for the ranks, and the
-    algorithm's models; returns them with the checkpoint's state and optimiser states."""
-    sim = cfg.sim.learner_step_s > 0
-    policy, tokenizer = (SimulatedPolicy(cfg.sim), None) if sim else load_policy(cfg)
-    if cfg.model.lora is not None and not sim:
-        policy = with_adapters(policy, cfg.model.lora)  # learner/lora.py: base frozen
-    algo = AlgoModels() if sim else build_algo_models(cfg, policy)
-    state, optim_states = LearnerState(), None
-    if ckpt is not None:  # weights go in before sharding; optimiser state after
-        state, optim_states = CheckpointStore.load(ckpt, policy, algo.critic)
-    model = policy if sim else wrap_model(policy, dist, cfg.trainer.strategy)
-    if algo.critic is not None and dist.world_size > 1:
-        algo.critic = DistributedDataParallel(algo.critic)
-    return Models(policy, model, tokenizer, algo), state, optim_states
+def domain_items(
+    task: Task, items: list[Item], limit: int
+) -> dict[str, tuple[list[Item], int]] | None:
+    """A mixture's held-out items by domain with each domain's response limit (envs/mixture.py;
+    `limit` where the domain has none); None for any other task."""
+    if not hasattr(task, "components"):
+        return None
+    out: dict[str, tuple[list[Item], int]] = {}
+    for item in items:
+        component, _ = task.component_of(item)  # type: ignore[attr-defined]
+        out.setdefault(component.name, ([], component.max_new_tokens or limit))[0].append(item)
+    return out
 
 
-def build_optim(cfg: Config, models: Models, optim_states: dict[str, Any] | None) -> Optim:
-    """AdamW on the policy with the warm-up/decay schedule (learner/schedule.py); the
-    checkpoint's optimiser, scheduler and critic-optimiser states when resuming."""
+def build_models(cfg: Config, dist: Dist) -> Models:
+    """The policy wrapped for the ranks and the algorithm's models, on this rank's device."""
+    if cfg.sim.learner_step_s > 0:
+        policy = SimulatedPolicy(cfg.sim).to(dist.device)
+        return Models(policy, policy, None, AlgoModels())
+    model, tokenizer = load_policy(cfg, dist)
+    policy = getattr(model, "module", model)
+    return Models(policy, model, tokenizer, build_algo_models(cfg, dist, policy))
+
+
+def build_optim(cfg: Config, models: Models) -> Optim:
+    """AdamW on the policy's trainable (float32, possibly sharded) parameters, all of them or
+    a LoRA policy's adapters, with the warm-up/decay schedule (learner/schedule.py)."""
     t = cfg.trainer
     optimizer = torch.optim.AdamW(
-        trainable_parameters(models.policy), lr=t.actor_lr, weight_decay=t.weight_decay
+        trainable_parameters(models.model), lr=t.actor_lr, weight_decay=t.weight_decay
     )
     schedule = warmup_decay(t.lr_warmup_steps, t.total_steps, t.lr_schedule)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
-    if optim_states is not None:
-        load_optimizer_state(models.model, optimizer, optim_states["optimizer"])
-        scheduler.load_state_dict(optim_states["scheduler"])
-        if models.algo.critic_optimizer is not None:
-            models.algo.critic_optimizer.load_state_dict(optim_states["critic_optimizer"])
     return Optim(optimizer, scheduler)
+
+
+def resume_state(cfg: Config, dist: Dist, models: Models, optim: Optim, ckpt: Path) -> LearnerState:
+    """Load the checkpoint into the models and optimisers (collective); restore the scheduler,
+    the running reward statistics and this rank's RNG; return the checkpoint's state."""
+    state = CheckpointStore.load(ckpt, Trainables.of(models, optim), dist)
+    if state.scheduler:
+        optim.scheduler.load_state_dict(state.scheduler)
+    models.algo.reward_norm = RunningRewardNorm(**state.reward_norm)
+    restore_rng(state.rng, dist.rank)
+    return state
 
 
 def build_collector(
@@ -223,7 +285,7 @@ def build_collector(
 def start(cfg: Config, resume: bool | None = None) -> Learner:
     """Build this rank's learner. `resume`: None resumes when a checkpoint exists, True requires
     one, False refuses to start over an earlier run's weights."""
-    dist = init_dist()
+    dist = init_dist(cfg.trainer.device)
     run_dir = Path(cfg.run.run_dir)
     if dist.is_main:
         cfg.save(run_dir / "config.yaml")
@@ -232,15 +294,13 @@ def start(cfg: Config, resume: bool | None = None) -> Learner:
     ckpt = None if resume is False else checkpoints.latest()
     if resume and ckpt is None:
         raise FileNotFoundError(f"--resume: no learner checkpoint in {checkpoints.root}")
-    models, state, optim_states = build_models(cfg, dist, ckpt)
+    models = build_models(cfg, dist)
     # prompts are rendered (chat template) here, once, before they are issued: envs/chat.py
     task = format_task(
         task_from_config(cfg), PromptFormatter(models.tokenizer, cfg.model.chat_template)
     )
-    optim = build_optim(cfg, models, optim_states)
-    if ckpt is not None:
-        models.algo.reward_norm = RunningRewardNorm(**state.reward_norm)
-        restore_rng(state.rng)
+    optim = build_optim(cfg, models)
+    state = LearnerState() if ckpt is None else resume_state(cfg, dist, models, optim, ckpt)
     collector = build_collector(cfg, dist, broker, task, state, models.policy.config.vocab_size)
     main = dist.is_main
     ledger = run_dir / ("ledger.jsonl" if main else f"ledger.rank{dist.rank}.jsonl")
@@ -249,7 +309,7 @@ def start(cfg: Config, resume: bool | None = None) -> Learner:
         dist=dist,
         broker=broker,
         task=task,
-        heldout=task.heldout_items()[: cfg.task.eval_size or None],
+        heldout=task.heldout_items()[: cfg.eval.size or None],
         models=models,
         optim=optim,
         collector=collector,

@@ -1,17 +1,22 @@
 """Learner checkpoints: everything needed to resume without losing or double-training data.
 
 Layout: `{run_dir}/checkpoints/step{step:08d}/` holds
-- `model.safetensors` (the policy; with LoRA only its trainable tensors, the adapters and
-  `modules_to_save`: the frozen base is `model.path`), `critic.safetensors` (when `algo.critic`);
-- `optim.pt` (optimiser, scheduler and critic-optimiser state dicts: tensors and numbers only,
-  loaded with `torch.load(weights_only=True)`, which refuses arbitrary pickled objects);
+- `dcp/`: a `torch.distributed.checkpoint` of the policy and its optimiser (and the critic and its
+  optimiser when `algo.critic`), each rank writing its own shard (`__{rank}_0.distcp`) plus one
+  `.metadata`; it loads on any number of ranks and any strategy (learner/checkpoint_io.py). With
+  LoRA it holds only the trainable tensors (adapters, `modules_to_save`) and their optimiser
+  state: the frozen base is `model.path`, loaded again at resume;
 - `state.json`: step, last published version, the version -> step lineage, admission counters,
-  RNG states, running reward statistics, the adaptive KL coefficient and guard streaks
-  (`GuardMonitor.state_dict`), the trajectory ids consumed whose prompt is recent enough to be
-  remembered (`seen`: issue step -> ids, learner/collect.py), and per rank the stream entries
-  trained since the previous checkpoint (`rank{r}` -> entry ids and trajectory ids). Checkpoints
-  written before `seen` was filed by issue step hold a plain list; it loads as filed under the
-  checkpoint's step, which is forgotten once that step falls below the collector's floor.
+  the lr scheduler, every rank's CPU (and CUDA) RNG state, running reward statistics, the
+  adaptive KL coefficient and guard streaks (`GuardMonitor.state_dict`), the trajectory ids
+  consumed whose prompt is recent enough to be remembered (`seen`: issue step -> ids,
+  learner/collect.py), and per rank the stream entries trained since the previous checkpoint
+  (`rank{r}` -> entry ids and trajectory ids). Checkpoints written before `seen` was filed by
+  issue step hold a plain list; it loads as filed under the checkpoint's step, which is forgotten
+  once that step falls below the collector's floor.
+Checkpoints of the earlier layout (`model.safetensors`, `critic.safetensors`, `optim.pt` and one
+RNG state for every rank) still load: rank 0 reads the weights and broadcasts them, every rank
+reads `optim.pt` onto the CPU.
 A checkpoint appears by one atomic rename of a fsynced temp directory, then `LATEST` is replaced
 atomically; a directory without `state.json` (written last) is never used.
 
@@ -36,9 +41,10 @@ from typing import Any
 
 import numpy as np
 import torch
-from safetensors.torch import load_file, save_file
 
-from rollflash.broker.weights import _fsync_dir, _fsync_file, unique_tensors
+from rollflash.broker.weights import _fsync_dir, _fsync_file
+from rollflash.learner.checkpoint_io import DCP_DIR, Trainables, load_dcp, load_legacy, save_dcp
+from rollflash.learner.dist import Dist
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +100,8 @@ class LearnerState:
     reward_norm: dict[str, float] = field(default_factory=dict)
     seen: dict[int, list[str]] = field(default_factory=dict)  # issue step -> ids consumed
     ranks: dict[str, dict[str, list[str]]] = field(default_factory=dict)  # rank -> RankProgress
-    rng: dict[str, Any] = field(default_factory=dict)
+    rng: dict[str, Any] = field(default_factory=dict)  # rank{r} -> that rank's RNG states
+    scheduler: dict[str, Any] = field(default_factory=dict)  # LambdaLR.state_dict()
     guards: dict[str, Any] = field(default_factory=dict)  # adaptive kl_coef, guard streaks
     trackers: dict[str, str] = field(default_factory=dict)  # backend -> tracker run id (resume)
 
@@ -110,6 +117,7 @@ class LearnerState:
             "seen": {str(s): ids for s, ids in self.seen.items()},
             "ranks": self.ranks,
             "rng": self.rng,
+            "scheduler": self.scheduler,
             "guards": self.guards,
             "trackers": self.trackers,
         }
@@ -127,6 +135,7 @@ class LearnerState:
             seen=_seen_from_json(d["seen"], d["step"]),
             ranks=d["ranks"],
             rng=d["rng"],
+            scheduler=d.get("scheduler", {}),
             guards=d.get("guards", {}),
             trackers=d.get("trackers", {}),
         )
@@ -140,23 +149,38 @@ def _seen_from_json(seen: list[str] | dict[str, list[str]], step: int) -> dict[i
 
 
 def rng_state() -> dict[str, Any]:
+    """This process's RNG states: python, numpy, torch CPU and (with a GPU) the current CUDA
+    device's."""
     py = random.getstate()
     np_state = np.random.get_state()
-    return {
+    out = {
         "python": [py[0], list(py[1]), py[2]],
         "numpy": [np_state[0], np_state[1].tolist(), *np_state[2:]],
         "torch": torch.get_rng_state().tolist(),
     }
+    if torch.cuda.is_available():
+        out["cuda"] = torch.cuda.get_rng_state().tolist()
+    return out
 
 
-def restore_rng(state: dict[str, Any]) -> None:
+def restore_rng(state: dict[str, Any], rank: int = 0) -> None:
+    """Restore this rank's RNG states from `LearnerState.rng` (rank{r} -> states). The earlier
+    layout held rank 0's states only: every rank restores those. A rank the checkpoint has no
+    states for (the run now has more ranks) keeps its seeded generators."""
     if not state:
         return
+    if "python" not in state:
+        if f"rank{rank}" not in state:
+            log.warning("the checkpoint holds no RNG state for rank %d; keeping its seed", rank)
+            return
+        state = state[f"rank{rank}"]
     py = state["python"]
     random.setstate((py[0], tuple(py[1]), py[2]))
     kind, keys, *rest = state["numpy"]
     np.random.set_state((kind, np.array(keys, dtype=np.uint32), *rest))
     torch.set_rng_state(torch.tensor(state["torch"], dtype=torch.uint8))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(torch.tensor(state["cuda"], dtype=torch.uint8))
 
 
 class CheckpointStore:
@@ -177,31 +201,23 @@ class CheckpointStore:
         complete = sorted(d for d in self.root.glob("step*") if (d / STATE).is_file())
         return complete[-1] if complete else None
 
-    def save(
-        self,
-        state: LearnerState,
-        weights: dict[str, torch.Tensor] | torch.nn.Module,
-        optim_states: dict[str, Any],
-        critic: torch.nn.Module | None = None,
-    ) -> Path:
-        """Write the checkpoint of `state.step` durably; returns its directory. `weights`: the
-        policy's full state dict (or the module itself)."""
-        self.root.mkdir(parents=True, exist_ok=True)
+    def save(self, state: LearnerState, trainables: Trainables, dist: Dist = Dist()) -> Path:
+        """Write the checkpoint of `state.step` durably (collective: every rank writes its
+        shard; rank 0 writes `state.json` and makes it visible); returns its directory."""
         final = self.step_dir(state.step)
-        tmp = self.root / f".tmp-step{state.step:08d}-{os.getpid()}"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir()
-        if isinstance(weights, torch.nn.Module):
-            weights = weights.state_dict()
-        files = {"model.safetensors": unique_tensors(weights)}
-        if critic is not None:
-            files["critic.safetensors"] = unique_tensors(critic.state_dict())
-        for name, tensors in files.items():
-            save_file(tensors, str(tmp / name), metadata={"format": "pt"})
-        torch.save(optim_states, tmp / "optim.pt")
+        tmp = self.root / f".tmp-step{state.step:08d}"  # one name every rank knows
+        if dist.is_main:
+            self.root.mkdir(parents=True, exist_ok=True)
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir()
+        dist.barrier()
+        save_dcp(trainables, tmp / DCP_DIR)
+        dist.barrier()  # every shard is written and fsynced
+        if not dist.is_main:
+            return final
         (tmp / STATE).write_text(json.dumps(state.to_json()))
-        for f in tmp.iterdir():
-            _fsync_file(f)
+        _fsync_file(tmp / STATE)
+        _fsync_dir(tmp / DCP_DIR)
         _fsync_dir(tmp)
         shutil.rmtree(final, ignore_errors=True)  # a rolled-back lineage's checkpoint of this step
         os.rename(tmp, final)
@@ -226,32 +242,14 @@ class CheckpointStore:
         return len(stale)
 
     @staticmethod
-    def load(
-        path: Path, model: torch.nn.Module, critic: torch.nn.Module | None = None
-    ) -> tuple[LearnerState, dict[str, Any]]:
-        """Load weights into `model` (and `critic`); returns the state and the optimiser states."""
+    def load(path: Path, trainables: Trainables, dist: Dist = Dist()) -> LearnerState:
+        """Load the checkpoint's tensors into `trainables` (collective) and return its state."""
         state = LearnerState.from_json(json.loads((path / STATE).read_text()))
-        load_weights(model, path / "model.safetensors")
-        if critic is not None:
-            load_weights(critic, path / "critic.safetensors")
-        optim_states = torch.load(path / "optim.pt", weights_only=True)
-        return state, optim_states
-
-
-def load_weights(module: torch.nn.Module, path: Path) -> None:
-    """Load a safetensors file saved by `unique_tensors`: names it dropped as aliases of a tied
-    tensor (lm_head.weight = embed_tokens.weight) may be missing, and so may frozen parameters
-    (a LoRA policy's base, which comes from `model.path`); nothing else."""
-    missing, unexpected = module.load_state_dict(load_file(str(path)), strict=False)
-    params = module.state_dict()
-    frozen = {n for n, p in module.named_parameters(remove_duplicate=False) if not p.requires_grad}
-    stored = {params[k].untyped_storage().data_ptr() for k in params if k not in missing}
-    untied = [
-        k
-        for k in missing
-        if k not in frozen and params[k].untyped_storage().data_ptr() not in stored
-    ]
-    if unexpected or untied:
-        raise RuntimeError(
-            f"checkpoint {path} does not match the model: missing {untied}, unexpected {unexpected}"
-        )
+        if (path / DCP_DIR).is_dir():
+            load_dcp(trainables, path / DCP_DIR)
+        elif (path / "optim.pt").is_file():
+            log.info("loading %s, a checkpoint of the layout before sharded checkpoints", path)
+            load_legacy(trainables, path, dist)
+        else:
+            raise FileNotFoundError(f"checkpoint {path}: neither {DCP_DIR}/ nor optim.pt")
+        return state

@@ -7,7 +7,8 @@ returns; OpenRLHF draws it from a small normal instead, which makes the first va
 
 Values are aligned like every [b, L-1] tensor of a micro-batch: position t holds V(tokens 0..t), the
 value of the state in which token t+1 is chosen. The critic has its own AdamW (`algo.critic_lr`); it
-is never published to the generators.
+is never published to the generators. Like the policy it keeps float32 master weights and computes
+in `model.dtype`; with several ranks it is wrapped as the policy is (DDP, or FSDP2 shards).
 """
 
 from __future__ import annotations
@@ -15,9 +16,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from transformers import AutoModel
+from transformers import AutoConfig, AutoModel
 
 from rollflash.broker.config import Config
+from rollflash.broker.model_dir import model_directory
+from rollflash.learner.dist import Dist, wrap_model
+from rollflash.learner.load import place
 from rollflash.learner.packing import forward_packed, pack, unpack
 
 
@@ -30,9 +34,23 @@ class Critic(torch.nn.Module):
         torch.nn.init.zeros_(self.value_head.bias)
 
     @classmethod
-    def load(cls, path: str | Path, dtype: str) -> Critic:
-        backbone = AutoModel.from_pretrained(path, dtype=getattr(torch, dtype))
+    def load(
+        cls, path: str | Path, dtype: str = "float32", attn: str = "sdpa", remote: bool = False
+    ) -> Critic:
+        """`remote`: model.trust_remote_code."""
+        backbone = AutoModel.from_pretrained(
+            path, dtype=getattr(torch, dtype), attn_implementation=attn, trust_remote_code=remote
+        )
         return cls(backbone, backbone.config.hidden_size)
+
+    @classmethod
+    def empty(cls, path: str | Path, attn: str = "sdpa", remote: bool = False) -> Critic:
+        """The same module without reading the weights (for `learner/load.py`'s meta build)."""
+        config = AutoConfig.from_pretrained(path, trust_remote_code=remote)
+        backbone = AutoModel.from_config(
+            config, dtype=torch.float32, attn_implementation=attn, trust_remote_code=remote
+        )
+        return cls(backbone, config.hidden_size)
 
     def forward(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, packed: bool = False
@@ -42,15 +60,39 @@ class Critic(torch.nn.Module):
         if packed:
             p = pack(input_ids, attention_mask)
             hidden = forward_packed(self.backbone, p).last_hidden_state
-            values = self.value_head(hidden[:, :-1].float()).squeeze(-1)  # [1, T-1]
-            return unpack(values, p, (input_ids.shape[0], input_ids.shape[1] - 1))
-        hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-        return self.value_head(hidden[:, :-1].float()).squeeze(-1)
+            return unpack(self._head(hidden), p, (input_ids.shape[0], input_ids.shape[1] - 1))
+        hidden = self.backbone(
+            input_ids=input_ids, attention_mask=attention_mask, use_cache=False
+        ).last_hidden_state
+        return self._head(hidden)
+
+    def _head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [b, L, H] -> values [b, L-1] float32: the head computes in float32 even under
+        bf16 autocast (and FSDP keeps its own parameters float32: learner/dist.py)."""
+        with torch.autocast(hidden.device.type, enabled=False):
+            return self.value_head(hidden[:, :-1].float()).squeeze(-1)
 
 
-def build_critic(cfg: Config) -> tuple[Critic, torch.optim.Optimizer]:
-    """The critic and its optimiser (weight decay and gradient clipping as the policy's)."""
-    critic = Critic.load(cfg.model.path, cfg.model.dtype)
+def build_critic(cfg: Config, dist: Dist = Dist()) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    """The critic on this rank's device with float32 master weights (it computes in
+    `model.dtype`), wrapped as the policy is (DDP, or sharded with `strategy: fsdp`), and its
+    optimiser (weight decay and gradient clipping as the policy's)."""
+    path, attn = model_directory(cfg.model.path), cfg.model.attn_implementation
+    remote = cfg.model.trust_remote_code
+    fsdp = cfg.trainer.strategy == "fsdp" and dist.world_size > 1
+
+    def wrap(critic: torch.nn.Module) -> torch.nn.Module:
+        if cfg.trainer.gradient_checkpointing:
+            critic.backbone.gradient_checkpointing_enable({"use_reentrant": False})
+        return wrap_model(critic, dist, cfg.trainer.strategy, cfg.model.dtype)
+
+    critic = place(
+        lambda: Critic.load(path, "float32", attn, remote),
+        lambda: Critic.empty(path, attn, remote),
+        dist,
+        wrap,
+        fsdp,
+    )
     optimizer = torch.optim.AdamW(
         critic.parameters(), lr=cfg.algo.critic_lr, weight_decay=cfg.trainer.weight_decay
     )

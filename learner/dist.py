@@ -1,8 +1,10 @@
 """The learner's ranks: who this process is and how the ranks agree.
 
 `rollctl start-learner --nproc N` runs N copies of the learner under torchrun, which sets RANK,
-WORLD_SIZE, MASTER_ADDR and MASTER_PORT; one process without them is rank 0 of 1 and never touches
-torch.distributed. The backend is gloo on CPU and NCCL when the learner trains on CUDA.
+WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT; one process without them is rank 0 of 1 and
+never touches torch.distributed. On CPU the group is gloo; on GPUs each rank first takes
+cuda:LOCAL_RANK, then joins one group with gloo for CPU tensors and NCCL for CUDA tensors
+(learner/device.py), so the small CPU collectives here (counts, ids, metrics) keep working.
 
 Rank 0 is the only rank that issues prompts, publishes weights and writes the checkpoint's model
 files; every rank reads trajectories as its own consumer `rank{r}` of the learner group and
@@ -12,6 +14,7 @@ acknowledges only its own entries.
 from __future__ import annotations
 
 import os
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,11 +22,14 @@ import torch
 import torch.distributed as torch_dist
 from torch.nn.parallel import DistributedDataParallel
 
+from rollflash.learner.device import DTYPES, autocast, process_group_backend, resolve_device
+
 
 @dataclass(frozen=True)
 class Dist:
     rank: int = 0
     world_size: int = 1
+    device: torch.device = torch.device("cpu")  # where this rank's models and batches live
 
     @property
     def is_main(self) -> bool:
@@ -43,11 +49,15 @@ class Dist:
         return out
 
     def sum(self, value: float) -> float:
+        return self.sums([value])[0]
+
+    def sums(self, values: list[float]) -> list[float]:
+        """Each value summed over the ranks (float64, one collective on the CPU group)."""
         if self.world_size == 1:
-            return value
-        t = torch.tensor([float(value)], dtype=torch.float64)
+            return [float(v) for v in values]
+        t = torch.tensor([float(v) for v in values], dtype=torch.float64)
         torch_dist.all_reduce(t)
-        return float(t.item())
+        return t.tolist()
 
     def barrier(self) -> None:
         if self.world_size > 1:
@@ -59,17 +69,23 @@ class Dist:
             torch_dist.destroy_process_group()
 
 
-def init_dist(device: str = "cpu") -> Dist:
-    """Join the process group torchrun describes in the environment, if any."""
+def init_dist(device: str = "auto") -> Dist:
+    """Join the process group torchrun describes in the environment, if any, on this rank's
+    device (`trainer.device`: auto | cpu | cuda, learner/device.py)."""
+    dev = resolve_device(device, int(os.environ.get("LOCAL_RANK", "0")))
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)  # before the group: NCCL binds the current device
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world == 1:
-        return Dist()
+        return Dist(device=dev)
     from rollflash.broker.redis_server import die_with_parent
 
     die_with_parent()  # a rank must not outlive torchrun's agent (kill -9 of the learner)
     if not torch_dist.is_initialized():
-        torch_dist.init_process_group("nccl" if device.startswith("cuda") else "gloo")
-    return Dist(rank=torch_dist.get_rank(), world_size=torch_dist.get_world_size())
+        torch_dist.init_process_group(
+            process_group_backend(dev), device_id=dev if dev.type == "cuda" else None
+        )
+    return Dist(rank=torch_dist.get_rank(), world_size=torch_dist.get_world_size(), device=dev)
 
 
 def split_quotas(counts: list[int], total: int) -> list[int]:
@@ -89,23 +105,49 @@ def split_quotas(counts: list[int], total: int) -> list[int]:
     return quotas
 
 
-def wrap_model(policy: torch.nn.Module, dist: Dist, strategy: str) -> torch.nn.Module:
+def wrap_model(
+    policy: torch.nn.Module, dist: Dist, strategy: str, model_dtype: str = "float32"
+) -> torch.nn.Module:
     """The module the ranks train: the policy itself on one rank; DistributedDataParallel
-    (`ddp`: a full replica per rank, gradients all-reduced); or FSDP2 (`fsdp`: `fully_shard` on
-    every transformer block, then on the whole model, so parameters, gradients and optimiser
-    state are sharded over the ranks). FSDP2 shards in place and returns the same object."""
+    (`ddp`: a full replica per rank, gradients all-reduced); or FSDP2 (`fsdp`, `shard`)."""
     if dist.world_size == 1:
         return policy
     if strategy == "ddp":
-        return DistributedDataParallel(policy)
-    from torch.distributed.fsdp import fully_shard
+        ids = [dist.device.index] if dist.device.type == "cuda" else None
+        return DistributedDataParallel(policy, device_ids=ids)
+    return shard(policy, model_dtype)
 
-    blocks = set(getattr(policy, "_no_split_modules", None) or [])
-    for module in policy.modules():
-        if type(module).__name__ in blocks:
-            fully_shard(module)
-    fully_shard(policy)
-    return policy
+
+def shard(module: torch.nn.Module, model_dtype: str = "float32") -> torch.nn.Module:
+    """FSDP2: `fully_shard` on every transformer block, then on the whole module, so parameters,
+    gradients and optimiser state are sharded over the ranks; shards in place (also on the meta
+    device) and returns the same object. With float32 parameters and `model.dtype: bfloat16` the
+    blocks compute in bf16 and reduce gradients in fp32 (`MixedPrecisionPolicy`)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    params = next(module.parameters()).dtype
+    mp = MixedPrecisionPolicy()
+    if model_dtype != "float32" and params == torch.float32:
+        mp = MixedPrecisionPolicy(param_dtype=DTYPES[model_dtype], reduce_dtype=torch.float32)
+    inner = getattr(module, "backbone", module)  # the critic: its body names the blocks
+    blocks = set(getattr(inner, "_no_split_modules", None) or [])
+    for m in module.modules():
+        if type(m).__name__ in blocks:
+            fully_shard(m, mp_policy=mp)
+    if isinstance(getattr(module, "value_head", None), torch.nn.Module):
+        fully_shard(module.value_head)  # the critic's head computes in float32
+    fully_shard(module, mp_policy=mp)
+    return module
+
+
+def compute_context(
+    model: torch.nn.Module | None, dist: Dist, model_dtype: str
+) -> AbstractContextManager:
+    """The context of a forward pass: bf16 autocast over float32 masters with `model.dtype:
+    bfloat16` (one rank, DDP); nothing for FSDP, whose MixedPrecisionPolicy casts already."""
+    if model is not None and is_sharded(model):
+        return nullcontext()
+    return autocast(dist.device, model_dtype)
 
 
 def is_sharded(model: torch.nn.Module) -> bool:
@@ -114,35 +156,36 @@ def is_sharded(model: torch.nn.Module) -> bool:
     return isinstance(model, FSDPModule)
 
 
-def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The whole model's weights on CPU: gathered from the shards with FSDP (every rank must call
-    this; rank 0 gets the tensors, the others an empty dict), else the module's own."""
-    if is_sharded(model):
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-        return get_model_state_dict(
-            model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
-        )
-    return getattr(model, "module", model).state_dict()
-
-
-def optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-    """The optimiser's state for a checkpoint (gathered to rank 0 with FSDP; collective)."""
-    if is_sharded(model):
-        from torch.distributed.checkpoint.state_dict import (
-            StateDictOptions,
-            get_optimizer_state_dict,
-        )
-
-        return get_optimizer_state_dict(
-            model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
-        )
-    return optimizer.state_dict()
+def full_state_dict(
+    model: torch.nn.Module, dtype: torch.dtype | None = None, copy: bool = False
+) -> dict[str, torch.Tensor]:
+    """The whole model's weights on the host, cast to `dtype` (None: as they are) on the device
+    before the one copy to the host. With FSDP every rank must call this (one tensor gathered at
+    a time); rank 0 gets the tensors, the others an empty dict. Tied tensors (lm_head =
+    embed_tokens) are returned once, under the first name. `copy`: never return a tensor that
+    shares memory with a parameter (needed when the weights are written while training goes on).
+    """
+    sharded = is_sharded(model)
+    out: dict[str, torch.Tensor] = {}
+    seen: set[int] = set()
+    for name, t in getattr(model, "module", model).state_dict().items():
+        key = id(t) if sharded else t.untyped_storage().data_ptr()
+        if key in seen:
+            continue
+        seen.add(key)
+        t = t.detach().to(dtype or t.dtype)  # cast the shard: half the bytes to gather
+        if sharded and hasattr(t, "full_tensor"):
+            t = t.full_tensor()  # collective: every rank gathers this tensor
+        if sharded and torch_dist.get_rank() != 0:
+            continue
+        out[name] = t.to("cpu", copy=copy).contiguous()
+    return out
 
 
 def load_optimizer_state(
     model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]
 ) -> None:
+    """Load a full (unsharded) optimiser state, as the checkpoints before DCP held it."""
     if is_sharded(model):
         from torch.distributed.checkpoint.state_dict import (
             StateDictOptions,

@@ -10,7 +10,12 @@ away from rollouts and need its own result channel.
 
 For a multi-turn environment the score is the success rate of greedy episodes on the held-out
 seeds (`heldout_success`), played in lockstep batches with the same token bookkeeping as the
-generators (envs/episode.py)."""
+generators (envs/episode.py).
+
+`record`: a list that greedy and sampled evaluation append their generations to, one row per
+response: {"eval": "greedy" | "sampled", "id", "sample" (0..k-1), "prompt", "response",
+"reward", "pass"} (`pass`: reward >= threshold). The learner writes them to
+`eval_generations.jsonl` and the trackers (learner/metrics.py). Episodes are not recorded."""
 
 from __future__ import annotations
 
@@ -41,9 +46,11 @@ def heldout_accuracy(
     max_new_tokens: int,
     batch_size: int = 64,
     threshold: float = 1.0,
+    record: list[dict] | None = None,
 ) -> float:
     """Fraction of `items` answered correctly with greedy decoding (a reward of at least
-    `threshold`), or of held-out episodes solved, for a multi-turn environment."""
+    `threshold`), or of held-out episodes solved, for a multi-turn environment; the generations
+    are appended to `record` (module docstring)."""
     if is_multi_turn(task):
         return heldout_success(model, tokenizer, task, items, max_new_tokens, batch_size)
     model.eval()
@@ -55,8 +62,8 @@ def heldout_accuracy(
         chunk = items[start : start + batch_size]
         ids, attention = _left_pad(encode_prompts(tokenizer, [it.prompt for it in chunk]), pad_id)
         out = model.generate(
-            input_ids=ids,
-            attention_mask=attention,
+            input_ids=ids.to(model.device),
+            attention_mask=attention.to(model.device),
             do_sample=False,
             max_new_tokens=max_new_tokens,
             pad_token_id=pad_id,
@@ -66,8 +73,34 @@ def heldout_accuracy(
             response_text(tokenizer, row, tokenizer.eos_token_id)
             for row in out[:, ids.shape[1] :].tolist()
         ]
-        correct += sum(task.score(it, text) >= threshold for it, text in zip(chunk, texts))
+        for it, text in zip(chunk, texts):
+            reward = task.score(it, text)
+            correct += reward >= threshold
+            _record(record, "greedy", it, 0, text, reward, threshold)
     return correct / max(len(items), 1)
+
+
+def _record(
+    record: list[dict] | None,
+    kind: str,
+    item: Item,
+    sample: int,
+    response: str,
+    reward: float,
+    threshold: float,
+) -> None:
+    if record is not None:
+        record.append(
+            {
+                "eval": kind,
+                "id": item.id,
+                "sample": sample,
+                "prompt": item.prompt,
+                "response": response,
+                "reward": float(reward),
+                "pass": bool(reward >= threshold),
+            }
+        )
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -93,10 +126,12 @@ def sampled_eval(
     threshold: float = 1.0,
     seed: int = 0,
     batch_size: int = 64,
+    record: list[dict] | None = None,
 ) -> dict[str, float]:
     """k = n_samples sampled responses per item: `eval/reward_mean`, `eval/pass@1` and
     `eval/pass@k`, each the mean over items. Sampling runs under its own seed inside
-    `torch.random.fork_rng`, so evaluating never changes the training run's random stream."""
+    `torch.random.fork_rng`, so evaluating never changes the training run's random stream.
+    The generations are appended to `record` (module docstring)."""
     model.eval()
     pad_id = (
         tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -111,8 +146,8 @@ def sampled_eval(
                 encode_prompts(tokenizer, [it.prompt for it in chunk]), pad_id
             )
             out = model.generate(
-                input_ids=ids.repeat_interleave(n_samples, dim=0),
-                attention_mask=attention.repeat_interleave(n_samples, dim=0),
+                input_ids=ids.repeat_interleave(n_samples, dim=0).to(model.device),
+                attention_mask=attention.repeat_interleave(n_samples, dim=0).to(model.device),
                 do_sample=True,
                 temperature=temperature,
                 top_p=1.0,
@@ -126,6 +161,8 @@ def sampled_eval(
                 group = rows[i * n_samples : (i + 1) * n_samples]
                 texts = [response_text(tokenizer, r, tokenizer.eos_token_id) for r in group]
                 rewards.append([task.score(it, t) for t in texts])
+                for j, (text, reward) in enumerate(zip(texts, rewards[-1])):
+                    _record(record, "sampled", it, j, text, reward, threshold)
     count = max(len(rewards), 1)
     correct = [sum(r >= threshold for r in group) for group in rewards]
     return {
@@ -184,8 +221,8 @@ def heldout_success(
             chunk = active[start : start + batch_size]
             ids, attention = _left_pad([ep.context for ep in chunk], pad_id)
             out = model.generate(
-                input_ids=ids,
-                attention_mask=attention,
+                input_ids=ids.to(model.device),
+                attention_mask=attention.to(model.device),
                 do_sample=False,
                 max_new_tokens=max_new_tokens,
                 pad_token_id=pad_id,

@@ -15,10 +15,12 @@ import json
 import tempfile
 from pathlib import Path
 
+import torch
 from safetensors.torch import load
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rollflash.broker.config import Config
+from rollflash.broker.model_dir import model_directory
 from rollflash.broker.weights import ADAPTER_CONFIG, ADAPTER_FILE, MODEL_FILE, WeightStore
 
 
@@ -35,12 +37,19 @@ def export_version(cfg: Config, version: int | None, out: Path, merge: bool = Fa
         _save_merged(cfg, files, out)
     else:
         _save_adapter(cfg, files, out)
-    AutoTokenizer.from_pretrained(cfg.model.path).save_pretrained(out)
+    source, remote = model_directory(cfg.model.path), cfg.model.trust_remote_code
+    AutoTokenizer.from_pretrained(source, trust_remote_code=remote).save_pretrained(out)
     return out
 
 
+def _base(cfg: Config) -> torch.nn.Module:
+    """The base model at `model.path` (a directory or a cached hub id)."""
+    source, remote = model_directory(cfg.model.path), cfg.model.trust_remote_code
+    return AutoModelForCausalLM.from_pretrained(source, trust_remote_code=remote)
+
+
 def _save_full(cfg: Config, version: int, data: bytes, out: Path) -> None:
-    model = AutoModelForCausalLM.from_pretrained(cfg.model.path)
+    model = _base(cfg)
     missing, unexpected = model.load_state_dict(load(data), strict=False)
     tied = {"lm_head.weight"} if model.config.tie_word_embeddings else set()
     if unexpected or set(missing) - tied:
@@ -55,7 +64,7 @@ def _save_full(cfg: Config, version: int, data: bytes, out: Path) -> None:
 def _save_adapter(cfg: Config, files: dict[str, bytes], out: Path) -> None:
     """The adapter's verified bytes, with its config naming the base by absolute path."""
     config = json.loads(files[ADAPTER_CONFIG])
-    config["base_model_name_or_path"] = str(Path(cfg.model.path).resolve())
+    config["base_model_name_or_path"] = str(Path(model_directory(cfg.model.path)).resolve())
     (out / ADAPTER_FILE).write_bytes(files[ADAPTER_FILE])
     (out / ADAPTER_CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True))
 
@@ -66,6 +75,5 @@ def _save_merged(cfg: Config, files: dict[str, bytes], out: Path) -> None:
 
     with tempfile.TemporaryDirectory(prefix="rollflash-adapter-") as tmp:
         _save_adapter(cfg, files, Path(tmp))
-        base = AutoModelForCausalLM.from_pretrained(cfg.model.path)
-        merged = PeftModel.from_pretrained(base, tmp).merge_and_unload()
+        merged = PeftModel.from_pretrained(_base(cfg), tmp).merge_and_unload()
     merged.save_pretrained(out)

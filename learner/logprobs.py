@@ -1,12 +1,14 @@
 """Log-probabilities (and optionally entropies) of the sampled tokens under a causal LM.
 
 The learner scales logits by the sampling temperature, as the generators do, so that pi_learner and
-pi_behaviour describe the same distribution. log pi(y) = z_y - logsumexp(z) is computed without
-materialising a second [b, L-1, V] tensor of log-probabilities.
+pi_behaviour describe the same distribution: log pi(y) = z_y - logsumexp(z).
 
-Entropy needs the full softmax. For large vocabularies it is computed over slices of positions under
-activation checkpointing, so at most one slice's [b, t, V] softmax is alive at a time, in the forward
-and in the backward pass.
+Memory: the model's logits [b, L, V] are in its compute dtype (bf16 under autocast). Their
+log-softmax is computed over slices of `chunk` positions (`trainer.logprob_chunk`), each slice cast
+to `dtype` (`trainer.logprob_dtype`) inside activation checkpointing, so at most one slice's
+[b, t, V] upcast exists at a time, in the forward and in the backward pass: at a 150k vocabulary no
+float32 [b, L, V] tensor is ever made. The result is float32 whatever `dtype` is, because the PPO
+ratio exp(logp - logp_old) needs it. Entropy (the full softmax) is computed in the same slices.
 """
 
 from __future__ import annotations
@@ -17,24 +19,54 @@ from torch.utils.checkpoint import checkpoint
 from rollflash.algos import entropy_from_logits
 from rollflash.learner.packing import forward_packed, pack, unpack
 
-ENTROPY_CHUNK_ELEMENTS = 1 << 26  # float32 elements of softmax held at once (256 MiB)
+
+def _slice_logprobs(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    temperature: float,
+    dtype: torch.dtype,
+    with_entropy: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits [b, t, V] (any dtype), targets [b, t] int64 -> (logp [b, t], entropy [b, t] or an
+    empty tensor) float32."""
+    z = logits.to(dtype) / temperature
+    picked = z.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    logp = (picked - torch.logsumexp(z, dim=-1)).float()
+    entropy = entropy_from_logits(z).float() if with_entropy else logp.new_empty(0)
+    return logp, entropy
 
 
-def chunked_entropy(z: torch.Tensor, max_elements: int = ENTROPY_CHUNK_ELEMENTS) -> torch.Tensor:
-    """z: [b, T, V] float32 logits (already divided by the temperature) -> [b, T] float32 entropy.
-
-    One plain call when b * T * V <= max_elements; otherwise slices of positions, each recomputed in
-    the backward pass instead of being stored.
-    """
-    b, t, v = z.shape
-    if b * t * v <= max_elements:
-        return entropy_from_logits(z)
-    step = max(1, max_elements // max(b * v, 1))
+def logprobs_from_logits(
+    logits: torch.Tensor,
+    input_ids: torch.Tensor,
+    temperature: float,
+    with_entropy: bool = False,
+    chunk: int = 0,
+    dtype: torch.dtype = torch.float32,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """logits [b, L, V], input_ids [b, L] int64 -> next-token logp [b, L-1] float32 (and entropy
+    [b, L-1] float32). `chunk` > 0: slices of about `chunk` positions (chunk // b columns of every
+    row), each recomputed in the backward pass; 0: one slice, kept for the backward pass."""
+    b, width = input_ids.shape[0], input_ids.shape[1] - 1
+    targets = input_ids[:, 1:]
+    step = max(1, chunk // max(b, 1)) if chunk > 0 else width
+    if step >= width:
+        logp, ent = _slice_logprobs(logits[:, :-1], targets, temperature, dtype, with_entropy)
+        return logp, (ent if with_entropy else None)
     parts = [
-        checkpoint(entropy_from_logits, z[:, s : s + step], use_reentrant=False)
-        for s in range(0, t, step)
+        checkpoint(
+            _slice_logprobs,
+            logits[:, s : min(s + step, width)],
+            targets[:, s : s + step],
+            temperature,
+            dtype,
+            with_entropy,
+            use_reentrant=False,
+        )
+        for s in range(0, width, step)
     ]
-    return torch.cat(parts, dim=1)
+    logp = torch.cat([p[0] for p in parts], dim=1)
+    return logp, (torch.cat([p[1] for p in parts], dim=1) if with_entropy else None)
 
 
 def token_logprobs(
@@ -44,26 +76,20 @@ def token_logprobs(
     temperature: float,
     with_entropy: bool = False,
     packed: bool = False,
+    chunk: int = 0,
+    dtype: torch.dtype = torch.float32,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """input_ids, attention_mask: [b, L] int64 -> (logp [b, L-1] float32, entropy [b, L-1] float32
     or None): position t scores token t+1 given tokens 0..t. `packed` runs the forward pass on the
-    sequences laid end to end without padding (learner/packing.py); the result is the same."""
+    sequences laid end to end without padding (learner/packing.py); the result is the same.
+    `chunk`, `dtype`: `trainer.logprob_chunk` and `trainer.logprob_dtype` (see above)."""
     if packed:
         p = pack(input_ids, attention_mask)
-        logp, entropy = _from_logits(
-            forward_packed(model, p).logits, p.input_ids, temperature, with_entropy
+        logits = forward_packed(model, p).logits
+        logp, entropy = logprobs_from_logits(
+            logits, p.input_ids, temperature, with_entropy, chunk, dtype
         )
         shape = (input_ids.shape[0], input_ids.shape[1] - 1)
         return unpack(logp, p, shape), (unpack(entropy, p, shape) if with_entropy else None)
-    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits
-    return _from_logits(logits, input_ids, temperature, with_entropy)
-
-
-def _from_logits(
-    logits: torch.Tensor, input_ids: torch.Tensor, temperature: float, with_entropy: bool
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """logits [b, L, V], input_ids [b, L] -> next-token logp [b, L-1] (and entropy [b, L-1])."""
-    z = logits[:, :-1].float() / temperature  # [b, L-1, V]
-    picked = z.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
-    logp = picked - torch.logsumexp(z, dim=-1)
-    return logp, (chunked_entropy(z) if with_entropy else None)
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
+    return logprobs_from_logits(logits, input_ids, temperature, with_entropy, chunk, dtype)

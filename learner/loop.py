@@ -21,6 +21,7 @@ import json
 import logging
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,8 +32,9 @@ from rollflash.broker.schema import Trajectory
 from rollflash.learner.build import Learner, start
 from rollflash.learner.collect import Collected
 from rollflash.learner.completions import pick_completions
+from rollflash.learner.global_stats import global_std
 from rollflash.learner.guards import guard_values
-from rollflash.learner.metrics import merge_rank_metrics
+from rollflash.learner.metrics import merge_rank_metrics, reward_breakdown
 from rollflash.learner.publish import checkpoint, pause_point, publish
 from rollflash.learner.train import train_step
 
@@ -58,6 +60,7 @@ def step_metrics(c: Collected, train: dict[str, float], wall: dict[str, float]) 
         **{f"filter/dropped_{reason}": n for reason, n in sorted(c.filtered.items())},
         "async/rejected": c.rejected,
         "env/errors": sum(s.env_errors for g in c.groups for s in g.samples),
+        **reward_breakdown(c.groups),
         "perf/wait_frac": c.wait_s / step_s,
         "perf/step_s": step_s,
         "perf/publish_s": wall["publish_s"],
@@ -123,8 +126,9 @@ def learner_step(ln: Learner) -> dict[str, float]:
     checkpoint_s = make_durable(ln)
     wall = {"step_s": time.monotonic() - t0, "publish_s": publish_s, "checkpoint_s": checkpoint_s}
     metrics = merged_metrics(ln, batch, stats, wall)
-    if ln.cfg.trainer.eval_every and state.step % ln.cfg.trainer.eval_every == 0:
+    if ln.cfg.eval.every and state.step % ln.cfg.eval.every == 0:
         metrics["eval/heldout_acc"] = ln.evaluate()
+        metrics.update(ln.domain_eval)  # a mixture's eval/<domain>/heldout_acc
         metrics.update(ln.evaluate_sampled())
     if ln.dist.is_main:
         _report(ln, metrics, batch.groups)
@@ -147,6 +151,9 @@ def merged_metrics(
         wall,
     )
     metrics = merge_rank_metrics(ln.dist.gather([local, len(batch.groups)]))
+    if "guard/score_std" in metrics:  # the std of every rank's rewards, not a mean of stds
+        rewards = [s.reward for g in batch.groups for s in g.samples]
+        metrics["guard/score_std"] = global_std(rewards, ln.dist)
     metrics.update(
         ln.guard.after_step(
             metrics,
@@ -164,6 +171,11 @@ def _report(ln: Learner, metrics: dict[str, float], groups: list[Trajectory]) ->
     rows = pick_completions(groups, n, version, cfg.run.seed, step, decode)
     ln.sink.log_completions(step, rows)
     metrics["gen/idle_frac"] = ln.broker.generator_idle_frac()
+    metrics["reward/errors"] = ln.broker.generator_reward_errors()
+    filtered = getattr(ln.task, "filtered", None)  # a dataset's prompts over max_prompt_tokens
+    if filtered is not None:
+        metrics["data/filtered_train"] = filtered["train"]
+        metrics["data/filtered_heldout"] = filtered["heldout"]
     ln.sink.log(step, metrics)
     ln.broker.set_run_fields(
         version=ln.state.version,
@@ -185,6 +197,11 @@ def _report(ln: Learner, metrics: dict[str, float], groups: list[Trajectory]) ->
         100 * metrics["perf/wait_frac"],
         metrics["perf/step_s"],
     )
+
+
+def _flat(key: str) -> str:
+    """eval/code/heldout_acc -> code_heldout_acc (a summary key)."""
+    return key.removeprefix("eval/").replace("/", "_")
 
 
 def _mean(values: list[float] | deque[float]) -> float:
@@ -217,6 +234,7 @@ def begin(ln: Learner) -> dict[str, float]:
         ln.state.heldout_acc_before = ln.evaluate()
         log.info("held-out greedy accuracy before training: %.3f", ln.state.heldout_acc_before)
         sampled = {f"{k.removeprefix('eval/')}_before": v for k, v in ln.evaluate_sampled().items()}
+        sampled.update({f"{_flat(k)}_before": v for k, v in ln.domain_eval.items()})
     if ln.dist.is_main:
         ln.broker.set_run_fields(
             state="training",
@@ -235,7 +253,10 @@ def finish(
     every = cfg.trainer.checkpoint_every
     if every and history.steps and ln.state.step % every:
         checkpoint(ln)  # the last steps' entries are acknowledged only once this is durable
+    if ln.publisher is not None:
+        ln.publisher.wait()  # the last version is announced before the run is done
     acc_after = ln.evaluate()
+    by_domain = {_flat(k): v for k, v in ln.domain_eval.items()}
     after = ln.evaluate_sampled().items()
     sampled = {**sampled, **{f"{k.removeprefix('eval/')}_after": v for k, v in after}}
     summary = {
@@ -254,6 +275,7 @@ def finish(
         "learner_ranks": ln.dist.world_size,
         "stopped_by_guard": ln.guard.stop_reason,
         **{k: round(v, 4) for k, v in sampled.items()},
+        **{f"{k}_after": round(v, 4) for k, v in by_domain.items()},
     }
     if ln.dist.is_main:
         (Path(cfg.run.run_dir) / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
@@ -262,15 +284,22 @@ def finish(
     return summary
 
 
-def run(cfg: Config, resume: bool | None = None) -> dict[str, Any]:
-    """Train until `trainer.total_steps` (or a guard stops the run); returns the summary."""
+def run(
+    cfg: Config, resume: bool | None = None, on_step: Callable[[dict], None] | None = None
+) -> dict[str, Any]:
+    """Train until `trainer.total_steps` (or a guard stops the run); returns the summary.
+    `on_step`: called on rank 0 with each step's metrics row (`step` included), e.g. a
+    progress bar (rollctl/progress.py)."""
     setup_process("learner", seed=cfg.run.seed, torch_threads=cfg.run.torch_threads)
     ln = start(cfg, resume)
     started = time.monotonic()
     sampled_before = begin(ln)
     history = History()
     for _ in range(ln.state.step, cfg.trainer.total_steps):
-        history.add(learner_step(ln))
+        metrics = learner_step(ln)
+        history.add(metrics)
+        if on_step is not None and ln.dist.is_main:
+            on_step({"step": ln.state.step, **metrics})
         if ln.guard.stop_requested:  # guards.stop_on_guard
             break
     summary = finish(ln, history, started, sampled_before)

@@ -80,11 +80,11 @@ def adapter_config(model: Any, base_path: str) -> dict[str, Any]:
 
 
 def adapter_state(model: Any) -> dict[str, torch.Tensor]:
-    """The adapter's tensors under the names of a PEFT adapter file (adapter_model.safetensors)."""
+    """The adapter's tensors under the names of a PEFT adapter file (adapter_model.safetensors),
+    where they are (`published_weights` brings them to the host)."""
     from peft import get_peft_model_state_dict
 
-    state = get_peft_model_state_dict(model, adapter_name=ADAPTER)
-    return {k: v.detach().to("cpu").contiguous() for k, v in state.items()}
+    return dict(get_peft_model_state_dict(model, adapter_name=ADAPTER))
 
 
 def merged_state_dict(model: Any) -> dict[str, torch.Tensor]:
@@ -110,13 +110,29 @@ def merged_state_dict(model: Any) -> dict[str, torch.Tensor]:
 
 
 def published_weights(
-    model: torch.nn.Module, cfg: Config
+    model: torch.nn.Module, cfg: Config, dtype: torch.dtype | None = None, copy: bool = False
 ) -> tuple[dict[str, torch.Tensor], dict[str, Any] | None]:
     """What a weight version holds (`cfg.publish_kind`): the full state dict (merged for a LoRA
-    policy) and None, or the adapter's tensors and its adapter_config.json."""
+    policy) and None, or the adapter's tensors and its adapter_config.json; on the host, cast to
+    `dtype` (`trainer.publish_dtype`), never sharing memory with a parameter when `copy`."""
     lora = peft_model(model)
     if lora is None:
-        return full_state_dict(model), None
+        return full_state_dict(model, dtype, copy=copy), None
     if cfg.publish_kind == "adapter":
-        return adapter_state(lora), adapter_config(lora, cfg.model.path)
-    return merged_state_dict(lora), None
+        return _host(adapter_state(lora), dtype, copy), adapter_config(lora, cfg.model.path)
+    return _host(merged_state_dict(lora), dtype, copy), None
+
+
+def _host(
+    state: dict[str, torch.Tensor], dtype: torch.dtype | None, copy: bool
+) -> dict[str, torch.Tensor]:
+    """`state` on the host, each tensor cast on its device first; tied tensors (one storage
+    under two names) are kept once, under the first name, as `full_state_dict` does."""
+    out: dict[str, torch.Tensor] = {}
+    seen: set[int] = set()
+    for name, t in state.items():
+        if t.untyped_storage().data_ptr() in seen:
+            continue
+        seen.add(t.untyped_storage().data_ptr())
+        out[name] = t.detach().to(dtype or t.dtype).to("cpu", copy=copy).contiguous()
+    return out

@@ -4,7 +4,9 @@ Names are stable (`loss/policy`, `reward/mean`, `async/staleness_max`, `perf/tok
 so dashboards and regression checks can key on them. `{run_dir}/metrics.jsonl` gets one JSON object
 per step; `{run_dir}/tb/` holds the TensorBoard events; W&B and MLflow (learner/trackers.py) get
 the same metrics. Sample completions (learner/completions.py) go to `completions.jsonl`,
-TensorBoard text and each tracker.
+TensorBoard text and each tracker; so do evaluation's generations (learner/evaluate.py), to
+`eval_generations.jsonl` (every one) and TensorBoard text (the first EVAL_TEXT_ROWS of each
+evaluation).
 
 The files are the record and their errors end the run; a tracker is a copy, and a tracker call
 that raises is counted (`tracker/errors`, in the next rows) and logged, and training goes on.
@@ -20,9 +22,12 @@ from pathlib import Path
 from typing import Any
 
 from rollflash.broker.config import Config
+from rollflash.broker.schema import Trajectory
 from rollflash.learner.trackers import Tracker, open_trackers
 
 log = logging.getLogger(__name__)
+
+EVAL_TEXT_ROWS = 32  # evaluation generations shown in TensorBoard's text tab per evaluation
 
 
 class MetricsSink:
@@ -32,7 +37,7 @@ class MetricsSink:
         self.path = Path(run_dir) / "metrics.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._file = open(self.path, "a", buffering=1)
-        self._completions: Any = None  # completions.jsonl, opened on first use
+        self._tables: dict[str, Any] = {}  # completions.jsonl, ...: opened on first use
         self._tb = None
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
@@ -60,13 +65,26 @@ class MetricsSink:
         table (W&B) or artifact (MLflow) per tracker."""
         if not rows:
             return
-        if self._completions is None:
-            self._completions = open(self.path.with_name("completions.jsonl"), "a", buffering=1)
-        for row in rows:
-            self._completions.write(json.dumps({"step": step, **row}) + "\n")
+        self._write_rows("completions", step, rows)
         if self._tb is not None:
-            self._tb.add_text("completions", completions_markdown(rows), step)
+            self._tb.add_text("completions", completions_markdown(rows, COMPLETION_CELLS), step)
         self._to_trackers("log_completions", step, [{"step": step, **r} for r in rows])
+
+    def log_eval_generations(self, step: int, rows: list[dict[str, Any]]) -> None:
+        """One evaluation's generations (learner/evaluate.py) at learner `step`: every one to
+        eval_generations.jsonl and each tracker, the first EVAL_TEXT_ROWS to TensorBoard text."""
+        if not rows:
+            return
+        self._write_rows("eval_generations", step, rows)
+        if self._tb is not None:
+            text = completions_markdown(rows[:EVAL_TEXT_ROWS], EVAL_CELLS)
+            self._tb.add_text(f"eval_generations/{rows[0]['eval']}", text, step)
+        self._to_trackers("log_eval_generations", step, [{"step": step, **r} for r in rows])
+
+    def _write_rows(self, name: str, step: int, rows: list[dict[str, Any]]) -> None:
+        if name not in self._tables:
+            self._tables[name] = open(self.path.with_name(f"{name}.jsonl"), "a", buffering=1)
+        self._tables[name].writelines(json.dumps({"step": step, **r}) + "\n" for r in rows)
 
     def _to_trackers(self, method: str, step: int, payload: Any) -> None:
         for tracker in self.trackers:
@@ -84,8 +102,8 @@ class MetricsSink:
 
     def close(self) -> None:
         self._file.close()
-        if self._completions is not None:
-            self._completions.close()
+        for table in self._tables.values():
+            table.close()
         if self._tb is not None:
             self._tb.close()
         for tracker in self.trackers:
@@ -106,14 +124,36 @@ def open_sink(cfg: Config, tracker_ids: dict[str, str]) -> MetricsSink:
     )
 
 
-def completions_markdown(rows: list[dict[str, Any]]) -> str:
-    """A markdown table for TensorBoard's text tab."""
-    cols = ("pick", "reward", "staleness", "generator", "prompt", "response")
+COMPLETION_CELLS = ("pick", "reward", "staleness", "generator", "prompt", "response")
+EVAL_CELLS = ("id", "sample", "reward", "pass", "prompt", "response")
+
+
+def completions_markdown(rows: list[dict[str, Any]], cols: Sequence[str] = COMPLETION_CELLS) -> str:
+    """A markdown table of `cols` for TensorBoard's text tab."""
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for row in rows:
         cells = [str(row.get(c, "")).replace("|", "\\|").replace("\n", " ") for c in cols]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def reward_breakdown(groups: list[Trajectory]) -> dict[str, float]:
+    """Samples whose reward failed, by reason (`reward/<reason>`: `reward/code_timeout`, ...,
+    counts), and with a mixture of tasks (envs/mixture.py: prompt ids "<domain>/...") each
+    domain's mean reward `reward/<domain>/mean`."""
+    out: dict[str, float] = {}
+    sums: dict[str, list[float]] = {}
+    for g in groups:
+        domain = g.prompt_id.split("/", 1)[0] if "/" in g.prompt_id else None
+        for s in g.samples:
+            if s.reward_failure:
+                key = f"reward/{s.reward_failure}"
+                out[key] = out.get(key, 0) + 1
+            if domain is not None:
+                sums.setdefault(domain, []).append(s.reward)
+    for domain, rewards in sorted(sums.items()):
+        out[f"reward/{domain}/mean"] = sum(rewards) / len(rewards)
+    return out
 
 
 _SUMMED = (
@@ -125,6 +165,9 @@ _SUMMED = (
     "async/staleness_hist/",
     "env/errors",
     "filter/dropped_",
+    "reward/code_",
+    "reward/judge_",
+    "reward/function_error",
     "redis/",
 )  # redis/: counted on rank 0
 
@@ -135,10 +178,10 @@ def merge_rank_metrics(parts: list[tuple[dict[str, float], int]]) -> dict[str, f
     other value is a mean weighted by the rank's groups."""
     if len(parts) == 1:
         return dict(parts[0][0])
-    total = sum(n for _, n in parts) or 1
     out: dict[str, float] = {}
     for key in {k for m, _ in parts for k in m}:
         values = [(m[key], n) for m, n in parts if key in m]
+        weight = sum(n for _, n in values) or 1  # a rank without a key (a domain) is left out
         if key.startswith("perf/"):
             out[key] = parts[0][0].get(key, values[0][0])
             if key in ("perf/samples_per_s", "perf/tokens_per_s"):
@@ -148,5 +191,5 @@ def merge_rank_metrics(parts: list[tuple[dict[str, float], int]]) -> dict[str, f
         elif key.startswith(_SUMMED):
             out[key] = sum(v for v, _ in values)
         else:
-            out[key] = sum(v * n for v, n in values) / total
+            out[key] = sum(v * n for v, n in values) / weight
     return out

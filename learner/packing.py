@@ -3,8 +3,11 @@
 Micro-batches are filled up to `token_budget` real tokens (first-fit decreasing by length) instead
 of `micro_batch_size` padded rows. For the forward pass a micro-batch's sequences are laid end to
 end in a single row; every sequence restarts its position ids at 0 and attends only to its own
-earlier tokens (a block-diagonal causal mask; with flash attention the position ids alone mark the
-boundaries, as in Hugging Face's padding-free training). The per-token outputs are scattered back
+earlier tokens. The model gets `position_ids` alone, with `use_cache=False` and no attention mask,
+as in Hugging Face's padding-free training: the restarts mark the boundaries, FlashAttention and
+SDPA take their variable-length paths, and eager attention builds its block-diagonal mask from
+them. No dense [T, T] mask is ever built here (an additive boolean mask given to eager attention
+was measured 0.25 off in the logits). The per-token outputs are scattered back
 to the usual padded [b, L-1] layout, so losses, masks and every aggregation mode see exactly what
 they would see without packing: packing changes the cost of the forward pass, never the loss.
 """
@@ -20,7 +23,6 @@ import torch
 class Packed:
     input_ids: torch.Tensor  # [1, T] int64, the sequences end to end (T = total real tokens)
     position_ids: torch.Tensor  # [1, T] int64, restarting at 0 for every sequence
-    attention_mask: torch.Tensor  # [1, 1, T, T] bool, True where query may attend to key
     rows: torch.Tensor  # [N] int64, padded-batch row of each next-token position
     cols: torch.Tensor  # [N] int64, its column in the [b, L-1] layout
     src: torch.Tensor  # [N] int64, its position in the packed [1, T-1] layout
@@ -29,21 +31,19 @@ class Packed:
 def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> Packed:
     """input_ids, attention_mask: [b, L] int64, right-padded -> one packed row."""
     lengths = attention_mask.sum(dim=-1).tolist()
-    ids, pos, rows, cols, src, blocks = [], [], [], [], [], []
+    ids, pos, rows, cols, src = [], [], [], [], []
     offset = 0
     for i, n in enumerate(lengths):
         ids.append(input_ids[i, :n])
-        pos.append(torch.arange(n))
+        pos.append(torch.arange(n, device=input_ids.device))
         # next-token positions inside this sequence only: packed t predicts packed t + 1
-        rows.append(torch.full((n - 1,), i))
-        cols.append(torch.arange(n - 1))
-        src.append(torch.arange(offset, offset + n - 1))
-        blocks.append(torch.tril(torch.ones(n, n, dtype=torch.bool)))
+        rows.append(torch.full((n - 1,), i, device=input_ids.device))
+        cols.append(torch.arange(n - 1, device=input_ids.device))
+        src.append(torch.arange(offset, offset + n - 1, device=input_ids.device))
         offset += n
     return Packed(
         input_ids=torch.cat(ids)[None],
         position_ids=torch.cat(pos)[None],
-        attention_mask=torch.block_diag(*blocks)[None, None],
         rows=torch.cat(rows),
         cols=torch.cat(cols),
         src=torch.cat(src),
@@ -57,13 +57,8 @@ def unpack(x: torch.Tensor, p: Packed, shape: tuple[int, int]) -> torch.Tensor:
 
 
 def forward_packed(model: torch.nn.Module, p: Packed) -> object:
-    """Run a Hugging Face model on a packed row (the mask form its attention kernel needs)."""
-    config = getattr(model, "config", None) or model.module.config
-    if str(getattr(config, "_attn_implementation", "")).startswith("flash_attention"):
-        return model(input_ids=p.input_ids, position_ids=p.position_ids)
-    return model(
-        input_ids=p.input_ids, position_ids=p.position_ids, attention_mask=p.attention_mask
-    )
+    """Run a Hugging Face model on a packed row: position ids only, no cache, no mask."""
+    return model(input_ids=p.input_ids, position_ids=p.position_ids, use_cache=False)
 
 
 def budget_chunks(lengths: torch.Tensor, budget: int) -> list[torch.Tensor]:

@@ -1,10 +1,14 @@
 """Making a step visible and durable: publish a version, checkpoint, acknowledge, resume.
 
 - `publish`: rank 0 writes the policy to the weight store as a new version, records it in the
-  run hash and announces it over zmq (every rank helps gather FSDP shards).
+  run hash and announces it over zmq (every rank helps gather FSDP shards). The weights are cast
+  to `trainer.publish_dtype` on the device, copied to the host once and hashed while written.
+  With `trainer.background_publish` the write runs in a thread while the next step collects and
+  trains; at most one version is in flight, and a version is announced (run hash, zmq) only once
+  its manifest is durable, so generators and stale-version rules never see a partial version.
 - `checkpoint`: model, optimiser, counters and the entries trained since the previous checkpoint
-  become durable (learner/checkpoint.py); only then are those entries acknowledged, so a crash
-  re-delivers them.
+  become durable (learner/checkpoint.py: sharded, each rank writes its own shard, nothing is
+  gathered); only then are those entries acknowledged, so a crash re-delivers them.
 - `resume_after`: a restarted learner publishes its checkpoint as the next version, acknowledges
   what the checkpoint already holds and queues this rank's other pending entries to train again.
 
@@ -20,6 +24,7 @@ import logging
 import os
 import signal
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -30,17 +35,22 @@ from rollflash.broker.learner_side import LearnerBroker
 from rollflash.broker.notify import VersionPublisher
 from rollflash.broker.weights import WeightStore
 from rollflash.learner.checkpoint import RankProgress, rng_state
-from rollflash.learner.dist import optimizer_state
-from rollflash.learner.lora import checkpoint_weights, published_weights
+from rollflash.learner.checkpoint_io import Trainables
+from rollflash.learner.device import DTYPES
+from rollflash.learner.dist import is_sharded
+from rollflash.learner.lora import published_weights
 
 if TYPE_CHECKING:
     from rollflash.learner.build import Learner
+
 
 log = logging.getLogger(__name__)
 
 
 class Publisher:
-    """Writes a version to the weight store, records it in Redis and announces it over zmq."""
+    """Writes a version to the weight store, records it in Redis and announces it over zmq;
+    with `background` the writing and announcing run in one worker thread, one version at a
+    time, in order."""
 
     def __init__(self, cfg: Config, broker: LearnerBroker, resuming: bool):
         self.store = WeightStore(cfg.run.run_dir)
@@ -55,6 +65,9 @@ class Publisher:
         self.broker = broker
         self.keep = cfg.trainer.keep_versions
         self.zmq = VersionPublisher()
+        self.background = cfg.trainer.background_publish
+        self._worker = ThreadPoolExecutor(1, "publish") if self.background else None
+        self._pending: Future | None = None
 
     def publish(
         self,
@@ -63,16 +76,42 @@ class Publisher:
         step: int,
         adapter_config: dict[str, Any] | None = None,
     ) -> float:
-        """Publish full weights, or with `adapter_config` a LoRA adapter (broker/weights.py)."""
+        """Write and announce `version`: full weights, or with `adapter_config` a LoRA adapter
+        (broker/weights.py); returns the seconds the caller waited (with `background`: for the
+        previous version to finish, not for this one)."""
         started = time.monotonic()
-        info = self.store.publish(weights, version, step, adapter_config=adapter_config)
+        if self._worker is None:
+            self._write(weights, version, step, adapter_config)
+        else:
+            self.wait()
+            self._pending = self._worker.submit(self._write, weights, version, step, adapter_config)
+        return time.monotonic() - started
+
+    def _write(
+        self,
+        weights: dict[str, torch.Tensor],
+        version: int,
+        step: int,
+        adapter_config: dict[str, Any] | None = None,
+    ) -> None:
+        info = self.store.publish(weights, version, step, adapter_config)  # manifest last
         self.broker.announce_weights(version, info.path, info.sha256, self.zmq.endpoint)
         self.zmq.announce(version, info.path, info.sha256)
         self.store.retain(self.keep, in_use=self.broker.loaded_versions())
-        return time.monotonic() - started
+
+    def wait(self) -> None:
+        """Until the version in flight is announced (its error, if it failed, is raised here)."""
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            pending.result()
 
     def close(self) -> None:
-        self.zmq.close()
+        try:
+            self.wait()
+        finally:
+            if self._worker is not None:
+                self._worker.shutdown()
+            self.zmq.close()
 
 
 def pause_point(name: str, step: int) -> None:
@@ -82,12 +121,26 @@ def pause_point(name: str, step: int) -> None:
         os.kill(os.getpid(), signal.SIGSTOP)
 
 
+def publish_dtype(cfg: Config) -> torch.dtype:
+    """`trainer.publish_dtype`; auto is `model.dtype`, so a float32 run publishes exactly the
+    weights it trains (the generators' log-probs then match the learner's)."""
+    name = cfg.trainer.publish_dtype
+    return DTYPES[cfg.model.dtype if name == "auto" else name]
+
+
 def publish(ln: Learner, version: int, step: int) -> float:
     """Publish the policy as `version` (rank 0; every rank helps gather FSDP shards)."""
-    weights, adapter = published_weights(ln.models.model, ln.cfg)  # adapter: LoRA (lora.py)
+    model = ln.models.model
+    if not (ln.dist.is_main or is_sharded(model)):
+        return 0.0
+    started = time.monotonic()
+    background = ln.publisher is not None and ln.publisher.background
+    # full weights (merged with LoRA), or the adapter and its config (learner/lora.py)
+    weights, adapter = published_weights(model, ln.cfg, publish_dtype(ln.cfg), copy=background)
     if ln.publisher is None:
         return 0.0
-    return ln.publisher.publish(weights, version, step, adapter)
+    ln.publisher.publish(weights, version, step, adapter)
+    return time.monotonic() - started
 
 
 def checkpoint(ln: Learner) -> float:
@@ -95,13 +148,8 @@ def checkpoint(ln: Learner) -> float:
     started, dist, state = time.monotonic(), ln.dist, ln.state
     consumed, pending = ln.collector.consumed()
     parts = dist.gather(
-        [dist.consumer, ln.progress.entry_ids, ln.progress.traj_ids, consumed, pending]
+        [dist.consumer, ln.progress.entry_ids, ln.progress.traj_ids, consumed, pending, rng_state()]
     )
-    weights = checkpoint_weights(ln.models.model)  # collective with FSDP; LoRA: adapters only
-    optim = {
-        "optimizer": optimizer_state(ln.models.model, ln.optim.optimizer),
-        "scheduler": ln.optim.scheduler.state_dict(),
-    }
     if dist.is_main:
         state.ranks = {
             name: {"entry_ids": ids, "traj_ids": trajs} for name, ids, trajs, *_ in parts
@@ -110,13 +158,11 @@ def checkpoint(ln: Learner) -> float:
         state.issued = ln.collector.admission.issued
         state.replaced = ln.broker.replaced_groups()
         state.reward_norm = dataclasses.asdict(ln.models.algo.reward_norm)
-        state.rng = rng_state()
+        state.rng = {p[0]: p[5] for p in parts}  # every rank's own generators
+        state.scheduler = ln.optim.scheduler.state_dict()
         state.guards = ln.guard.state_dict()
-        critic_optimizer = ln.models.algo.critic_optimizer
-        if critic_optimizer is not None:
-            optim["critic_optimizer"] = critic_optimizer.state_dict()
-        critic = ln.models.algo.critic
-        ln.checkpoints.save(state, weights, optim, getattr(critic, "module", critic))
+    ln.checkpoints.save(state, Trainables.of(ln.models, ln.optim), dist)  # collective
+    if dist.is_main:
         ln.broker.set_run_fields(checkpoint_step=state.step)
     dist.barrier()
     pause_point("after_checkpoint", state.step)

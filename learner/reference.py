@@ -15,9 +15,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM
 
 from rollflash.learner.batch import MicroBatch
+from rollflash.learner.dist import Dist, shard
+from rollflash.learner.load import place
 from rollflash.learner.logprobs import token_logprobs
 
 
@@ -27,15 +29,40 @@ class ReferencePolicy:
         self.model.requires_grad_(False)
 
     @classmethod
-    def load(cls, path: str | Path, dtype: str) -> ReferencePolicy:
-        """dtype: "float32" or "bfloat16", as `model.dtype`."""
-        return cls(AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)))
+    def load(
+        cls,
+        path: str | Path,
+        dtype: str,
+        dist: Dist = Dist(),
+        fsdp: bool = False,
+        attn: str = "sdpa",
+        remote: bool = False,
+    ) -> ReferencePolicy:
+        """dtype: "float32" or "bfloat16", as `model.dtype` (frozen: no master copy needed), on
+        this rank's device; `fsdp` shards it over the ranks like the policy (every rank must
+        then run the same number of forward passes: learner/prepare.py); `remote`:
+        model.trust_remote_code."""
+        kwargs = {"dtype": getattr(torch, dtype), "attn_implementation": attn}
+        kwargs["trust_remote_code"] = remote
+        model = place(
+            lambda: AutoModelForCausalLM.from_pretrained(path, **kwargs),
+            lambda: AutoModelForCausalLM.from_config(
+                AutoConfig.from_pretrained(path, trust_remote_code=remote), **kwargs
+            ),
+            dist,
+            shard if fsdp and dist.world_size > 1 else (lambda m: m),
+            sharded=fsdp and dist.world_size > 1,
+        )
+        return cls(model)
 
     @torch.no_grad()
-    def logprobs(self, mb: MicroBatch, temperature: float, packed: bool = False) -> torch.Tensor:
-        """[b, L-1] float32 log pi_ref of each next token, aligned like `mb.mask`."""
+    def logprobs(
+        self, mb: MicroBatch, temperature: float, packed: bool = False, chunk: int = 0
+    ) -> torch.Tensor:
+        """[b, L-1] float32 log pi_ref of each next token, aligned like `mb.mask`; `chunk`:
+        `trainer.logprob_chunk` (learner/logprobs.py)."""
         logp, _ = token_logprobs(
-            self.model, mb.input_ids, mb.attention_mask, temperature, packed=packed
+            self.model, mb.input_ids, mb.attention_mask, temperature, packed=packed, chunk=chunk
         )
         return logp
 
@@ -48,11 +75,13 @@ class AdaptersOffReference(ReferencePolicy):
         self.model = policy  # not frozen or switched to eval: it is the policy being trained
 
     @torch.no_grad()
-    def logprobs(self, mb: MicroBatch, temperature: float, packed: bool = False) -> torch.Tensor:
+    def logprobs(
+        self, mb: MicroBatch, temperature: float, packed: bool = False, chunk: int = 0
+    ) -> torch.Tensor:
         training = self.model.training
         self.model.eval()
         try:
             with self.model.disable_adapter():
-                return super().logprobs(mb, temperature, packed)
+                return super().logprobs(mb, temperature, packed, chunk)
         finally:
             self.model.train(training)

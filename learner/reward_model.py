@@ -14,8 +14,10 @@ generators score (generators/reward_model.py).
 
 Ranks: run under `torchrun --nproc-per-node N -m rollflash.rollctl.cli train-rm ...` and every rank
 takes every N-th pair of each global batch of `rm.train_batch_size` pairs, gradients are averaged by
-DistributedDataParallel (gloo on CPU, nccl on GPU), held-out counts are summed over ranks, and rank 0
-saves. Without torchrun it is one process.
+DistributedDataParallel, held-out counts are summed over ranks, and rank 0 saves. Without torchrun
+it is one process. Devices and precision are the learner's (learner/device.py): `trainer.device`
+picks cuda:LOCAL_RANK when there is a GPU, the group is `cpu:gloo,cuda:nccl` (the held-out counts
+are reduced on the CPU), and `model.dtype: bfloat16` trains float32 masters under bf16 autocast.
 
 The learning rate warms up linearly over min(20, steps // 10) steps, then follows a cosine down to
 0.1 x `rm.learning_rate` (learner/schedule.py). A bad preference file stops before any training
@@ -26,7 +28,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import random
 import time
 from collections.abc import Callable
@@ -37,8 +38,10 @@ import torch
 
 from rollflash.algos import bradley_terry_loss
 from rollflash.broker.config import Config
+from rollflash.broker.model_dir import model_directory
 from rollflash.broker.process import setup_process
 from rollflash.broker.rm_input import reward_model_input_ids
+from rollflash.learner.device import autocast, to_device
 from rollflash.learner.dist import Dist, init_dist
 from rollflash.learner.preferences import (
     PreferenceFileError,
@@ -53,19 +56,23 @@ log = logging.getLogger(__name__)
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
-def load_reward_model(path: str | Path, dtype: str = "float32"):
+def load_reward_model(
+    path: str | Path,
+    dtype: str = "float32",
+    key: str = "rm.pretrain",
+    trust_remote_code: bool = False,
+):
     """(model, tokenizer) of a scalar-head model: `AutoModelForSequenceClassification` with one
-    label; a causal-LM directory gets a fresh head. Sets pad_token_id (needed for batches)."""
+    label; a causal-LM directory gets a fresh head. Sets pad_token_id (needed for batches).
+    `path`: a directory or a cached hub id (broker/model_dir.py); `key` names it in errors."""
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    path = Path(path)
-    if not (path / "config.json").is_file():
-        raise FileNotFoundError(f"rm.pretrain: no Hugging Face model directory at {path}")
-    tokenizer = AutoTokenizer.from_pretrained(path)
+    path = model_directory(str(path), key)
+    tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     model = AutoModelForSequenceClassification.from_pretrained(
-        path, num_labels=1, dtype=_DTYPES[dtype]
+        path, num_labels=1, dtype=_DTYPES[dtype], trust_remote_code=trust_remote_code
     )
     model.config.pad_token_id = tokenizer.pad_token_id
     return model, tokenizer
@@ -96,14 +103,21 @@ def encode_texts(
 
 
 def pair_scores(
-    model: torch.nn.Module, tokenizer: Any, pairs: list[PreferencePair], max_len: int
+    model: torch.nn.Module,
+    tokenizer: Any,
+    pairs: list[PreferencePair],
+    max_len: int,
+    dtype: str = "float32",
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(chosen [P], rejected [P]) float32 rewards of P pairs, from one forward pass over 2P rows."""
+    """(chosen [P], rejected [P]) float32 rewards of P pairs, from one forward pass over 2P rows
+    on the model's device; `dtype`: `model.dtype`, the compute dtype (bf16 autocast)."""
     prompts = [p.prompt for p in pairs] * 2
     responses = [p.chosen for p in pairs] + [p.rejected for p in pairs]
     ids, mask = encode_texts(tokenizer, prompts, responses, max_len)
     device = next(model.parameters()).device
-    scores = model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits[:, 0].float()
+    with autocast(device, dtype):
+        out = model(input_ids=to_device(ids, device), attention_mask=to_device(mask, device))
+    scores = out.logits[:, 0].float()
     return scores[: len(pairs)], scores[len(pairs) :]
 
 
@@ -138,15 +152,12 @@ def pairwise_accuracy(
 
 
 def _wrap(model: torch.nn.Module, dist: Dist) -> torch.nn.Module:
-    """DistributedDataParallel over the ranks (on this rank's GPU when there is one)."""
+    """The model on this rank's device, in DistributedDataParallel over the ranks."""
+    model = model.to(dist.device)
     if dist.world_size == 1:
         return model
-    if torch.cuda.is_available():
-        device = int(os.environ.get("LOCAL_RANK", 0))
-        torch.cuda.set_device(device)
-        model.cuda(device)
-        return torch.nn.parallel.DistributedDataParallel(model, device_ids=[device])
-    return torch.nn.parallel.DistributedDataParallel(model)
+    ids = [dist.device.index] if dist.device.type == "cuda" else None
+    return torch.nn.parallel.DistributedDataParallel(model, device_ids=ids)
 
 
 def lr_schedule(total: int) -> Callable[[int], float]:
@@ -169,7 +180,7 @@ def _train_step(
     sums: dict[str, float] = {}
     for start in range(0, len(batch), rm.micro_train_batch_size):
         micro = batch[start : start + rm.micro_train_batch_size]
-        chosen, rejected = pair_scores(model, tokenizer, micro, rm.max_len)
+        chosen, rejected = pair_scores(model, tokenizer, micro, rm.max_len, cfg.model.dtype)
         out = bradley_terry_loss(chosen, rejected)
         share = len(micro) / len(batch)
         (out.loss * share).backward()
@@ -262,7 +273,7 @@ def train_reward_model(cfg: Config, dist: Dist | None = None) -> dict[str, Any]:
     ranks (default: join the process group torchrun describes, if any)."""
     from rollflash.learner.metrics import MetricsSink
 
-    rm, dist = cfg.rm, dist or init_dist(_device())
+    rm, dist = cfg.rm, dist or init_dist(cfg.trainer.device)
     if rm.train_batch_size % dist.world_size:
         raise ValueError(
             f"rm.train_batch_size: {rm.train_batch_size} does not split over "
@@ -270,7 +281,13 @@ def train_reward_model(cfg: Config, dist: Dist | None = None) -> dict[str, Any]:
         )
     started = time.monotonic()
     train, held = _datasets(cfg)
-    model, tokenizer = load_reward_model(rm.pretrain or cfg.model.path, cfg.model.dtype)
+    # float32 master weights; model.dtype is the compute dtype (pair_scores' autocast)
+    model, tokenizer = load_reward_model(
+        rm.pretrain or cfg.model.path,
+        "float32",
+        "rm.pretrain" if rm.pretrain else "model.path",
+        cfg.model.trust_remote_code,
+    )
     same = indistinguishable(tokenizer, train + held, rm.max_len)
     if same:
         log.warning(
@@ -328,13 +345,9 @@ def _save(model: torch.nn.Module, tokenizer: Any, cfg: Config, summary: dict[str
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
 
 
-def _device() -> str:
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
 def run(cfg: Config) -> dict[str, Any]:
     """Process entry point of `rollctl train-rm`."""
-    dist = init_dist(_device())
+    dist = init_dist(cfg.trainer.device)
     setup_process(f"rm:{dist.rank}", seed=cfg.run.seed, torch_threads=cfg.run.torch_threads)
     try:
         return train_reward_model(cfg, dist)

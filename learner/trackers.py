@@ -38,6 +38,8 @@ class Tracker(Protocol):
 
     def log_completions(self, step: int, rows: list[dict[str, Any]]) -> None: ...
 
+    def log_eval_generations(self, step: int, rows: list[dict[str, Any]]) -> None: ...
+
     def close(self) -> None: ...
 
 
@@ -45,6 +47,7 @@ COMPLETION_COLUMNS = (
     "step", "pick", "prompt", "response", "reward", "reward_parts", "staleness",
     "behavior_version", "generator", "traj_id",
 )  # fmt: skip
+EVAL_COLUMNS = ("step", "eval", "id", "sample", "prompt", "response", "reward", "pass")
 
 
 def _import(module: str, extra: str) -> Any:
@@ -98,11 +101,18 @@ class WandbTracker:
         self._run.log({"learner/step": step, **metrics})
 
     def log_completions(self, step: int, rows: list[dict[str, Any]]) -> None:
+        self._table(step, "completions", COMPLETION_COLUMNS, rows)
+
+    def log_eval_generations(self, step: int, rows: list[dict[str, Any]]) -> None:
+        self._table(step, f"eval_generations/{rows[0]['eval']}", EVAL_COLUMNS, rows)
+
+    def _table(
+        self, step: int, key: str, columns: tuple[str, ...], rows: list[dict[str, Any]]
+    ) -> None:
         table = self._wandb.Table(
-            columns=list(COMPLETION_COLUMNS),
-            data=[[_cell(row.get(c)) for c in COMPLETION_COLUMNS] for row in rows],
+            columns=list(columns), data=[[_cell(row.get(c)) for c in columns] for row in rows]
         )
-        self._run.log({"learner/step": step, "completions": table})
+        self._run.log({"learner/step": step, key: table})
 
     def close(self) -> None:
         self._run.finish()
@@ -180,6 +190,10 @@ class MlflowTracker:
 
     def log_completions(self, step: int, rows: list[dict[str, Any]]) -> None:
         self._client.log_dict(self._run_id, rows, f"completions/step{step:07d}.json")
+
+    def log_eval_generations(self, step: int, rows: list[dict[str, Any]]) -> None:
+        name = f"eval_generations/step{step:07d}_{rows[0]['eval']}.json"
+        self._client.log_dict(self._run_id, rows, name)
 
     def close(self) -> None:
         self._client.set_terminated(self._run_id)

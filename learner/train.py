@@ -20,9 +20,14 @@ With several ranks (learner/dist.py) the shares are of the step's total over all
 rank's loss is multiplied by the world size because DDP and FSDP average gradients: the summed
 gradient is then exactly the one-rank gradient of the whole batch. Gradients are synchronised once
 per step, on a rank's last micro-batch; a rank with less data runs zero-weighted passes so that it
-still takes part in the collectives. Batch-level statistics (`reward_norm: batch`,
-`whiten_advantages`) are computed over each rank's own groups; group-level estimators (GRPO, RLOO,
-...) are unaffected."""
+still takes part in the collectives. Batch-level statistics (`reward_norm: batch` and `running`,
+`whiten_advantages`, the batch metrics) are over every rank's groups (learner/global_stats.py), so
+N ranks prepare exactly the advantages one rank would; group-level estimators (GRPO, RLOO, ...)
+need no other rank.
+
+Precision (learner/device.py): parameters and optimiser state are float32; with `model.dtype:
+bfloat16` forward passes run under bf16 autocast (one rank, DDP) or FSDP2's MixedPrecisionPolicy,
+and the backward pass follows the forward's dtypes. Log-probs are float32 for the ratio."""
 
 from __future__ import annotations
 
@@ -42,8 +47,9 @@ from rollflash.algos import (
 )
 from rollflash.broker.config import Config
 from rollflash.broker.schema import Trajectory
-from rollflash.learner.batch import MicroBatch
-from rollflash.learner.dist import Dist, is_sharded
+from rollflash.learner.batch import MicroBatch, dummy_input
+from rollflash.learner.device import DTYPES
+from rollflash.learner.dist import Dist, compute_context, is_sharded
 from rollflash.learner.filters import filter_groups
 from rollflash.learner.logprobs import token_logprobs
 from rollflash.learner.prepare import AlgoModels, prepare_batch
@@ -107,6 +113,7 @@ def _backward(
     dist: Dist,
     loss_fn: Callable[[MicroBatch], tuple[torch.Tensor, dict]],
     dummy_loss: Callable[[], torch.Tensor],
+    model_dtype: str = "float32",
 ) -> _MetricMeans:
     """Backward every micro-batch's share-weighted loss, synchronising gradients on the last pass
     only. DDP communicates only in that pass, so a rank without data runs one zero-weighted pass;
@@ -119,17 +126,14 @@ def _backward(
         if sharded:
             model.set_requires_gradient_sync(last)
         with model.no_sync() if ddp and not last else nullcontext():
+            with compute_context(model, dist, model_dtype):
+                loss, metrics = loss_fn(batch[i]) if i < len(batch) else (dummy_loss() * 0.0, {})
             if i >= len(batch):
-                (dummy_loss() * 0.0).backward()
+                loss.backward()
                 continue
-            loss, metrics = loss_fn(batch[i])
             (loss * shares[i] * dist.world_size).backward()
         means.add(metrics, shares[i])
     return means
-
-
-def _dummy_input() -> tuple[torch.Tensor, torch.Tensor]:
-    return torch.zeros(1, 2, dtype=torch.long), torch.ones(1, 2, dtype=torch.long)
 
 
 def mismatch_metrics(
@@ -138,7 +142,7 @@ def mismatch_metrics(
     """Train-inference mismatch between the learner's and the generator's log-probabilities."""
     d = (logp.detach() - behav)[mask]
     if d.numel() == 0:
-        zero = torch.zeros(())
+        zero = torch.zeros((), device=logp.device)
         return {"mismatch/abs_dlogp_mean": zero, "mismatch/kl": zero, "mismatch/ratio_max": zero}
     return {
         "mismatch/abs_dlogp_mean": d.abs().mean(),
@@ -159,6 +163,8 @@ def policy_loss(
         cfg.rollout.temperature,
         with_entropy=a.entropy_coef > 0,
         packed=cfg.trainer.token_budget > 0,
+        chunk=cfg.trainer.logprob_chunk,
+        dtype=DTYPES[cfg.trainer.logprob_dtype],
     )
     out = POLICY_LOSSES[a.policy_loss](
         PolicyLossInputs(
@@ -223,7 +229,8 @@ def policy_update(
         loss_shares(batch, cfg.algo.loss_agg_mode, dist),
         dist,
         lambda mb: policy_loss(model, mb, cfg),
-        lambda: model(*_dummy_input()).logits.sum(),
+        lambda: model(*dummy_input(dist.device)).logits.sum(),
+        cfg.model.dtype,
     )
     grad_norm = _clip_and_step(model.parameters(), optimizer, cfg.trainer.max_grad_norm)
     return {**means.values, "optim/grad_norm": grad_norm}
@@ -255,7 +262,8 @@ def critic_update(
         loss_shares(batch, a.loss_agg_mode, dist),
         dist,
         loss_fn,
-        lambda: critic(*_dummy_input()).sum(),
+        lambda: critic(*dummy_input(dist.device)).sum(),
+        cfg.model.dtype,
     )
     grad_norm = _clip_and_step(critic.parameters(), optimizer, cfg.trainer.max_grad_norm)
     return {**means.values, "critic/grad_norm": grad_norm}
@@ -280,11 +288,9 @@ def train_step(
     stats = {"filter/dropped_in_step": float(len(dropped)), "optim/skipped": 0.0}
     if dist.sum(len(kept)) == 0:
         return {**stats, "optim/skipped": 1.0, "loss/policy": 0.0, "optim/grad_norm": 0.0}
-    micro_batches = []
-    if kept:
-        prepared = prepare_batch(kept, cfg, models)
-        stats.update(prepared.metrics)
-        micro_batches = prepared.micro_batches
+    prepared = prepare_batch(kept, cfg, models, dist)  # collective: every rank, even with none
+    stats.update(prepared.metrics)
+    micro_batches = prepared.micro_batches
     stats.update(policy_update(model, optimizer, micro_batches, cfg, dist))
     if models.critic is not None:
         stats.update(critic_update(models, micro_batches, cfg, dist))

@@ -130,8 +130,14 @@ def start_learner(
         argv = torchrun_argv(ranks, nnodes, rdzv_endpoint, sys.argv[1:])
         os.execv(argv[0], argv)  # torchrun starts the ranks, each running this command again
     from rollflash import learner
+    from rollflash.rollctl.progress import terminal_progress
 
-    _guarded(learner.run, cfg, resume)
+    bar = terminal_progress(cfg.trainer.total_steps, sys.stderr)  # None off a terminal
+    try:
+        _guarded(learner.run, cfg, resume, bar.update if bar else None)
+    finally:
+        if bar is not None:
+            bar.close()
 
 
 @app.command("start-generator")
@@ -161,6 +167,22 @@ def start_generator(
     from rollflash import generators
 
     _guarded(generators.run, cfg, generator_id or f"{socket.gethostname()}-{os.getpid()}")
+
+
+@app.command("start-reward-worker")
+def start_reward_worker(
+    config: Path | None = ConfigOpt,
+    set_: list[str] | None = SetOpt,
+    host: str = typer.Option("127.0.0.1", help="Address to listen on."),
+    port: int = typer.Option(8100, help="Port (reward.judge.url must point here)."),
+) -> None:
+    """Serve reward.judge.model_path for the `judge` reward (OpenAI-style /v1/completions)."""
+    cfg = _load(config, set_ or [], None)
+    from rollflash.broker.process import setup_process
+    from rollflash.generators import judge_server
+
+    setup_process("reward-worker", seed=cfg.run.seed, torch_threads=cfg.run.torch_threads)
+    _guarded(judge_server.serve, cfg, host, port)
 
 
 def _generator_gpus(cfg, spec: str) -> str:

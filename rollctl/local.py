@@ -26,6 +26,7 @@ from rollflash.broker.config import Config
 from rollflash.broker.placement import plan_layout
 from rollflash.broker.redis_server import EmbeddedRedis, die_with_parent
 from rollflash.broker.secrets import PASSWORD_ENV, url_password
+from rollflash.rollctl.progress import StepProgress, read_new_rows, terminal_progress
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +89,34 @@ def _follow(path: Path, offset: int) -> int:
         sys.stdout.write(chunk.decode(errors="replace"))
         sys.stdout.flush()
     return offset + len(chunk)
+
+
+class LearnerWatch:
+    """What `rollctl run` shows of its learner: the learner's log echoed to stdout (`echo`) and,
+    with a `bar` (on a terminal: rollctl/progress.py), a progress bar fed by the rows the
+    learner appends to metrics.jsonl (rows already there at the start, from an earlier learner
+    of the run, are not shown again)."""
+
+    def __init__(self, run_dir: Path, echo: bool, bar: StepProgress | None):
+        self.log_path, self.metrics_path = (
+            run_dir / "logs" / "learner.log",
+            run_dir / "metrics.jsonl",
+        )
+        self.echo, self.bar = echo, bar
+        self.log_offset = 0
+        self.metrics_offset = self.metrics_path.stat().st_size if self.metrics_path.exists() else 0
+
+    def poll(self) -> None:
+        if self.echo:
+            self.log_offset = _follow(self.log_path, self.log_offset)
+        if self.bar is not None:
+            rows, self.metrics_offset = read_new_rows(self.metrics_path, self.metrics_offset)
+            for row in rows:
+                self.bar.update(row)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
 
 
 @dataclass(frozen=True)
@@ -154,11 +183,11 @@ def run_local(cfg: Config, echo: bool = True) -> int:
         for c in plan_children(cfg, config_path)
     ]
     learner, gens = procs[0], procs[1:]
-    offset = 0
+    bar = terminal_progress(cfg.trainer.total_steps, sys.stdout) if echo else None
+    watch = LearnerWatch(run_dir, echo, bar)
     try:
         while learner.poll() is None:
-            if echo:
-                offset = _follow(logs / "learner.log", offset)
+            watch.poll()
             for i, g in enumerate(gens):
                 if g.returncode is None and g.poll() is not None and g.returncode != 0:
                     print(
@@ -171,12 +200,12 @@ def run_local(cfg: Config, echo: bool = True) -> int:
                         _stop([learner])
                         return EXIT_RUN_FATAL
             time.sleep(0.5)
-        if echo:
-            _follow(logs / "learner.log", offset)
+        watch.poll()
     except KeyboardInterrupt:
         print("interrupted: stopping learner and generators", flush=True)
         _stop([learner])
     finally:
+        watch.close()
         _stop(gens)
         _stop([learner])
         if server is not None:

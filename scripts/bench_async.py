@@ -56,7 +56,7 @@ WORKLOAD = [
     "sim.length_median=48",
     "sim.length_sigma=1.2",
     "sim.learner_step_s=1.0",
-    "task.eval_size=1",
+    "eval.size=1",
     "run.torch_threads=1",
 ]
 

@@ -39,7 +39,7 @@ WORKLOAD = [
     "sim.length_median=4",
     "sim.length_sigma=0.3",
     "sim.learner_step_s=0.002",
-    "task.eval_size=1",
+    "eval.size=1",
     "run.torch_threads=1",
 ]
 

@@ -1,9 +1,10 @@
 """Build a tiny, offline, warm-started causal LM for tests and the demo.
 
 What it writes (a standard Hugging Face directory, loadable with AutoModelForCausalLM / AutoTokenizer):
-a small Qwen2ForCausalLM and a character-level tokenizer (WordLevel over single characters, `<bos>`
-prepended by the post-processor, `<eos>` ends every target, `<pad>` for padding, left padding by default
-because generation pads on the left).
+a small Qwen2ForCausalLM and a character-level tokenizer (`<bos>` prepended by the post-processor,
+`<eos>` ends every target, `<pad>` for padding, left padding because generation pads on the left).
+`--chat` adds capitals, role tokens and a chat template, and SFT sees the prompts rendered with it
+(the worked example of docs/tasks.md: word problems, `--task dataset`, GSM8K answers).
 
 Why warm-start: a randomly initialised model never writes a correct answer, so every GRPO group has equal
 rewards and zero advantage. A short SFT on the task's train items (loss on answer + EOS tokens only) gives
@@ -20,7 +21,8 @@ Deterministic for a seed and a thread count. Prints one JSON line at the end:
      "heldout_acc": ..., "params": ..., "out": ...}
 
     python scripts/make_tiny_model.py --out models/tiny --task arithmetic --sft-steps 300 --seed 0
-    # the demo's warm start (held-out greedy accuracy ~0.2-0.35, ~1 min on one core):
+    # the demo's warm start (held-out greedy accuracy ~0.2-0.35, ~1 min on one core); `make byo`
+    # shows the --chat one:
     python scripts/make_tiny_model.py --out models/tiny --task-params '{"ops": ["+"]}' \
         --sft-steps 1200 --sft-lr 1e-3 --sft-teacher-error 0.6 --seed 0
 """
@@ -44,6 +46,8 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 from rollflash.envs import Item, Task, make_task
+from rollflash.envs.chat import PromptFormatter, format_task
+from rollflash.envs.verifiers import final_answer
 from rollflash.learner.schedule import warmup_decay
 
 logger = logging.getLogger(__name__)
@@ -51,26 +55,36 @@ logger = logging.getLogger(__name__)
 SPECIAL_TOKENS = ["<pad>", "<bos>", "<eos>", "<unk>"]  # ids 0..3, in this order
 CHARS = string.digits + string.ascii_lowercase + " +-*/=().,?"
 MAX_POSITIONS = 64
+# `--chat`: capitals for word problems, role markers and a chat template over them
+CHAT_CHARS = CHARS + string.ascii_uppercase
+CHAT_TOKENS = ["<|system|>", "<|user|>", "<|assistant|>"]
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
 
 
 def build_tokenizer(
-    chars: str = CHARS, max_positions: int = MAX_POSITIONS
+    chars: str = CHARS, max_positions: int = MAX_POSITIONS, chat: bool = False
 ) -> PreTrainedTokenizerFast:
     """Character-level tokenizer: one token per character, `<bos>` prepended, decode joins characters.
 
     It is a byte-level BPE without merges (space is the byte-level symbol "Ġ"): transformers 5's
     AutoTokenizer loads any model_type qwen2 directory with Qwen2Tokenizer, which replaces the
     pre-tokenizer with its own regex + ByteLevel one; a plain character vocabulary then loses
-    every space, this one tokenizes the same under both."""
+    every space, this one tokenizes the same under both. `chat`: also the role tokens of
+    CHAT_TOKENS (after the characters, so the other ids are unchanged) and CHAT_TEMPLATE."""
     symbols = ["Ġ" if c == " " else c for c in dict.fromkeys(chars)]
-    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS + symbols)}
+    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS + symbols + (CHAT_TOKENS * chat))}
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
+    if chat:
+        tok.add_special_tokens(CHAT_TOKENS)
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tok.decoder = decoders.ByteLevel()
     tok.post_processor = processors.TemplateProcessing(
         single="<bos> $A", special_tokens=[("<bos>", vocab["<bos>"])]
     )
-    return PreTrainedTokenizerFast(
+    fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         pad_token="<pad>",
         bos_token="<bos>",
@@ -79,6 +93,9 @@ def build_tokenizer(
         padding_side="left",
         model_max_length=max_positions,
     )
+    if chat:
+        fast.chat_template = CHAT_TEMPLATE
+    return fast
 
 
 def build_model(
@@ -138,7 +155,9 @@ def sft_batch(tokenizer: PreTrainedTokenizerFast, items: Sequence[Item]) -> dict
 
 
 def sft_items(task: Task, seed: int, teacher_error: float) -> Iterator[Item]:
-    """The task's train items, each answer replaced by answer + 1 with probability `teacher_error`.
+    """The task's train items with their final answer as target (what follows a GSM8K answer's
+    `####`: the model answers with the number only), replaced by answer + 1 with probability
+    `teacher_error`.
 
     Why: a model distilled from such a teacher puts ~`teacher_error` of its mass on "answer + 1" and
     the rest on the answer, so for teacher_error a little above 0.5 greedy decoding is right only where
@@ -148,9 +167,10 @@ def sft_items(task: Task, seed: int, teacher_error: float) -> Iterator[Item]:
     """
     rng = random.Random(seed + 1)
     for item in task.train_items(seed):
+        answer = final_answer(item.answer)
         if teacher_error > 0 and rng.random() < teacher_error:
-            item = Item(id=item.id, prompt=item.prompt, answer=str(int(item.answer) + 1))
-        yield item
+            answer = str(int(answer) + 1)
+        yield Item(id=item.id, prompt=item.prompt, answer=answer)
 
 
 def warmup_cosine(steps: int) -> Callable[[int], float]:
@@ -277,13 +297,14 @@ def items_accuracy(
     items: Sequence[Item],
     batch_size: int = 256,
 ) -> float:
-    """Fraction of `items` whose greedy response equals the answer exactly."""
-    max_new = max(len(it.answer) for it in items) + 2
+    """Fraction of `items` whose greedy response equals the (final) answer exactly."""
+    answers = [final_answer(it.answer) for it in items]
+    max_new = max(len(a) for a in answers) + 2
     hits = 0
     for start in range(0, len(items), batch_size):
         chunk = items[start : start + batch_size]
         responses = greedy_responses(model, tokenizer, [it.prompt for it in chunk], max_new)
-        hits += sum(r == it.answer for r, it in zip(responses, chunk))
+        hits += sum(r == a for r, a in zip(responses, answers[start : start + batch_size]))
     return hits / len(items)
 
 
@@ -291,9 +312,13 @@ def make_tiny_model(args: argparse.Namespace) -> dict[str, Any]:
     """Build, warm-start and save; returns the summary printed as JSON."""
     torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
-    task = make_task(args.task, json.loads(args.task_params))
-    tokenizer = build_tokenizer()
-    model = build_model(tokenizer, args.layers, args.hidden, args.heads, args.seed)
+    positions = args.max_positions
+    tokenizer = build_tokenizer(CHAT_CHARS if args.chat else CHARS, positions, chat=args.chat)
+    # prompts as the learner renders them (the chat template, when the tokenizer has one)
+    task = format_task(
+        make_task(args.task, json.loads(args.task_params)), PromptFormatter(tokenizer, "auto")
+    )
+    model = build_model(tokenizer, args.layers, args.hidden, args.heads, args.seed, positions)
     t1 = time.perf_counter()
     cfg = SFTConfig(
         steps=args.sft_steps,
@@ -352,6 +377,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="torch intra-op threads; 1 because these matrices are too small to gain from more, "
         "and on a busy machine a second thread spins waiting for a taken core",
     )
+    p.add_argument("--chat", action="store_true", help="capitals, role tokens, CHAT_TEMPLATE")
+    p.add_argument("--max-positions", type=int, default=MAX_POSITIONS, help="context length")
     p.add_argument("--no-eval", dest="eval", action="store_false", help="skip held-out evaluation")
     args = p.parse_args(argv)
     if not 0.0 <= args.sft_teacher_error < 1.0:

@@ -12,6 +12,7 @@ by the next pytest session of the same `make test` (the vLLM suite runs in its o
 
 from __future__ import annotations
 
+import fcntl
 import os
 import subprocess
 import sys
@@ -58,8 +59,17 @@ def build_model(tmp_path_factory, name: str, args: list[str]) -> Path:
     """scripts/make_tiny_model.py with `args`, built into the shared cache when there is one."""
     cache = os.environ.get("ROLLFLASH_TEST_MODELS")
     out = Path(cache) / name if cache else tmp_path_factory.mktemp(name) / "tiny"
-    if (out / "config.json").is_file():
-        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # one builder per model: parallel test workers (pytest -n) and the two suites of `make test`
+    # wait for it instead of training the same model twice
+    with open(out.with_name(f".{out.name}.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (out / "config.json").is_file():
+            _build(out, args)
+    return out
+
+
+def _build(out: Path, args: list[str]) -> None:
     tmp = out.with_name(f".{out.name}.{os.getpid()}")
     subprocess.run(
         [
@@ -75,7 +85,6 @@ def build_model(tmp_path_factory, name: str, args: list[str]) -> Path:
         capture_output=True,
     )
     tmp.rename(out)
-    return out
 
 
 @pytest.fixture(scope="session")

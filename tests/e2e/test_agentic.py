@@ -46,6 +46,7 @@ def agent_model_dir(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.slow  # SFT warm start and 20 steps: about 2.5 min on the shared 2 cores
 def test_gridworld_success_rate_improves(tmp_path, redis_url, agent_model_dir, run_id):
     run_dir = tmp_path / "run"
     subprocess.run(

@@ -1,4 +1,4 @@
-"""Acceptance of the algorithm wiring (issue 3): on the tiny task, the default GRPO
+"""The algorithm wiring end to end: on the tiny task, the default GRPO
 (configs/demo.yaml) and PPO with GAE and a learned critic (configs/ppo_gae.yaml) both raise held-out
 greedy accuracy in a short CPU run.
 
@@ -16,7 +16,12 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-STEPS = 25  # both configs were at 0.58-0.6 by step 25 from 0.42 (docs/algorithms.md)
+STEPS = 25
+# Held-out greedy accuracy on 200 problems must rise by at least 30 of them. Measured from the
+# warm start (0.335): 0.82 (GRPO) and 0.80 (PPO + GAE) at step 25 (docs/algorithms.md), a rise
+# of ~0.47, so the margin leaves room for scheduling noise while a run that does not learn (or
+# learns backwards) fails; a rise of one problem in 200 is no evidence of learning.
+MIN_GAIN = 0.15
 
 
 def _run(config: str, tmp_path: Path, model: Path) -> dict:
@@ -27,7 +32,7 @@ def _run(config: str, tmp_path: Path, model: Path) -> dict:
         f"run.run_id={tmp_path.name}",
         f"trainer.total_steps={STEPS}",
         "task.params={ops: ['+']}",
-        "task.eval_size=200",
+        "eval.size=200",
     ]
     proc = subprocess.run(
         [
@@ -53,4 +58,4 @@ def _run(config: str, tmp_path: Path, model: Path) -> dict:
 def test_short_run_raises_heldout_accuracy(config, tmp_path, warm_model_dir):
     summary = _run(config, tmp_path, warm_model_dir)
     assert summary["steps"] == STEPS
-    assert summary["heldout_acc_after"] > summary["heldout_acc_before"], summary
+    assert summary["heldout_acc_after"] - summary["heldout_acc_before"] >= MIN_GAIN, summary

@@ -28,7 +28,8 @@ def test_two_learner_ranks_share_every_step_and_ack_everything(
             {
                 "run": {"run_id": run_id, "run_dir": str(run_dir), "torch_threads": 1},
                 "model": {"path": str(tiny_model_dir)},
-                "task": {"name": "arithmetic", "eval_size": 8},
+                "task": {"name": "arithmetic"},
+                "eval": {"size": 8},
                 "rollout": {"num_return_sequences": N, "max_new_tokens": 6, "prompts_per_pull": 1},
                 "trainer": {
                     "rollout_batch_size": B,

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = 40
 
@@ -43,6 +45,7 @@ def _train(tmp_path, redis_url, warm_model_dir, run_id, ratio) -> dict:
     return json.loads((run_dir / "summary.json").read_text())
 
 
+@pytest.mark.slow  # two 40-step runs of the warm-started model: minutes
 def test_async_grpo_improves_and_matches_sync(tmp_path, redis_url, warm_model_dir, run_id):
     sync = _train(tmp_path, redis_url, warm_model_dir, run_id, 0)
     async_ = _train(tmp_path, redis_url, warm_model_dir, run_id, 1)

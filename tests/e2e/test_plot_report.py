@@ -5,6 +5,7 @@ import json
 import shutil
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -31,9 +32,10 @@ def test_plot_renders_a_report_from_a_short_run(tmp_path, tiny_model_dir, redis_
     cfg = {
         "run": {"run_id": run_id, "run_dir": str(run_dir), "torch_threads": 1},
         "model": {"path": str(tiny_model_dir)},
-        "task": {"name": "arithmetic", "eval_size": 8},
+        "task": {"name": "arithmetic"},
+        "eval": {"size": 8, "every": 2},
         "rollout": {"num_return_sequences": 4, "max_new_tokens": 6},
-        "trainer": {"rollout_batch_size": 2, "total_steps": 4, "eval_every": 2},
+        "trainer": {"rollout_batch_size": 2, "total_steps": 4},
         "logging": {"completions_per_step": 3},
     }
     path = tmp_path / "run.yaml"
@@ -47,6 +49,11 @@ def test_plot_renders_a_report_from_a_short_run(tmp_path, tiny_model_dir, redis_
     assert [r["pick"] for r in rows[:3]] == ["best", "worst", "random"]
     assert rows[0]["reward"] >= rows[2]["reward"] >= rows[1]["reward"]
     assert all(r["prompt"] and r["staleness"] >= 0 for r in rows)
+    # greedy evaluation of the 8 held-out items before training, at steps 2 and 4 (eval.every),
+    # and after training (step 4 again): each generation with its reward and verdict
+    evals = [json.loads(x) for x in (run_dir / "eval_generations.jsonl").read_text().splitlines()]
+    assert Counter(r["step"] for r in evals) == {0: 8, 2: 8, 4: 16}
+    assert all(r["eval"] == "greedy" and r["pass"] == (r["reward"] >= 1.0) for r in evals)
 
     out = _rollctl("plot", str(run_dir))
     assert out.returncode == 0, out.stderr

@@ -1,4 +1,4 @@
-"""Issue 9 acceptance, short CI versions of the documented runs (README, "RLHF with a learned
+"""Short CI versions of the documented RLHF runs (README, "RLHF with a learned
 reward model"), with real processes: scripts/make_preferences.py, `rollctl train-rm` (also on two
 gloo ranks under torchrun), and `rollctl run` (its own redis-server, a learner, two generators
 scoring with the reward model).
@@ -204,9 +204,9 @@ def test_guards_stop_a_run_that_hacks_an_exploitable_reward(tmp_path, warm_model
             "trainer.actor_lr": 1.0e-3,
             "guards.stop_on_guard": "true",
             "guards.patience": 2,
-            "trainer.eval_every": 0,
+            "eval.every": 0,
             "trainer.rollout_batch_size": 16,
-            "task.eval_size": 100,
+            "eval.size": 100,
             **NO_KL,
         },
     )

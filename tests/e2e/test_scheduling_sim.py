@@ -40,7 +40,7 @@ def _run(tmp_path, redis_url, run_id, *sets, steps=3, generators=2):
         "--set",
         "trainer.wait_timeout_s=60",
         "--set",
-        "task.eval_size=1",
+        "eval.size=1",
         "--set",
         "run.torch_threads=1",
     ]

@@ -20,8 +20,17 @@ def e2e_config(tmp_path, tiny_model_dir, run_id):
     cfg = {
         "run": {"run_id": run_id, "run_dir": str(tmp_path / "run"), "torch_threads": 1},
         "model": {"path": str(tiny_model_dir)},
-        "task": {"name": "arithmetic", "eval_size": 16},
-        "rollout": {"num_return_sequences": N, "max_new_tokens": 6, "prompts_per_pull": 1},
+        "task": {"name": "arithmetic"},
+        "eval": {"size": 16},
+        "rollout": {
+            "num_return_sequences": N,
+            "max_new_tokens": 6,
+            "prompts_per_pull": 1,
+            # a generator's status hash outlives its last beat by this much: the tests read it
+            # after the run has ended, through `rollctl status` processes that can take tens of
+            # seconds each to start on a loaded machine
+            "heartbeat_ttl_s": 600,
+        },
         "trainer": {
             "rollout_batch_size": B,
             "total_steps": STEPS,
@@ -66,26 +75,56 @@ def test_learner_and_two_generators_train_and_consume_every_trajectory_once(
     # the version advanced and was published
     assert r.hget(prefix + "weights", "version") == str(STEPS).encode()
     assert (run_dir / "weights" / "LATEST").read_text().strip() == str(STEPS)
-    # both generators worked and hot-reloaded new weights
+
+    # Only what every schedule guarantees: which generator claims which prompt is a race, and
+    # under CPU load one of them may produce nothing at all (it still joins the run and stops).
+    entries = [  # the small readable fields beside the msgpack body
+        {k.decode(): v.decode() for k, v in f.items() if k != b"data"}
+        for _, f in r.xrange(prefix + "trajectories")
+    ]
+    produced = [e["traj_id"] for e in entries]
+    assert len(produced) == len(set(produced))  # no retries in this run: one entry per group
+    assert all(int(e["n"]) == N for e in entries)  # every streamed group is complete
+    issued = {f[b"group_id"].decode() for _, f in r.xrange(prefix + "prompts")}
+    assert {e["group_id"] for e in entries} <= issued  # answers to issued prompts only
+    # admission: at most (v + 1 + a) * B prompts at the final version v, plus replacements
+    replaced = int(r.hget(prefix + "run", "replaced") or 0)
+    assert len(issued) <= (STEPS + 1 + 1) * B + replaced
+
+    # both generators joined the run and stopped cleanly; each one's counters match the stream,
+    # and it loaded every version it generated with (one reload per distinct version > 0)
     gens = {
         k.decode().rsplit(":", 1)[1]: {f.decode(): v.decode() for f, v in r.hgetall(k).items()}
         for k in r.scan_iter(match=prefix + "gen:*")
     }
     assert set(gens) == {"gen-0", "gen-1"}
-    for g in gens.values():
-        assert int(g["groups"]) >= 1, gens
-        assert int(g["reloads"]) >= 1 and int(g["loaded_version"]) >= 1, gens
+    for gen_id, g in gens.items():
+        mine = [e for e in entries if e["generator"] == gen_id]
+        versions = {int(e["behavior_version"]) for e in mine}
+        assert g["state"] == "stopped", gens
+        assert int(g["groups"]) == len(mine) and int(g["samples"]) == N * len(mine), gens
+        assert max(versions, default=0) <= int(g["loaded_version"]) <= STEPS, (gens, versions)
+        assert int(g["reloads"]) >= len(versions - {0}), (gens, versions)
+    assert sum(int(g["groups"]) for g in gens.values()) == len(produced)
 
-    # exactly-once accounting by trajectory id
-    produced = [f[b"traj_id"].decode() for _, f in r.xrange(prefix + "trajectories")]
-    assert len(produced) == len(set(produced))
+    # exactly-once accounting by trajectory id, with every trained group fresh enough
     ledger = [json.loads(line) for line in (run_dir / "ledger.jsonl").read_text().splitlines()]
+    assert [(row["step"], row["version"]) for row in ledger] == [
+        (s, s) for s in range(1, STEPS + 1)
+    ]
     trained = [t for row in ledger for t in row["trained"]]
     dropped = [t for row in ledger for t in row["stale"] + row["duplicate"]]
-    assert len(trained) == STEPS * B and len(set(trained)) == len(trained)
+    assert [len(row["trained"]) for row in ledger] == [B] * STEPS
+    assert len(set(trained)) == len(trained)
     assert set(trained).isdisjoint(dropped)
     consumed = set(trained) | set(dropped)
     assert consumed <= set(produced)
+    behavior = {e["traj_id"]: int(e["behavior_version"]) for e in entries}
+    for row in ledger:  # step s trains the model at version s - 1: staleness 0..ceil(a) = 0..1
+        assert all(0 <= row["version"] - 1 - behavior[t] <= 1 for t in row["trained"]), row
+    # so the last step trained groups from weights v >= STEPS - 2: generators hot-reloaded
+    assert max(int(g["loaded_version"]) for g in gens.values()) >= STEPS - 2
+
     group = {g["name"].decode(): g for g in r.xinfo_groups(prefix + "trajectories")}[LEARNER_GROUP]
     assert group["pending"] == 0  # everything read was acknowledged
     # what was produced but not consumed was never delivered to the learner
@@ -141,7 +180,14 @@ def test_status_shows_queues_versions_and_generators(e2e_config, redis_url, run_
     assert traj["length"] >= 2 * B and traj["groups"][0]["group"] == "learner"
     assert traj["groups"][0]["pending"] == 0
     assert s["streams"]["prompts"]["groups"][0]["group"] == "gen"
-    assert s["generators"]["gen-0"]["loaded_version"] in ("1", "2")
+    # the generator as the run left it; with a = 1 all 8 prompts of the 2 steps may be issued at
+    # v0 and answered before v1 exists, so it need not have reloaded: its loaded version is only
+    # bounded by the versions it generated with and the last one published
+    gen = s["generators"]["gen-0"]
+    r = redis.Redis.from_url(redis_url)
+    used = [int(f[b"behavior_version"]) for _, f in r.xrange(f"rl:{run_id}:trajectories")]
+    assert gen["state"] == "stopped" and int(gen["groups"]) == len(used) == traj["length"]
+    assert max(used) <= int(gen["loaded_version"]) <= 2
     text = subprocess.run(
         [
             sys.executable,

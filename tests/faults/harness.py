@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -21,7 +22,7 @@ def write_config(
     cfg = {
         "run": {"run_id": run_id, "run_dir": str(tmp_path / "run"), "torch_threads": 1},
         "redis": {"url": redis_url, "connect_timeout_s": 20},
-        "task": {"eval_size": 1},
+        "eval": {"size": 1},
         "rollout": {
             "engine": "sim",
             "num_return_sequences": 2,
@@ -48,15 +49,28 @@ def write_config(
     return path
 
 
-def start(
-    role: str, config: Path, *extra: str, env: dict[str, str] | None = None
-) -> subprocess.Popen:
-    return subprocess.Popen(
+class Child(subprocess.Popen):
+    """A `rollctl` process whose stderr goes to a file beside the run's config, never to a pipe:
+    a pipe that the test reads only after `wait()` fills up (64 KiB) and blocks a chatty child
+    forever. The child's descriptor is opened for appending, so a test may read the log while the
+    child still writes (`stderr_text`)."""
+
+    def __init__(self, args: list[str], log_path: Path, env: dict[str, str]):
+        self.log_path = log_path
+        with open(log_path, "ab") as log:  # the child keeps its own copy of the descriptor
+            super().__init__(args, stdout=subprocess.DEVNULL, stderr=log, env=env)
+
+    def stderr_text(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+def start(role: str, config: Path, *extra: str, env: dict[str, str] | None = None) -> Child:
+    fd, log_path = tempfile.mkstemp(prefix=f"{role}-", suffix=".stderr", dir=config.parent)
+    os.close(fd)
+    return Child(
         [sys.executable, "-m", "rollflash.rollctl.cli", role, "--config", str(config), *extra],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, **(env or {})},
+        Path(log_path),
+        {**os.environ, **(env or {})},
     )
 
 
@@ -115,6 +129,21 @@ def learner_lag(r: redis.Redis, run_id: str) -> int | None:
     """Trajectory entries not yet delivered to the learner's consumer group."""
     groups = r.xinfo_groups(f"rl:{run_id}:trajectories")
     return next(g["lag"] for g in groups if g["name"] == b"learner")
+
+
+# How many XINFO STREAM calls to wait for so that the learner has looked at the trajectories
+# stream twice: its watch (broker/streams.py `watch`) makes one such call on the trajectories
+# stream and at most one on the prompts stream, so any 4 consecutive calls hold two trajectory
+# looks; Redis < 7 counts all XINFO subcommands together, 3-4 per watch, so 8 calls are needed
+# there (and are plenty on Redis 7). Two looks, because the second is sent only after the learner
+# has taken in the first one's answer.
+LOOKS_PER_TWO_WATCHES = 8
+
+
+def stream_looks(r: redis.Redis) -> int:
+    """XINFO STREAM calls the server has executed (XINFO calls on Redis < 7)."""
+    stats = r.info("commandstats")
+    return int(stats.get("cmdstat_xinfo|stream", stats.get("cmdstat_xinfo", {})).get("calls", 0))
 
 
 def status_text(config: Path) -> str:

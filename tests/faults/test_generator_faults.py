@@ -30,7 +30,7 @@ def test_killed_and_frozen_generators_lose_nothing_and_train_nothing_twice(
             {
                 "run": {"run_id": run_id, "run_dir": str(run_dir), "torch_threads": 1},
                 "redis": {"url": redis_url},
-                "task": {"eval_size": 1},
+                "eval": {"size": 1},
                 "rollout": {
                     "engine": "sim",
                     "num_return_sequences": 2,
@@ -80,7 +80,7 @@ def test_killed_and_frozen_generators_lose_nothing_and_train_nothing_twice(
             "the frozen generator's prompt to be reclaimed",
         )
         os.kill(victims["sleeper"].pid, signal.SIGCONT)  # wakes up and delivers a duplicate
-        assert learner.wait(timeout=120) == 0, learner.stderr.read()[-3000:]
+        assert learner.wait(timeout=120) == 0, learner.stderr_text()[-3000:]
     finally:
         for p in [*healthy, *victims.values()]:
             if p.poll() is None:

@@ -19,8 +19,9 @@ from pathlib import Path
 
 import pytest
 import redis
+import torch
+import torch.distributed.checkpoint as dcp
 from harness import start, stop_all, wait_until, write_config
-from safetensors.torch import load_file
 
 STEPS, B, EVERY = 10, 4, 3
 
@@ -31,6 +32,13 @@ def _stopped(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
     except FileNotFoundError:
         return False
+
+
+def checkpoint_weight(step_dir: Path) -> torch.Tensor:
+    """The simulated policy's one weight tensor from a sharded (DCP) checkpoint."""
+    target = {"app": {"policy": {"model": {"weight": torch.zeros(4)}}}}
+    dcp.load(target, checkpoint_id=str(step_dir / "dcp"), no_dist=True)
+    return target["app"]["policy"]["model"]["weight"]
 
 
 def surviving_rows(ledger: list[dict]) -> list[dict]:
@@ -68,11 +76,11 @@ def test_learner_killed_mid_step_resumes_without_loss_or_double_training(
             90,
             f"the learner to reach {window} of step {step}",
         )
-        assert first.poll() is None, first.stderr.read()[-3000:]
+        assert first.poll() is None, first.stderr_text()[-3000:]
         first.send_signal(signal.SIGKILL)
         first.wait()
         second = start("start-learner", config)
-        assert second.wait(timeout=120) == 0, second.stderr.read()[-3000:]
+        assert second.wait(timeout=120) == 0, second.stderr_text()[-3000:]
     finally:
         stop_all(gens)
 
@@ -107,10 +115,8 @@ def test_learner_killed_mid_step_resumes_without_loss_or_double_training(
     final = json.loads((run_dir / "summary.json").read_text())
     assert final["steps"] == STEPS and final["final_version"] == versions[-1]
     latest = (run_dir / "checkpoints" / "LATEST").read_text().strip()
-    weight = load_file(
-        str(run_dir / "checkpoints" / f"step{int(latest):08d}" / "model.safetensors")
-    )
-    assert int(latest) == STEPS and weight["weight"].tolist() == [float(STEPS)] * 4
+    weight = checkpoint_weight(run_dir / "checkpoints" / f"step{int(latest):08d}")
+    assert int(latest) == STEPS and weight.tolist() == [float(STEPS)] * 4
 
 
 def test_lora_learner_killed_after_an_update_resumes_exactly_once(
@@ -119,17 +125,16 @@ def test_lora_learner_killed_after_an_update_resumes_exactly_once(
     """The same kill -9 after step 5's update (published as an adapter version, not yet
     checkpointed) with a real LoRA learner on the tiny model: the checkpoint holds only the
     adapters, the resumed learner trains every trajectory once, and the optimiser state holds
-    exactly STEPS updates of the adapters and nothing else."""
-    import torch
-
+    exactly its total_steps updates of the adapters and nothing else."""
     from rollflash.broker.weights import WeightStore
 
+    steps = 6  # checkpoints at 3 and 6; the kill after 5 rolls back to 3
     run_dir = tmp_path / "run"
     config = write_config(
         tmp_path,
         redis_url,
         run_id,
-        STEPS,
+        steps,
         B,
         model={"path": str(tiny_model_dir), "lora": {"rank": 4, "target_modules": ["q_proj"]}},
         sim={"per_token_s": 0.001, "length_median": 8, "learner_step_s": 0, "vocab_size": 51},
@@ -151,17 +156,19 @@ def test_lora_learner_killed_after_an_update_resumes_exactly_once(
     ledger = [json.loads(x) for x in (run_dir / "ledger.jsonl").read_text().splitlines()]
     assert [row["step"] for row in ledger if row.get("event") == "resume"] == [3]
     rows = surviving_rows(ledger)
-    assert [row["step"] for row in rows] == list(range(1, STEPS + 1))
+    assert [row["step"] for row in rows] == list(range(1, steps + 1))
     trained = [t for row in rows for t in row["trained"]]
-    assert len(trained) == len(set(trained)) == STEPS * B  # nothing trained twice
+    assert len(trained) == len(set(trained)) == steps * B  # nothing trained twice
     r = redis.Redis.from_url(redis_url)
     assert r.xpending(f"rl:{run_id}:trajectories", "learner")["pending"] == 0
-    ckpt = run_dir / "checkpoints" / f"step{STEPS:08d}"
-    weights = load_file(str(ckpt / "model.safetensors"))
+    ckpt = run_dir / "checkpoints" / f"step{steps:08d}"
+    stored = dcp.FileSystemReader(str(ckpt / "dcp")).read_metadata().state_dict_metadata
+    model = [k for k in stored if k.startswith("app.policy.model.")]
     # 1 layer, q_proj only: lora_A and lora_B, the adapters and nothing of the base
-    assert sorted(k.split(".")[-3] for k in weights) == ["lora_A", "lora_B"]
-    optim = torch.load(ckpt / "optim.pt", weights_only=True)["optimizer"]
-    assert [int(s["step"]) for s in optim["state"].values()] == [STEPS, STEPS]
+    assert sorted(k.split(".")[-3] for k in model) == ["lora_A", "lora_B"]
+    updates = {k: torch.zeros(()) for k in stored if k.endswith(".step")}  # AdamW's counts
+    dcp.load(updates, checkpoint_id=str(ckpt / "dcp"), no_dist=True)
+    assert len(updates) == 2 and [int(v) for v in updates.values()] == [steps, steps]
     store = WeightStore(run_dir)
     kind, _ = store.verified_files(store.latest())
     assert kind == "adapter"

@@ -126,8 +126,8 @@ def test_poison_on_both_streams_is_dead_lettered_acked_counted_and_training_goes
         for stream, poison in (("prompts", PROMPT_POISON), ("trajectories", TRAJECTORY_POISON)):
             for name, (fields, reason) in poison.items():
                 injected[(stream, r.xadd(prefix + stream, fields).decode())] = (name, reason)
-        assert learner.wait(timeout=120) == 0, learner.stderr.read()[-3000:]
-        assert gen.wait(timeout=30) == 0, gen.stderr.read()[-3000:]
+        assert learner.wait(timeout=120) == 0, learner.stderr_text()[-3000:]
+        assert gen.wait(timeout=30) == 0, gen.stderr_text()[-3000:]
     finally:
         stop_all([learner, gen])
     trained = trained_ids(run_dir)

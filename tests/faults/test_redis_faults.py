@@ -25,6 +25,7 @@ import time
 import pytest
 import redis
 from harness import (
+    LOOKS_PER_TWO_WATCHES,
     acknowledged_not_stored,
     dropped_duplicates,
     generator_fields,
@@ -35,6 +36,7 @@ from harness import (
     status_text,
     steps_done,
     stop_all,
+    stream_looks,
     trained_ids,
     traj_ids,
     wait_until,
@@ -100,11 +102,11 @@ def test_redis_restart_mid_training(tmp_path, run_id, fault_report, fsync, power
             erased = _erase_tail(server, durable)
         time.sleep(1.0)
         server.start()
-        assert learner.wait(timeout=120) == 0, learner.stderr.read()[-3000:]
+        assert learner.wait(timeout=120) == 0, learner.stderr_text()[-3000:]
         logs = []
         for g in gens:
-            assert g.wait(timeout=30) == 0, g.stderr.read()[-3000:]
-            logs += [x for x in g.stderr.read().splitlines() if "forgot" in x]
+            assert g.wait(timeout=30) == 0, g.stderr_text()[-3000:]
+            logs += [x for x in g.stderr_text().splitlines() if "forgot" in x]
         r = redis.Redis.from_url(server.url)
         trained = trained_ids(run_dir)
         missing = acknowledged_not_stored(r, run_id)
@@ -154,11 +156,21 @@ def test_redis_restart_mid_training(tmp_path, run_id, fault_report, fsync, power
     )
 
 
+@pytest.mark.slow  # 30 steps around a kill, a freeze and a restart: about a minute
 def test_everysec_power_cut_after_the_writer_died_is_counted_by_the_learner(
     tmp_path, run_id, fault_report
 ):
     server = _redis(tmp_path, "everysec")
-    config = write_config(tmp_path, server.url, run_id, 3 * STEPS, B, rollout={"reclaim_idle_s": 2})
+    # the learner waits for data while the survivor is frozen: far longer than that may take
+    config = write_config(
+        tmp_path,
+        server.url,
+        run_id,
+        3 * STEPS,
+        B,
+        rollout={"reclaim_idle_s": 2},
+        trainer={"wait_timeout_s": 300},
+    )
     run_dir = tmp_path / "run"
     gens = [start("start-generator", config, "--id", f"gen-{i}") for i in range(2)]
     learner = start("start-learner", config)
@@ -171,14 +183,21 @@ def test_everysec_power_cut_after_the_writer_died_is_counted_by_the_learner(
         os.kill(gens[1].pid, signal.SIGSTOP)  # no more writes, so the learner can see them all
         r = redis.Redis.from_url(server.url)
         wait_until(lambda: learner_lag(r, run_id) == 0, 30, "the learner to read everything")
-        time.sleep(2 * WATCH_INTERVAL_S + 0.5)  # and to look at the stream once more
+        # and to look at the complete stream once more (its watch, every WATCH_INTERVAL_S):
+        # waited for by counting the learner's looks in Redis, not by sleeping
+        looked = stream_looks(r)
+        wait_until(
+            lambda: stream_looks(r) >= looked + LOOKS_PER_TWO_WATCHES,
+            30 + 10 * WATCH_INTERVAL_S,
+            "the learner to look at the stream again",
+        )
         server.kill()
         erased = _erase_tail(server, durable)
         server.start()
         os.kill(gens[1].pid, signal.SIGCONT)
-        assert learner.wait(timeout=120) == 0, learner.stderr.read()[-3000:]
-        assert gens[1].wait(timeout=30) == 0, gens[1].stderr.read()[-3000:]
-        logs = [x[-90:] for x in gens[1].stderr.read().splitlines() if "forgot" in x]
+        assert learner.wait(timeout=120) == 0, learner.stderr_text()[-3000:]
+        assert gens[1].wait(timeout=30) == 0, gens[1].stderr_text()[-3000:]
+        logs = [x[-90:] for x in gens[1].stderr_text().splitlines() if "forgot" in x]
         writers = {}
         for _, f in r.xrange(f"rl:{run_id}:trajectories"):
             writers.setdefault(f[b"traj_id"].decode(), set()).add(f[b"generator"].decode())
@@ -238,7 +257,7 @@ def test_redis_back_empty_stops_the_run_with_a_clear_error(tmp_path, run_id, fau
         server.kill()
         server.start()  # empty: no AOF, no snapshot
         codes = [p.wait(timeout=60) for p in (learner, *gens)]
-        errors = [p.stderr.read().strip().splitlines()[-1] for p in (learner, *gens)]
+        errors = [p.stderr_text().strip().splitlines()[-1] for p in (learner, *gens)]
         r = redis.Redis.from_url(server.url)
         recreated = [k for k in ("prompts", "trajectories") if r.exists(f"rl:{run_id}:{k}")]
     finally:

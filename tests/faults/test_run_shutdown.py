@@ -45,7 +45,7 @@ def _start(tmp_path):
             "--set",
             "trainer.total_steps=1000",
             "--set",
-            "task.eval_size=1",
+            "eval.size=1",
         ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

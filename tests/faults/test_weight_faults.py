@@ -47,16 +47,21 @@ def test_publisher_killed_mid_publish_leaves_nothing_loadable_and_is_cleaned(
     leftovers = 0
     delays = [0.05, 0.3, 0.6, 0.9, 1.2]  # after start-up, into successive publishes
     for delay in delays:
-        proc = subprocess.Popen(
-            [sys.executable, "-c", PUBLISHER, str(tmp_path)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-        )
-        assert proc.stdout.readline() == b"ready\n", proc.stderr.read().decode()[-2000:]
+        # stderr to a file, not a pipe: nobody reads a pipe while the publisher runs, and a
+        # full one would block it
+        err = tmp_path / f"publisher-{delay}.stderr"
+        with open(err, "wb") as err_file:
+            proc = subprocess.Popen(
+                [sys.executable, "-c", PUBLISHER, str(tmp_path)],
+                stdout=subprocess.PIPE,
+                stderr=err_file,
+            )
+        assert proc.stdout.readline() == b"ready\n", err.read_text()[-2000:]
         time.sleep(delay)
         proc.kill()
         proc.wait()
-        assert proc.returncode == -9, proc.stderr.read().decode()[-2000:]
+        proc.stdout.close()
+        assert proc.returncode == -9, err.read_text()[-2000:]
         _check_store(store)
         partial = list(store.root.glob(".tmp-*")) + list(store.root.glob(".LATEST.*"))
         leftovers += bool(partial)
@@ -91,7 +96,7 @@ def test_retention_spares_a_version_a_live_generator_has_loaded(tmp_path, redis_
     gen = start("start-generator", config, "--id", "gen-0")
     learner = start("start-learner", config)
     try:
-        assert learner.wait(timeout=120) == 0, learner.stderr.read()[-3000:]
+        assert learner.wait(timeout=120) == 0, learner.stderr_text()[-3000:]
         assert gen.wait(timeout=30) == 0
     finally:
         stop_all([learner, gen])

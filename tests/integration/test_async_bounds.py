@@ -31,6 +31,7 @@ class SimGenerators(threading.Thread):
         super().__init__(daemon=True)
         self.broker, self.published, self.rng, self.slow_frac = broker, published, rng, slow_frac
         self.stop = threading.Event()
+        self.answered: dict[str, int] = {}  # group id -> the version its tokens came from
 
     def run(self):
         held = []  # (due time, entry id, work)
@@ -49,6 +50,7 @@ class SimGenerators(threading.Thread):
                 v = self.rng.randint(
                     work.issued_version, max(work.issued_version, self.published[0])
                 )
+                self.answered[work.group_id] = v
                 s = Sample(
                     response_ids=np.array([5], np.int32),
                     logprobs=np.array([-1], np.float32),
@@ -79,9 +81,10 @@ def test_staleness_and_admission_bounds_hold(learner_broker, generator_broker, r
     published = [0]
     gens = SimGenerators(generator_broker, published, rng, slow_frac=0.3)
     gens.start()
-    staleness = []
+    bound = math.ceil(ratio)
+    trained, stale = [], []
     collector = Collector(
-        learner_broker, admission, N, vocab_size=10, max_staleness=math.ceil(ratio), timeout_s=10
+        learner_broker, admission, N, vocab_size=10, max_staleness=bound, timeout_s=10
     )
     try:
         for version in range(STEPS):
@@ -90,21 +93,32 @@ def test_staleness_and_admission_bounds_hold(learner_broker, generator_broker, r
             assert admission.issued <= (
                 math.floor((version + 1 + ratio) * B) + learner_broker.replaced_groups()
             )
-            staleness += [
-                version - int(s.token_versions.min()) for g in got.groups for s in g.samples
-            ]
+            # The staleness filter checked against the versions the generators really used
+            # (recorded on their side, not read back from what the learner kept): every trained
+            # group is at most ceil(a) versions old and every dropped one is older, so a filter
+            # off by one either way, or one that trusts the wrong field, fails here.
+            for g in got.groups:
+                age = version - gens.answered[g.group_id]
+                assert 0 <= age <= bound, (version, g.group_id, age)
+                assert version - int(min(s.token_versions.min() for s in g.samples)) == age
+            for group_id in got.stale_ids:
+                assert version - gens.answered[group_id] > bound, (version, group_id)
             if ratio == 0:
+                # on-policy by admission alone: B prompts per version, so nothing is ever stale
                 assert got.stale_ids == []
+            trained += [g.group_id for g in got.groups]
+            stale += got.stale_ids
             learner_broker.ack_trajectories(got.entry_ids)
             time.sleep(rng.uniform(0, 0.05))  # a training step
             published[0] = version + 1
     finally:
         gens.stop.set()
         gens.join()
-    assert max(staleness) <= math.ceil(ratio)
-    assert min(staleness) >= 0
-    if ratio == 0:
-        assert set(staleness) == {0}  # on-policy
+    # every group is trained at most once, and a dropped group is never trained
+    assert len(trained) == len(set(trained)) == STEPS * B
+    assert set(trained).isdisjoint(stale)
+    # each stale group was replaced by a fresh prompt
+    assert learner_broker.replaced_groups() == len(stale)
 
 
 def test_a_group_with_any_old_token_is_stale(learner_broker, generator_broker):

@@ -124,12 +124,31 @@ def test_a_process_with_another_config_is_refused(redis_url, run_id):
 
 
 def test_heartbeats_expire(learner_broker, generator_broker, redis_url, run_id):
+    """A heartbeat is live until its TTL runs out, and then gone. The live half uses a TTL no
+    slow machine can outlast between two calls; the expiry half is waited for, not slept: Redis
+    guarantees the key is gone once its TTL has passed, whenever the test looks."""
     status = RunRegistry(RunRedis(connect(redis_url, 5), run_id))  # what `rollctl status` reads
-    generator_broker.heartbeat("gen-0", {"loaded_version": 3}, ttl_s=0.3)
+    key = RunKeys(run_id).gen("gen-0")
+    r = redis.Redis.from_url(redis_url)
+    generator_broker.heartbeat("gen-0", {"loaded_version": 3}, ttl_s=600)
+    assert 0 < r.pttl(key) <= 600_000  # the heartbeat carries its TTL
     assert status.live_generators()["gen-0"]["loaded_version"] == "3"
     assert learner_broker.loaded_versions() == {3}
-    time.sleep(0.5)
+    generator_broker.heartbeat("gen-0", {"loaded_version": 4}, ttl_s=0.2)  # each beat renews it
+    assert r.pttl(key) <= 200
+    deadline = time.monotonic() + 30
+    while status.live_generators() and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert status.live_generators() == {} and learner_broker.loaded_versions() == set()
+
+
+def test_the_learner_sums_live_generators_reward_errors(learner_broker, generator_broker):
+    assert learner_broker.generator_reward_errors() == 0  # no generator yet
+    generator_broker.heartbeat("gen-0", {"reward_errors": 3, "idle_frac": 0.5}, ttl_s=30)
+    generator_broker.heartbeat("gen-1", {"reward_errors": 4, "idle_frac": 0.1}, ttl_s=30)
+    generator_broker.heartbeat("gen-2", {"loaded_version": 1}, ttl_s=30)  # no count reported
+    assert learner_broker.generator_reward_errors() == 3 + 4
+    assert learner_broker.generator_idle_frac() == pytest.approx((0.5 + 0.1) / 2)
 
 
 def test_unreachable_redis_fails_after_bounded_retries(tmp_path):

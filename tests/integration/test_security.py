@@ -160,25 +160,27 @@ def test_a_run_over_tls_with_acl_users(tmp_path, tls_redis, run_id):
         "--set",
         "trainer.total_steps=3",
         "--set",
-        "task.eval_size=1",
+        "eval.size=1",
         "--set",
         "redis.connect_timeout_s=10",
     ]
     cli = [sys.executable, "-m", "rollflash.rollctl.cli"]
-    gen = subprocess.Popen(
-        [
-            *cli,
-            "start-generator",
-            *common,
-            "--id",
-            "gen-0",
-            "--redis-url",
-            url.format(user="gen", pw="g-pw"),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    # the generator's stderr to a file: a pipe nobody reads during the run could fill and block it
+    gen_err = tmp_path / "gen-0.stderr"
+    with open(gen_err, "wb") as err_file:
+        gen = subprocess.Popen(
+            [
+                *cli,
+                "start-generator",
+                *common,
+                "--id",
+                "gen-0",
+                "--redis-url",
+                url.format(user="gen", pw="g-pw"),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=err_file,
+        )
     learner = subprocess.run(
         [*cli, "start-learner", *common, "--redis-url", url.format(user="lrn", pw="l-pw")],
         capture_output=True,
@@ -188,7 +190,7 @@ def test_a_run_over_tls_with_acl_users(tmp_path, tls_redis, run_id):
     )
     try:
         assert learner.returncode == 0, learner.stderr[-3000:]
-        assert gen.wait(timeout=30) == 0, gen.stderr.read()[-3000:]
+        assert gen.wait(timeout=30) == 0, gen_err.read_text()[-3000:]
     finally:
         if gen.poll() is None:
             gen.kill()

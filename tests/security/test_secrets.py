@@ -131,7 +131,7 @@ def test_rollctl_run_with_a_password_saves_and_logs_none(tmp_path, protected_soc
         "trainer.rollout_batch_size=2",
         "trainer.total_steps=2",
         "trainer.wait_timeout_s=60",
-        "task.eval_size=1",
+        "eval.size=1",
     ]
     args = ["run", "--redis-url", url, "--generators", "1"]
     for s in sets:

@@ -8,6 +8,7 @@ import random
 
 import pytest
 import torch
+from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rollflash.broker.config import config_from_dict
@@ -18,6 +19,7 @@ from rollflash.learner.checkpoint import (
     restore_rng,
     rng_state,
 )
+from rollflash.learner.checkpoint_io import Trainables
 from rollflash.learner.prepare import build_algo_models
 from rollflash.learner.train import train_step
 from tests.integration.dist_worker import make_groups
@@ -69,6 +71,22 @@ def test_rng_state_round_trips():
     assert (random.random(), torch.rand(2).tolist()) == a
 
 
+def test_each_rank_restores_its_own_rng_state():
+    torch.manual_seed(1)
+    rank0 = rng_state()
+    torch.manual_seed(2)
+    rank1 = rng_state()
+    b = torch.rand(2).tolist()  # what rank 1 draws next
+    saved = json.loads(json.dumps({"rank0": rank0, "rank1": rank1}))
+    torch.manual_seed(3)
+    restore_rng(saved, rank=1)
+    assert torch.rand(2).tolist() == b
+    torch.manual_seed(4)
+    kept = torch.get_rng_state()
+    restore_rng(saved, rank=2)  # a rank the checkpoint has no state for keeps its seed
+    assert torch.equal(torch.get_rng_state(), kept)
+
+
 @pytest.fixture(scope="module")
 def tiny(tiny_model_dir):
     return tiny_model_dir, AutoTokenizer.from_pretrained(tiny_model_dir)
@@ -99,17 +117,18 @@ def test_resumed_training_continues_exactly(tiny, tmp_path):
     step(model, opt, sched, groups[:2])
     store = CheckpointStore(tmp_path)
     store.save(
-        LearnerState(step=1, version=1, issued=8, seen={0: ["t0", "t1"]}),
-        model,
-        {"optimizer": opt.state_dict(), "scheduler": sched.state_dict()},
+        LearnerState(
+            step=1, version=1, issued=8, seen={0: ["t0", "t1"]}, scheduler=sched.state_dict()
+        ),
+        Trainables(model, opt),
     )
+    assert (store.latest() / "dcp" / ".metadata").is_file()
     step(model, opt, sched, groups[2:])
     uninterrupted = copy.deepcopy(model.state_dict())
 
     model2, opt2, sched2 = _setup(model_dir)  # a fresh process
-    state, optim = CheckpointStore.load(store.latest(), model2)
-    opt2.load_state_dict(optim["optimizer"])
-    sched2.load_state_dict(optim["scheduler"])
+    state = CheckpointStore.load(store.latest(), Trainables(model2, opt2))
+    sched2.load_state_dict(state.scheduler)
     assert (state.step, state.issued, state.seen) == (1, 8, {0: ["t0", "t1"]})
     step(model2, opt2, sched2, groups[2:])
     for name, w in uninterrupted.items():
@@ -117,16 +136,37 @@ def test_resumed_training_continues_exactly(tiny, tmp_path):
     assert sched2.get_last_lr() == sched.get_last_lr()
 
 
+def test_checkpoint_of_the_earlier_layout_still_loads(tmp_path):
+    """model.safetensors + optim.pt + state.json, as written before sharded checkpoints."""
+    model = torch.nn.Linear(2, 2)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    model(torch.ones(1, 2)).sum().backward()
+    opt.step()
+    d = tmp_path / "checkpoints" / "step00000003"
+    d.mkdir(parents=True)
+    save_file({k: v.detach() for k, v in model.state_dict().items()}, str(d / "model.safetensors"))
+    torch.save({"optimizer": opt.state_dict(), "scheduler": {}}, d / "optim.pt")
+    (d / "state.json").write_text(json.dumps(LearnerState(step=3).to_json()))
+    fresh = torch.nn.Linear(2, 2)
+    fresh_opt = torch.optim.AdamW(fresh.parameters(), lr=0.1)
+    state = CheckpointStore.load(CheckpointStore(tmp_path).latest(), Trainables(fresh, fresh_opt))
+    assert state.step == 3
+    assert torch.equal(fresh.weight, model.weight) and torch.equal(fresh.bias, model.bias)
+    assert torch.equal(
+        fresh_opt.state_dict()["state"][0]["exp_avg"], opt.state_dict()["state"][0]["exp_avg"]
+    )
+
+
 def test_only_complete_checkpoints_are_used_and_two_are_kept(tmp_path):
     store = CheckpointStore(tmp_path)
     model = torch.nn.Linear(2, 2)
     assert store.latest() is None
     for s in (1, 2, 3):
-        store.save(LearnerState(step=s), model, {})
+        store.save(LearnerState(step=s), Trainables(model))
     assert store.latest().name == "step00000003"
     assert sorted(d.name for d in store.root.glob("step*")) == ["step00000002", "step00000003"]
     # a crash mid-save leaves a temp dir: never used, removed at the next start
-    (store.root / ".tmp-step00000004-99").mkdir()
+    (store.root / ".tmp-step00000004").mkdir()
     assert store.latest().name == "step00000003" and store.clean_temp() == 1
     # a directory without state.json (written last) is not a checkpoint, even if LATEST names it
     (store.root / "step00000004").mkdir()

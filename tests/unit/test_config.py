@@ -107,8 +107,9 @@ def test_logging_is_learner_local_and_left_out_of_the_fingerprint():
 
 # Fingerprints computed by the loader this config replaced (dataclasses, hand-written checks) on
 # the same files, then updated for each key added since (reward.max_abs_reward, reward.dtype;
-# model.chat_template, reward.functions / weights / timeout_s and the eval section; model.lora
-# and trainer.publish; the
+# model.chat_template, reward.functions / weights / timeout_s and the eval section;
+# reward.code and reward.judge; model.trust_remote_code, trainer.eval_every and
+# task.eval_size moved to eval.every and eval.size; model.lora and trainer.publish; the
 # logging section and the GPU keys rollout.device, rollout.vllm and placement are not
 # hashed): processes of one run compare them, so the config's representation may not
 # change them. A new field or default
@@ -116,13 +117,13 @@ def test_logging_is_learner_local_and_left_out_of_the_fingerprint():
 @pytest.mark.parametrize(
     "name, overrides, expected",
     [
-        (None, [], "d50f0b151d275f06"),
-        ("demo.yaml", [], "fadb931d0ee961fd"),
-        ("ppo_gae.yaml", [], "0dd197962ea00dc2"),
-        ("dapo.yaml", [], "d993abcb2a11d213"),
-        ("rlhf.yaml", [], "fba7b6cca1361c63"),
-        ("rm.yaml", [], "6339f9d2e7269428"),
-        ("agentic_gridworld.yaml", [], "17773c955a123b7c"),
+        (None, [], "855ef61d08ca8fdf"),
+        ("demo.yaml", [], "fa4a67281e4945a0"),
+        ("ppo_gae.yaml", [], "bd0bcd135d43f3d9"),
+        ("dapo.yaml", [], "b8490314345762d0"),
+        ("rlhf.yaml", [], "3c9b143d83fbdf3b"),
+        ("rm.yaml", [], "dfb0f2891384e043"),
+        ("agentic_gridworld.yaml", [], "dba3531342893d26"),
         (
             None,
             # ints given for floats are hashed as the floats they are stored as (1 -> 1.0)
@@ -134,7 +135,7 @@ def test_logging_is_learner_local_and_left_out_of_the_fingerprint():
                 "algo.kl_target=0.1",
                 "algo.kl_coef=1",
             ],
-            "3d08a2cdd0b7c002",
+            "c34804edb81d1326",
         ),
     ],
 )
@@ -154,14 +155,17 @@ def test_saved_yaml_has_every_section_and_key_in_declaration_order(tmp_path):
     assert list(saved["run"]) == ["run_id", "run_dir", "seed", "torch_threads"]
     assert saved["trainer"]["actor_lr"] == 1.0 and isinstance(saved["trainer"]["actor_lr"], float)
     # every field of the dataclass config this replaced, counted by hand, and no property; since:
-    # model +1 (chat_template), reward +4 (functions, weights, timeout_s, dtype), rollout +2
-    # (device, the vllm section), model +1 (lora), trainer +1 (publish), and eval (4), logging (8)
-    # and placement (4)
+    # model +4 (chat_template, attn_implementation, trust_remote_code, lora), reward +6
+    # (functions, weights, timeout_s, dtype, the code and judge sections), rollout +2 (device, the
+    # vllm section), trainer +8 (the learner's device and precision keys, publish) and -1
+    # (eval_every moved to eval.every), task -1 (eval_size moved to eval.size), and eval (6),
+    # logging (8) and placement (4)
     assert {name: len(section) for name, section in saved.items()} == {
-        "run": 4, "redis": 4, "model": 4, "task": 3, "rollout": 16, "trainer": 17, "algo": 29,
-        "sim": 6, "reward": 11, "eval": 4, "rm": 14, "guards": 11, "logging": 8, "placement": 4,
+        "run": 4, "redis": 4, "model": 6, "task": 2, "rollout": 16, "trainer": 23, "algo": 29,
+        "sim": 6, "reward": 13, "eval": 6, "rm": 14, "guards": 11, "logging": 8, "placement": 4,
     }  # fmt: skip
     assert len(saved["rollout"]["vllm"]) == 10
+    assert (len(saved["reward"]["code"]), len(saved["reward"]["judge"])) == (6, 7)
     assert "max_staleness" not in saved["trainer"] and "key_prefix" not in saved
 
 
@@ -231,6 +235,14 @@ def test_saved_yaml_has_every_section_and_key_in_declaration_order(tmp_path):
         (
             {"logging": {"completions_per_step": -1}},
             "logging.completions_per_step: must be >= 0, got -1",
+        ),
+        (
+            {"trainer": {"eval_every": 5}},
+            "trainer.eval_every: moved to eval.every; set eval.every: 5 instead",
+        ),
+        (
+            {"task": {"name": "arithmetic", "eval_size": 8}},
+            "task.eval_size: moved to eval.size; set eval.size: 8 instead",
         ),
         (
             {"bogus": {}},

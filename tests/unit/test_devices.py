@@ -46,7 +46,7 @@ def test_hf_engine_is_built_on_the_resolved_device(monkeypatch, cuda, device):
     built = []
 
     class Captured(hf_engine.HFEngine):
-        def __init__(self, model_path, dtype="float32", device="cpu"):
+        def __init__(self, model_path, dtype="float32", device="cpu", trust_remote_code=False):
             built.append((model_path, dtype, str(device)))
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)

@@ -4,7 +4,6 @@ keep the first n to finish, and the sequences carry the right masks and turn rec
 
 import itertools
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -18,12 +17,13 @@ from rollflash.generators.sim_engine import SimEngine
 
 
 class ScriptedEnv(TurnLimit):
-    """Ends after `turns` turns (success); every step sleeps `latency(instance)` seconds."""
+    """Ends after `turns` turns (success); every step first calls `hold(instance)`, which returns
+    at once for a fast environment and blocks on a `Gate` for a slow one."""
 
     counter = itertools.count()
 
-    def __init__(self, turns: int, latency) -> None:
-        self.max_turns, self.turns_needed, self.latency = 10, turns, latency
+    def __init__(self, turns: int, hold=lambda instance: None) -> None:
+        self.max_turns, self.turns_needed, self.hold = 10, turns, hold
         self.instance = next(self.counter)
 
     def reset(self, seed: int) -> str:
@@ -31,9 +31,30 @@ class ScriptedEnv(TurnLimit):
         return f"start{seed}"
 
     def step(self, action: str) -> StepResult:
-        time.sleep(self.latency(self.instance))
+        self.hold(self.instance)
         done = self.turns + 1 >= self.turns_needed
         return self._finish(f"obs{self.turns}", 1.0 if done else 0.25, done, success=done)
+
+
+class Gate:
+    """A slow environment's steps block here until the test opens the gate, so that what the
+    tests check is an order of events, not a duration. A step that gives up waiting (after
+    `timeout_s`, far beyond any run's length) is counted: it means the runner waited for the slow
+    environment, which is what the tests rule out."""
+
+    def __init__(self, timeout_s: float = 60.0) -> None:
+        self.opened, self.timeout_s, self.timed_out = threading.Event(), timeout_s, 0
+
+    def __call__(self, instance: int) -> None:
+        if not self.opened.wait(self.timeout_s):
+            self.timed_out += 1
+
+    def open(self) -> None:
+        self.opened.set()
+
+
+def _episode_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("episode-")]
 
 
 def _runner(max_tokens=1000) -> EpisodeRunner:
@@ -44,35 +65,49 @@ def _runner(max_tokens=1000) -> EpisodeRunner:
 
 
 def test_a_slow_environment_does_not_hold_back_other_groups():
-    done_at = {}
-    started = time.monotonic()
+    """Group 0's environment blocks at its first step until group 1 has been streamed; with a
+    per-turn barrier group 1 could not finish first, and group 0's gate would time out."""
+    gate, done = Gate(), []
+
+    def on_group(g, eps):
+        done.append((g, gate.opened.is_set()))
+        if g == 1:
+            gate.open()
+
     specs = [
-        GroupSpec(lambda: ScriptedEnv(3, lambda i: 0.6), seed=1, keep=2, start=2),
-        GroupSpec(lambda: ScriptedEnv(3, lambda i: 0.0), seed=2, keep=2, start=2),
+        GroupSpec(lambda: ScriptedEnv(3, gate), seed=1, keep=2, start=2),
+        GroupSpec(lambda: ScriptedEnv(3), seed=2, keep=2, start=2),
     ]
-    _runner().run(specs, lambda g, eps: done_at.setdefault(g, time.monotonic() - started))
-    # group 1 needs 3 fast turns; group 0 three 0.6 s steps (>= 1.8 s). With a per-turn barrier
-    # group 1 would also take >= 1.8 s.
-    assert list(done_at) == [1, 0]
-    assert done_at[1] < 1.0 and done_at[0] >= 1.8
+    _runner().run(specs, on_group)
+    # group 1 streamed while group 0 was still blocked; group 0 only after the gate opened
+    assert done == [(1, False), (0, True)]
+    assert gate.timed_out == 0
 
 
 def test_redundant_episodes_keep_the_first_to_finish():
+    """Instances 0 and 2 block in their first step; 1 and 3 finish. The run returns with 1 and 3
+    while 0 and 2 are still blocked, and those exit at their next turn once released."""
     ScriptedEnv.counter = itertools.count()
-    slow = {0: 1.0, 2: 1.0}  # instances 0 and 2 are slow (2 s per episode); 1 and 3 fast
-    kept = {}
-    spec = GroupSpec(lambda: ScriptedEnv(2, lambda i: slow.get(i, 0.0)), seed=5, keep=2, start=4)
-    t0 = time.monotonic()
+    gate, kept = Gate(), {}
+
+    def hold(instance):
+        if instance in (0, 2):
+            gate(instance)
+
+    spec = GroupSpec(lambda: ScriptedEnv(2, hold), seed=5, keep=2, start=4)
     _runner().run([spec], lambda g, eps: kept.setdefault(g, [e.env.instance for e in eps]))
     assert sorted(kept[0]) == [1, 3]
-    assert time.monotonic() - t0 < 1.5  # returned without waiting for the cancelled slow ones
-    time.sleep(1.5)  # the slow ones finish their current step, see the cancel and exit
-    assert not [t for t in threading.enumerate() if t.name.startswith("episode-")]
+    # run() returned without waiting for the cancelled slow ones: they are still in the gate
+    assert not gate.opened.is_set() and gate.timed_out == 0
+    gate.open()  # they finish their current step, see the cancel and exit
+    for t in _episode_threads():
+        t.join(timeout=60)
+    assert _episode_threads() == [] and gate.timed_out == 0
 
 
 def test_episode_sequences_and_trajectory_fields():
     got = {}
-    spec = GroupSpec(lambda: ScriptedEnv(3, lambda i: 0.0), seed=9, keep=2, start=2)
+    spec = GroupSpec(lambda: ScriptedEnv(3), seed=9, keep=2, start=2)
     _runner().run([spec], lambda g, eps: got.setdefault(g, eps))
     episodes = got[0]
     for ep in episodes:
@@ -94,7 +129,7 @@ def test_episode_sequences_and_trajectory_fields():
 
 def test_token_budget_truncates_an_episode():
     got = {}
-    spec = GroupSpec(lambda: ScriptedEnv(50, lambda i: 0.0), seed=1, keep=1, start=1)
+    spec = GroupSpec(lambda: ScriptedEnv(50), seed=1, keep=1, start=1)
     _runner(max_tokens=30).run([spec], lambda g, eps: got.setdefault(g, eps))
     ep = got[0][0]
     assert ep.truncated and not ep.success and len(ep.response_ids) + 4 > 30
@@ -106,7 +141,7 @@ def test_an_environment_exception_ends_its_episode_and_is_counted():
             raise KeyError("bug")
 
     got = {}
-    spec = GroupSpec(lambda: Broken(2, lambda i: 0.0), seed=1, keep=1, start=2)
+    spec = GroupSpec(lambda: Broken(2), seed=1, keep=1, start=2)
     _runner().run([spec], lambda g, eps: got.setdefault(g, eps))
     ep = got[0][0]  # the group is streamed: its episode ended cleanly at the raising step
     assert ep.done and ep.truncated and ep.turn_rewards == [0.0] and ep.env_errors == 1
@@ -123,23 +158,26 @@ def test_an_environment_that_cannot_be_built_is_raised_not_swallowed():
 
 def test_refill_starts_new_groups_while_others_still_run():
     """No barrier between pulls: a group streamed early makes room for a new one at once, while a
-    slow group of the first pull is still running."""
-    done_at, calls = {}, []
-    started = time.monotonic()
-    fast = lambda: ScriptedEnv(2, lambda i: 0.0)  # noqa: E731
+    slow group of the first pull is still running (blocked in its environment until the last
+    refilled group has been streamed)."""
+    gate, done, calls = Gate(), [], []
     specs = [
-        GroupSpec(lambda: ScriptedEnv(3, lambda i: 0.6), seed=1, keep=1, start=1),
-        GroupSpec(fast, seed=2, keep=1, start=1),
+        GroupSpec(lambda: ScriptedEnv(3, gate), seed=1, keep=1, start=1),
+        GroupSpec(lambda: ScriptedEnv(2), seed=2, keep=1, start=1),
     ]
 
-    def refill():
-        calls.append(time.monotonic() - started)
-        return [GroupSpec(fast, seed=10 + len(calls), keep=1, start=1)] if len(calls) <= 2 else []
+    def on_group(g, eps):
+        done.append((g, gate.opened.is_set()))
+        if g == 3:
+            gate.open()
 
-    _runner().run(
-        specs, lambda g, eps: done_at.setdefault(g, time.monotonic() - started), refill=refill
-    )
-    # groups 2 and 3 came from refills and finished before the slow group 0 (>= 1.8 s)
-    assert set(done_at) == {0, 1, 2, 3}
-    assert done_at[2] < done_at[0] and done_at[3] < done_at[0] and done_at[0] >= 1.8
-    assert calls[0] < 1.0
+    def refill():
+        calls.append(gate.opened.is_set())
+        n = len(calls)
+        return [GroupSpec(lambda: ScriptedEnv(2), seed=10 + n, keep=1, start=1)] if n <= 2 else []
+
+    _runner().run(specs, on_group, refill=refill)
+    # groups 2 and 3 came from refills, started and finished while the slow group 0 was blocked
+    assert done == [(1, False), (2, False), (3, False), (0, True)]
+    # the refills that started groups 2 and 3 ran while group 0 was blocked
+    assert calls[:2] == [False, False] and gate.timed_out == 0

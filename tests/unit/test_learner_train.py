@@ -16,7 +16,7 @@ from rollflash import algos
 from rollflash.broker.config import config_from_dict
 from rollflash.broker.schema import Sample, Trajectory
 from rollflash.learner.critic import Critic
-from rollflash.learner.logprobs import chunked_entropy, token_logprobs
+from rollflash.learner.logprobs import logprobs_from_logits, token_logprobs
 from rollflash.learner.prepare import build_algo_models, prepare_batch
 from rollflash.learner.train import policy_update, train_step
 
@@ -231,14 +231,36 @@ def test_all_groups_filtered_skips_the_update(tiny):
     assert _changed(before, model) == 0
 
 
-def test_chunked_entropy_matches_the_plain_one_with_gradients():
-    z = torch.randn(3, 7, 11, dtype=torch.float64, requires_grad=True)
-    plain = algos.entropy_from_logits(z)
-    chunked = chunked_entropy(z, max_elements=2 * 3 * 11)  # slices of 2 positions
+def test_chunked_logprobs_and_entropy_equal_unchunked_with_gradients():
+    """Slices of 2 columns (chunk 6 positions over 3 rows) under checkpointing give the same
+    values and the same gradients as one slice; no slice is ever the whole [b, L-1, V]."""
+    torch.manual_seed(0)
+    logits = torch.randn(3, 8, 11, dtype=torch.float64, requires_grad=True)
+    ids = torch.randint(0, 11, (3, 8))
+    plain, plain_ent = logprobs_from_logits(logits, ids, 0.7, True, 0, torch.float64)
+    chunked, chunked_ent = logprobs_from_logits(logits, ids, 0.7, True, 6, torch.float64)
+    # by hand for one position: log softmax(z / 0.7)[y] of row 1, position 4 (predicting ids[1, 5])
+    z = logits[1, 4].detach() / 0.7
+    expected = z[ids[1, 5]] - torch.logsumexp(z, dim=0)
+    torch.testing.assert_close(chunked[1, 4].double(), expected, atol=1e-6, rtol=0)
     torch.testing.assert_close(chunked, plain)
-    (g_plain,) = torch.autograd.grad(plain.sum(), z)
-    (g_chunked,) = torch.autograd.grad(chunked.sum(), z)
+    torch.testing.assert_close(chunked_ent, plain_ent)
+    (g_plain,) = torch.autograd.grad((plain * 2 + plain_ent).sum(), logits)
+    (g_chunked,) = torch.autograd.grad((chunked * 2 + chunked_ent).sum(), logits)
     torch.testing.assert_close(g_chunked, g_plain)
+    assert chunked.dtype == torch.float32  # always float32 for the ratio
+
+
+def test_bf16_logprob_dtype_returns_float32_close_to_float32():
+    torch.manual_seed(0)
+    logits = torch.randn(2, 6, 50) * 3
+    ids = torch.randint(0, 50, (2, 6))
+    exact, _ = logprobs_from_logits(logits, ids, 1.0, chunk=4)
+    low, _ = logprobs_from_logits(logits, ids, 1.0, chunk=4, dtype=torch.bfloat16)
+    assert low.dtype == torch.float32
+    # bf16 keeps 8 bits of mantissa: |z| <= ~12 is rounded by up to 12 * 2^-8 = 0.047
+    torch.testing.assert_close(low, exact, atol=0.1, rtol=0)
+    assert not torch.equal(low, exact)
 
 
 def test_critic_value_at_t_sees_only_tokens_up_to_t(tiny_model_dir):

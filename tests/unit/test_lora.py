@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import copy
 import json
+import shutil
 
 import pytest
 import torch
+import torch.distributed.checkpoint as dcp
+from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rollflash.broker.config import config_from_dict
@@ -24,11 +27,13 @@ from rollflash.generators.reload import WeightFollower
 from rollflash.learner.batch import MicroBatch
 from rollflash.learner.build import Models, build_optim
 from rollflash.learner.checkpoint import CheckpointStore, LearnerState
+from rollflash.learner.checkpoint_io import Trainables
 from rollflash.learner.logprobs import token_logprobs
 from rollflash.learner.lora import (
     checkpoint_weights,
     merged_state_dict,
     published_weights,
+    trainable_parameters,
     with_adapters,
 )
 from rollflash.learner.prepare import build_algo_models
@@ -75,8 +80,8 @@ def test_only_the_adapters_train_and_have_optimiser_state(tiny_model_dir):
     trainable = [n for n, p in policy.named_parameters() if p.requires_grad]
     # 1 layer x (q, v, up) x (A, B) = 6 adapter matrices, nothing else
     assert len(trainable) == 6 and all(".lora_A." in n or ".lora_B." in n for n in trainable)
-    models = Models(policy, policy, None, build_algo_models(cfg, policy))
-    optim = build_optim(cfg, models, None)
+    models = Models(policy, policy, None, build_algo_models(cfg, policy=policy))
+    optim = build_optim(cfg, models)
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     mb = _batch(tok)
     logp, _ = token_logprobs(policy, mb.input_ids, mb.attention_mask, 1.0)
@@ -92,7 +97,7 @@ def test_only_the_adapters_train_and_have_optimiser_state(tiny_model_dir):
 def test_reference_is_the_base_with_adapters_off(tiny_model_dir, packed):
     cfg, policy = _policy(tiny_model_dir)
     policy.train()
-    reference = build_algo_models(cfg, policy).reference
+    reference = build_algo_models(cfg, policy=policy).reference
     assert isinstance(reference, AdaptersOffReference) and reference.model is policy  # no copy
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     mb = _batch(tok)
@@ -126,18 +131,27 @@ def test_merged_weights_are_peft_merge_and_leave_the_base_untouched(tiny_model_d
 
 def test_checkpoint_holds_the_adapters_only_and_restores_them(tiny_model_dir, tmp_path):
     _, policy = _policy(tiny_model_dir, seed=1)
-    weights = checkpoint_weights(policy)
-    assert sorted(weights) == sorted(n for n, p in policy.named_parameters() if p.requires_grad)
-    store = CheckpointStore(tmp_path)
-    path = store.save(LearnerState(step=3), weights, {"optimizer": {}})
+    optimizer = torch.optim.AdamW(trainable_parameters(policy))
+    path = CheckpointStore(tmp_path).save(LearnerState(step=3), Trainables(policy, optimizer))
+    stored = dcp.FileSystemReader(str(path / "dcp")).read_metadata().state_dict_metadata
+    prefix = "app.policy.model."
+    model = sorted(k.removeprefix(prefix) for k in stored if k.startswith(prefix))
+    assert model == sorted(n for n, p in policy.named_parameters() if p.requires_grad)
     _, fresh = _policy(tiny_model_dir, seed=2)
-    CheckpointStore.load(path, fresh)
+    fresh_optim = torch.optim.AdamW(trainable_parameters(fresh))
+    assert CheckpointStore.load(path, Trainables(fresh, fresh_optim)).step == 3
     for k, v in fresh.state_dict().items():
         torch.testing.assert_close(v, policy.state_dict()[k], atol=0, rtol=0, msg=k)
-    del weights[next(iter(weights))]  # an adapter tensor missing from a checkpoint is refused
-    broken = store.save(LearnerState(step=4), weights, {"optimizer": {}})
-    with pytest.raises(RuntimeError, match="does not match the model"):
-        CheckpointStore.load(broken, fresh)
+    # a LoRA checkpoint of the earlier layout (adapters only in model.safetensors) loads too
+    legacy = tmp_path / "legacy"
+    legacy.mkdir()
+    save_file(checkpoint_weights(policy), str(legacy / "model.safetensors"))
+    torch.save({"optimizer": {}}, legacy / "optim.pt")
+    shutil.copy(path / "state.json", legacy / "state.json")
+    _, older = _policy(tiny_model_dir, seed=3)
+    CheckpointStore.load(legacy, Trainables(older))
+    for k, v in older.state_dict().items():
+        torch.testing.assert_close(v, policy.state_dict()[k], atol=0, rtol=0, msg=k)
 
 
 class _Hash:
@@ -187,8 +201,6 @@ def test_hf_engine_log_probs_after_an_adapter_version_equal_the_learners(tiny_mo
     assert _max_error(engine, policy2, tok, 1.0) < 1e-4
     # a full file that does not fit is refused before the adapter is touched
     merged = merged_state_dict(policy)
-    from safetensors.torch import save_file
-
     bad = {k: v for k, v in merged.items() if not k.endswith("up_proj.weight")}
     save_file(unique_tensors(bad), str(tmp_path / "bad.safetensors"))
     with pytest.raises(ValueError, match="up_proj"):

@@ -92,7 +92,7 @@ def test_weighted_sum_with_extra_columns_as_keywords(user_module):
         ("my_rewards:VALUE", "reward.functions[0]: my_rewards:VALUE is not callable"),
         (
             "mathh",
-            "reward.functions[0]: 'mathh' is neither a built-in verifier (exact, json_schema, "
+            "reward.functions[0]: 'mathh' is neither a built-in verifier (code, exact, json_schema, judge, "
             "math, regex) nor 'package.module:function'",
         ),
     ],

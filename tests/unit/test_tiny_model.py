@@ -2,6 +2,7 @@
 
 import itertools
 import json
+import random
 
 import pytest
 import torch
@@ -90,10 +91,16 @@ def test_teacher_error_shifts_answers_by_one():
     assert noisy == list(itertools.islice(sft_items(task, 0, 0.6), 200))  # deterministic per seed
     assert [it.prompt for it in noisy] == [it.prompt for it in clean]
     offsets = [int(n.answer) - int(c.answer) for n, c in zip(noisy, clean)]
-    assert set(offsets) == {0, 1}
-    assert (
-        0.5 < sum(offsets) / 200 < 0.7
-    )  # Binomial(200, 0.6): mean 120, sd 7 -> 0.53..0.67 at 2 sd
+    # The shift is a fixed function of the seed, not a sample to bound: item i is shifted iff the
+    # i-th draw of random.Random(seed + 1) is below teacher_error. The slow reference below replays
+    # those draws; for seed 0 and 0.6 it shifts 128 of the 200 (items 0, 3, 4, 5, 8, 9, ...).
+    draws = random.Random(0 + 1)
+    expected = [int(draws.random() < 0.6) for _ in range(200)]
+    assert offsets == expected
+    assert sum(offsets) == 128 and offsets[:10] == [1, 0, 0, 1, 1, 1, 0, 0, 1, 1]
+    # teacher_error 1.0 shifts every answer by exactly one
+    always = itertools.islice(sft_items(task, 0, 1.0), 200)
+    assert [int(a.answer) - int(c.answer) for a, c in zip(always, clean)] == [1] * 200
 
 
 def test_target_acc_zero_stops_at_first_check(tmp_path, capsys):

@@ -15,6 +15,11 @@ from rollflash.learner.trackers import TrackerUnavailable, mlflow_key, open_trac
 from tests.helpers.wandb_log import wandb_records
 
 SECRET = "s3cretpw"
+EVAL_ROWS = [
+    {"step": 2, "eval": "greedy", "id": f"heldout-{i}", "sample": 0, "prompt": "1+2=",
+     "response": r, "reward": float(r == "3"), "pass": r == "3"}
+    for i, r in enumerate(["3", "4"])
+]  # fmt: skip
 
 
 def _cfg(tmp_path, *sets):
@@ -61,6 +66,7 @@ def test_wandb_offline_run_has_metrics_config_tags_and_resumes(tmp_path):
     tracker.log(1, {"reward/mean": 0.5, "eval/pass@4": 0.25})
     tracker.log(2, {"reward/mean": 0.75})
     tracker.log_completions(2, [{"step": 2, "pick": "best", "prompt": "1+2=", "reward": 1.0}])
+    tracker.log_eval_generations(2, EVAL_ROWS)
     tracker.close()
     run_id = tracker.run_id()
     [resumed] = open_trackers(cfg, {"wandb": run_id})
@@ -85,6 +91,7 @@ def test_wandb_offline_run_has_metrics_config_tags_and_resumes(tmp_path):
     assert history[0] == {"learner/step": 1, "reward/mean": 0.5, "eval/pass@4": 0.25}
     assert history[1] == {"learner/step": 2, "reward/mean": 0.75}
     assert history[2]["completions/nrows"] == 1
+    assert history[3]["eval_generations/greedy/nrows"] == 2
     assert _history(second) == [{"learner/step": 2, "reward/mean": 0.8}]
 
 
@@ -101,6 +108,7 @@ def test_mlflow_file_store_run_has_metrics_config_tags_and_resumes(tmp_path, mon
     tracker.log(1, {"reward/mean": 0.5, "eval/pass@4": 0.25})
     tracker.log(2, {"reward/mean": 0.75})
     tracker.log_completions(2, [{"step": 2, "pick": "best", "prompt": "1+2=", "reward": 1.0}])
+    tracker.log_eval_generations(2, EVAL_ROWS)
     tracker.close()
     [resumed] = open_trackers(cfg, {"mlflow": tracker.run_id()})
     assert resumed.run_id() == tracker.run_id()
@@ -117,7 +125,9 @@ def test_mlflow_file_store_run_has_metrics_config_tags_and_resumes(tmp_path, mon
     assert [(m.step, m.value) for m in history] == [(1, 0.5), (2, 0.75), (3, 0.9)]
     assert [m.value for m in client.get_metric_history(run.info.run_id, "eval/pass_at_4")] == [0.25]
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
-    assert artifacts == {"config.yaml", "completions"}
+    assert artifacts == {"config.yaml", "completions", "eval_generations"}
+    [generations] = client.list_artifacts(run.info.run_id, "eval_generations")
+    assert generations.path == "eval_generations/step0000002_greedy.json"
     resumed.close()
 
 

@@ -1,0 +1,234 @@
+"""The `code` reward: run the program a response wrote against its row's tests in the sandbox.
+
+The program is the last fenced block of the response (```python ... ``` or a bare ``` fence), or
+the whole response when it has no fence. The row's `tests` column (a list, or that list as a JSON
+string) holds the tests; each is one of
+- `{"input": "1 2\\n", "output": "3\\n"}`: the program reads `input` on stdin and passes when its
+  stdout equals `output`, both compared with trailing whitespace stripped from every line and
+  blank lines at the end ignored (the rule of most stdin/stdout judges);
+- a string of Python, e.g. `"assert add(2, 3) == 5"` or a `def test_...` and its call: it runs
+  after the program in the same namespace and passes when it raises nothing.
+
+Every test is a fresh interpreter in the kernel-isolated sandbox (envs/sandbox.py: namespaces,
+seccomp, rlimits, no network, no project files), with the per-test limits of `reward.code`: wall
+and CPU seconds, address space, output. A sample's tests run one after the other within its total
+budget `budget_s`; the tests still waiting when it is spent fail. Samples run in parallel on a
+pool of `max_workers` threads, each waiting on its sandboxes' processes, so a scoring batch of S
+samples takes about ceil(S / max_workers) samples' time.
+
+Reward: the fraction of tests passed, or with `all_or_nothing` 1.0 only if all pass. A response
+whose tests cannot all run normally scores what it passed (0 with `all_or_nothing`) and carries
+one failure reason (`Scored.failure`, counted by the learner as `reward/<reason>`): the first of
+- `code_no_program`: the response holds no code;
+- `code_syntax`: the program does not compile (its other tests are not run);
+- `code_timeout`: a test ran past its wall-clock or CPU limit;
+- `code_oom`: a test ran out of its address space (MemoryError);
+- `code_output_limit`: stdout + stderr went past `output_mb`;
+- `code_killed`: the process died of a signal (other than the limits above; a SIGKILL sooner
+  than its CPU limit could have struck, since RLIMIT_CPU's own kill leaves no trace either);
+- `code_error`: the program raised an exception other than AssertionError, or exited non-zero;
+- `code_budget`: the sample's budget ran out before all its tests ran (or cut one short);
+- `code_sandbox`: the sandbox itself could not start (not the program's fault; logged);
+- `code_bad_tests`: the row's tests are malformed (the row's fault; logged).
+A wrong answer (stdout differs, an assertion fails) is a failed test, not a failure reason. No
+failure raises: the verifier returns a score for every sample.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from rollflash.envs.reward_functions import Scored
+from rollflash.envs.sandbox import Sandbox, SandboxError, SandboxLimits, SandboxResult
+
+log = logging.getLogger(__name__)
+
+_FENCE = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
+_ERROR_LINE = re.compile(r"^(\w+(?:\.\w+)*)(?::|$)")
+
+
+@dataclass(frozen=True)
+class CodeLimits:
+    """The `reward.code` options (broker/config_sections.py documents each)."""
+
+    time_s: float = 2.0
+    memory_mb: int = 256
+    output_mb: int = 1
+    budget_s: float = 10.0
+    max_workers: int = 4
+    all_or_nothing: bool = False
+
+    def sandbox(self, wall_s: float) -> SandboxLimits:
+        cpu_s = max(1, int(self.time_s + 0.999))  # RLIMIT_CPU is whole seconds
+        return SandboxLimits(
+            cpu_s=cpu_s, wall_s=wall_s, memory_mb=self.memory_mb, file_mb=self.output_mb
+        )
+
+
+def extract_program(response: str) -> str:
+    """The last fenced code block of `response`, else the whole response (stripped)."""
+    blocks = _FENCE.findall(response)
+    return (blocks[-1] if blocks else response).strip()
+
+
+def parse_tests(tests: Any) -> list[dict[str, str] | str]:
+    """The row's `tests` as a list of stdin/stdout pairs and code strings; ValueError if not."""
+    if isinstance(tests, str):
+        tests = json.loads(tests)
+    if not isinstance(tests, list) or not tests:
+        raise ValueError("tests: expected a non-empty list")
+    out: list[dict[str, str] | str] = []
+    for t in tests:
+        if isinstance(t, dict) and set(t) == {"input", "output"}:
+            out.append({"input": str(t["input"]), "output": str(t["output"])})
+        elif isinstance(t, str):
+            out.append(t)
+        else:
+            raise ValueError(f"tests: {str(t)[:60]!r} is neither {{input, output}} nor code")
+    return out
+
+
+def harness(program: str, test: dict[str, str] | str) -> str:
+    """The code one sandboxed interpreter runs for one test: the program (compiled inside the
+    sandbox, so a hostile program never reaches the caller's parser) and then the test."""
+    lines = [f"__program = compile({program!r}, '<program>', 'exec')"]
+    if isinstance(test, dict):
+        lines = ["import io, sys", f"sys.stdin = io.StringIO({test['input']!r})", *lines]
+        lines.append("exec(__program, {'__name__': '__main__'})")
+    else:
+        lines.append("__ns = {'__name__': '__main__'}")
+        lines.append("exec(__program, __ns)")
+        lines.append(f"exec(compile({test!r}, '<test>', 'exec'), __ns)")
+    return "\n".join(lines) + "\n"
+
+
+def _same_output(got: str, expected: str) -> bool:
+    def norm(s: str) -> list[str]:
+        lines = [ln.rstrip() for ln in s.splitlines()]
+        while lines and not lines[-1]:
+            lines.pop()
+        return lines
+
+    return norm(got) == norm(expected)
+
+
+def classify(result: SandboxResult, limits: CodeLimits) -> str:
+    """ "" (ran cleanly), "wrong" (an assertion failed) or a failure reason (module docstring)."""
+    if result.ok:
+        return ""
+    error = result.error
+    if error.startswith("CPU time limit") and result.wall_s < 0.9 * limits.sandbox(1).cpu_s:
+        return "code_killed"  # SIGKILL without a traceback, too soon to be RLIMIT_CPU's
+    if error.startswith("timeout after") or error.startswith("CPU time limit"):
+        return "code_timeout"
+    if error.startswith("output limit") or error.startswith("file size limit"):
+        return "code_output_limit"
+    name = _ERROR_LINE.match(error)
+    kind = name.group(1).rsplit(".", 1)[-1] if name else ""
+    if kind == "MemoryError":
+        return "code_oom"
+    if kind in ("SyntaxError", "IndentationError", "TabError"):
+        return "code_syntax"
+    if kind == "AssertionError":
+        return "wrong"
+    status = re.fullmatch(r"exited with status (\d+)", error)
+    if status and int(status.group(1)) > 128:
+        return "code_killed"
+    return "code_error"
+
+
+@dataclass
+class Outcome:
+    passed: int
+    total: int
+    failure: str = ""  # the first failure reason, "" if none
+
+
+def run_tests(program: str, tests: Sequence[dict[str, str] | str], limits: CodeLimits) -> Outcome:
+    """Run `program` against `tests` in the sandbox, one interpreter per test (module docstring)."""
+    outcome = Outcome(0, len(tests))
+    if not program:
+        outcome.failure = "code_no_program"
+        return outcome
+    deadline = time.monotonic() + limits.budget_s
+    for test in tests:
+        left = deadline - time.monotonic()
+        if left <= 0.05:
+            outcome.failure = outcome.failure or "code_budget"
+            break
+        sandbox = Sandbox(limits.sandbox(min(limits.time_s, left)))
+        try:
+            result = sandbox.run(harness(program, test))
+        finally:
+            sandbox.close()
+        verdict = classify(result, limits)
+        if verdict == "code_timeout" and left < limits.time_s:
+            verdict = "code_budget"  # cut by what was left of the budget, not by its own limit
+        if verdict == "" and (isinstance(test, str) or _same_output(result.output, test["output"])):
+            outcome.passed += 1
+            continue
+        if verdict not in ("", "wrong"):
+            outcome.failure = outcome.failure or verdict
+        if verdict == "code_syntax" or limits.all_or_nothing:
+            break  # nothing left to learn from the other tests
+    return outcome
+
+
+class CodeVerifier:
+    """The `code` reward function (batched: one call scores a whole batch on the pool)."""
+
+    batched = True
+    own_deadline = True  # bounded by its per-test limits and per-sample budget, not timeout_s
+
+    def __init__(self, limits: CodeLimits | None = None) -> None:
+        self.limits = limits or CodeLimits()
+        self._pool: ThreadPoolExecutor | None = None  # started on first use
+        self._logged: set[str] = set()
+
+    def _score_one(self, response: str, tests: Any) -> Scored:
+        try:
+            parsed = parse_tests(tests)
+        except (ValueError, TypeError) as e:
+            self._log_once("code_bad_tests", f"the row's tests are malformed: {e}")
+            return Scored(0.0, "code_bad_tests")
+        try:
+            out = run_tests(extract_program(response), parsed, self.limits)
+        except (SandboxError, OSError) as e:
+            self._log_once("code_sandbox", f"the sandbox could not run a test: {e}")
+            return Scored(0.0, "code_sandbox")
+        if self.limits.all_or_nothing:
+            value = 1.0 if out.passed == out.total else 0.0
+        else:
+            value = out.passed / out.total
+        return Scored(value, out.failure)
+
+    def _log_once(self, reason: str, message: str) -> None:
+        if reason not in self._logged:
+            self._logged.add(reason)
+            log.warning("code reward: %s", message)
+
+    def __call__(
+        self,
+        prompts: list[str],
+        responses: list[str],
+        answers: list[str],
+        tests: list[Any] | None = None,
+        **columns: Any,
+    ) -> list[Scored]:
+        if tests is None:
+            raise ValueError("code: the rows have no `tests` column")
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.limits.max_workers, "code-reward")
+        return list(self._pool.map(self._score_one, responses, tests))
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
