@@ -32,9 +32,9 @@ from rollflash.broker.config_errors import ConfigError, config_error
 from rollflash.broker.config_eval import EvalConfig, refuse_moved_keys
 from rollflash.broker.config_gpu import PlacementConfig, TrainerGpuKeys, VLLMConfig
 from rollflash.broker.config_logging import LoggingConfig
+from rollflash.broker.config_model import ModelConfig
 from rollflash.broker.config_sections import (
     GuardsConfig,
-    ModelConfig,
     RedisConfig,
     RewardConfig,
     RewardModelTrainConfig,
@@ -102,6 +102,18 @@ class Config(BaseModel):
     def key_prefix(self) -> str:
         """The prefix of every Redis key of this run (ARCHITECTURE.md)."""
         return f"rl:{self.run.run_id}:"
+
+    @property
+    def publish_kind(self) -> str:
+        """What a weight version holds: `full` weights or a LoRA `adapter` (`trainer.publish`;
+        auto: an adapter when `model.lora` is set, unless vLLM generators would have to load
+        `modules_to_save`, which vLLM's LoRA support does not take)."""
+        lora = self.model.lora
+        if self.trainer.publish != "auto":
+            return self.trainer.publish
+        if lora is None or (lora.modules_to_save and self.rollout.engine == "vllm"):
+            return "full"
+        return "adapter"
 
     def to_dict(self) -> dict[str, Any]:
         """The config as plain YAML data: sections of str / int / float / bool / None / dict."""
@@ -181,6 +193,18 @@ class Config(BaseModel):
             raise ConfigError(
                 "trainer.strategy: fsdp does not shard the critic yet; use ddp with "
                 "algo.critic: true"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _lora_fits_the_trainer(self) -> Config:
+        if self.model.lora is None and self.trainer.publish == "adapter":
+            raise ConfigError(
+                "trainer.publish: adapter versions need model.lora; set it or publish: full"
+            )
+        if self.model.lora is not None and self.trainer.strategy == "fsdp":
+            raise ConfigError(
+                "trainer.strategy: fsdp does not shard LoRA adapters yet; use ddp with model.lora"
             )
         return self
 

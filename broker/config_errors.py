@@ -63,14 +63,21 @@ def _owner(root: type[BaseModel], loc: tuple[int | str, ...]) -> type[BaseModel]
     model: type[BaseModel] = root
     for part in loc[:-1]:
         info = model.model_fields.get(str(part))
-        if info is None or not _is_model(info.annotation):
+        nested = _model_of(info.annotation) if info is not None else None
+        if nested is None:
             return None
-        model = info.annotation
+        model = nested
     return model
 
 
-def _is_model(annotation: Any) -> typing.TypeGuard[type[BaseModel]]:
-    return isinstance(annotation, type) and issubclass(annotation, BaseModel)
+def _model_of(annotation: Any) -> type[BaseModel] | None:
+    """The section model a field holds: `VLLMConfig`, or the model of `LoRAConfig | None`."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    models = [a for a in typing.get_args(annotation) if a is not type(None)]
+    if len(models) == 1 and isinstance(models[0], type) and issubclass(models[0], BaseModel):
+        return models[0]
+    return None
 
 
 def bounds_text(info: FieldInfo, with_null: bool = True) -> str:

@@ -74,32 +74,6 @@ class RedisConfig(Section):
         return self
 
 
-class ModelConfig(Section):
-    path: StrictStr = Field(
-        "models/tiny",
-        description="a Hugging Face model directory, or a hub id read from the local hub cache "
-        "(never downloaded: `huggingface-cli download ID` first)",
-    )
-    trust_remote_code: StrictBool = Field(
-        False,
-        description="let transformers and vLLM run the Python code a model directory ships "
-        "(needed by some hub models; runs that code in every process)",
-    )
-    dtype: Literal["float32", "bfloat16"] = Field(
-        "float32",
-        description="compute dtype: bfloat16 keeps float32 master weights and optimiser state "
-        "in the learner and computes in bfloat16; generators load this dtype",
-    )
-    attn_implementation: Literal["sdpa", "flash_attention_2", "eager"] = Field(
-        "sdpa", description="the learner's attention kernel (flash_attention_2 needs a GPU)"
-    )
-    chat_template: StrictStr = Field(
-        "auto",
-        description="single-turn prompts: auto (the tokenizer's template if it has one), "
-        "none (raw text), or a Jinja template file",
-    )
-
-
 class TaskConfig(Section):
     name: StrictStr = Field("arithmetic", description="a task from envs.registry")
     params: dict[Any, Any] = Field(
@@ -233,6 +207,10 @@ class TrainerConfig(TrainerGpuKeys):
         0, ge=0, description="linear learning-rate warm-up over this many steps"
     )
     lr_schedule: Literal["constant", "cosine"] = Field("constant", description="after warm-up")
+    publish: Literal["auto", "full", "adapter"] = Field(
+        "auto",
+        description="weight versions: full, adapter (model.lora only), auto: adapter with lora",
+    )
 
     @property
     def max_staleness(self) -> int:

@@ -1,16 +1,23 @@
 """The versioned weight store on a shared filesystem.
 
-Layout: `{run_dir}/weights/v{version:08d}/` holds `model.safetensors` and `manifest.json`
-(version, step, files with sizes and sha256). `{run_dir}/weights/LATEST` names the newest version.
+Layout: `{run_dir}/weights/v{version:08d}/` holds `manifest.json` (version, step, kind, files with
+sizes and sha256) and the files of its kind: `full` = `model.safetensors` (every weight), `adapter`
+= `adapter_model.safetensors` + `adapter_config.json` (a standard PEFT LoRA adapter for the base
+at `model.path`, `learner/lora.py`). `{run_dir}/weights/LATEST` names the newest version. A
+version's digest (`VersionInfo.sha256`, announced in the `weights` hash) is the sha256 of
+`model.safetensors` for a full version and, for an adapter, the sha256 of its listing
+`"{sha256}  {name}\n"` per file in name order, so the adapter's config is covered too.
 
 Invariants a reader can rely on:
 - A version directory appears by one atomic rename of a fully written and fsynced temp directory,
   and its manifest is the last file written inside it: a reader never sees a half-written version.
-- `verified_bytes(v)` reads the model file once and checks the size and sha256 of those bytes
-  against the manifest, so a truncated or bit-flipped file is refused with `CorruptWeights`; a
-  generator loads a private copy of exactly those bytes (`verified_copy`), so a file swapped in the
-  store after the check is never loaded. Symbolic links (a version directory, its manifest or its
-  model file) and anything outside the store are refused, never followed.
+- `verified_files(v)` reads each file of the version once and checks the size and sha256 of those
+  bytes against the manifest (and the digest against the announced one), so a truncated,
+  bit-flipped or swapped file is refused with `CorruptWeights`; a generator loads a private copy
+  of exactly those bytes (`verified_copy_dir`), so a file changed in the store after the check is
+  never loaded. Symbolic links (a version directory, its manifest or one of its files) and
+  anything outside the store are refused, never followed. Adapter versions follow the same rules
+  and the same retention as full ones.
 - Retention deletes old versions but never one that a caller says is still in use.
 """
 
@@ -23,8 +30,10 @@ import os
 import shutil
 import stat
 import time
+import typing
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -34,6 +43,9 @@ log = logging.getLogger(__name__)
 
 MODEL_FILE = "model.safetensors"
 MANIFEST = "manifest.json"
+ADAPTER_FILE = "adapter_model.safetensors"
+ADAPTER_CONFIG = "adapter_config.json"
+KIND_FILES = {"full": (MODEL_FILE,), "adapter": (ADAPTER_FILE, ADAPTER_CONFIG)}
 
 
 class CorruptWeights(RuntimeError):
@@ -44,8 +56,18 @@ class CorruptWeights(RuntimeError):
 class VersionInfo:
     version: int
     path: str  # the version directory
-    sha256: str  # of model.safetensors
+    sha256: str  # the version's digest: of model.safetensors, or of an adapter's file listing
     step: int
+    kind: str = "full"  # or "adapter"
+
+
+def version_digest(kind: str, file_sha256: dict[str, str]) -> str:
+    """The digest announced for a version: a full version's model file sha256, or the sha256 of
+    an adapter's listing (`sha256sum` format, files in name order)."""
+    if kind == "full":
+        return file_sha256[MODEL_FILE]
+    listing = "".join(f"{file_sha256[n]}  {n}\n" for n in sorted(file_sha256))
+    return hashlib.sha256(listing.encode()).hexdigest()
 
 
 def sha256_file(path: Path) -> str:
@@ -100,6 +122,12 @@ def _read_regular(dir_fd: int, name: str, version: int) -> bytes | None:
         return f.read()
 
 
+def _write_private(dest: Path, data: bytes) -> None:
+    fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+
+
 class WeightStore:
     def __init__(self, run_dir: str | Path):
         self.root = Path(run_dir) / "weights"
@@ -121,21 +149,40 @@ class WeightStore:
                 d.unlink(missing_ok=True)
         return len(stale)
 
-    def publish(self, state: dict[str, torch.Tensor], version: int, step: int) -> VersionInfo:
+    def publish(
+        self,
+        state: dict[str, torch.Tensor],
+        version: int,
+        step: int,
+        adapter_config: dict[str, Any] | None = None,
+    ) -> VersionInfo:
+        """Write `state` as version `version`: full weights, or with `adapter_config` a PEFT
+        adapter (its tensors under PEFT's names, and its adapter_config.json)."""
         final = self.version_dir(version)
         if final.exists():
             raise FileExistsError(f"weight version {version} already exists at {final}")
         tmp = self.root / f".tmp-v{version:08d}-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
-        model_path = tmp / MODEL_FILE
+        kind = "full" if adapter_config is None else "adapter"
+        tensors = MODEL_FILE if kind == "full" else ADAPTER_FILE
+        files: dict[str, dict[str, Any]] = {}
         # hashed while written (broker/safetensors_stream.py): the file is never read back
-        size, digest = write_safetensors(unique_tensors(state), model_path, {"format": "pt"})
+        size, digest = write_safetensors(unique_tensors(state), tmp / tensors, {"format": "pt"})
+        files[tensors] = {"size": size, "sha256": digest}
+        if adapter_config is not None:
+            text = json.dumps(adapter_config, indent=2, sort_keys=True).encode()
+            (tmp / ADAPTER_CONFIG).write_bytes(text)
+            _fsync_file(tmp / ADAPTER_CONFIG)
+            digest = hashlib.sha256(text).hexdigest()
+            files[ADAPTER_CONFIG] = {"size": len(text), "sha256": digest}
+        digests = {name: entry["sha256"] for name, entry in files.items()}
         manifest = {
             "version": version,
             "step": step,
+            "kind": kind,
             "created_at": time.time(),
-            "files": {MODEL_FILE: {"size": size, "sha256": digest}},
+            "files": files,
         }
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
         _fsync_file(tmp / MANIFEST)
@@ -143,7 +190,8 @@ class WeightStore:
         os.rename(tmp, final)
         self._write_latest(version)
         _fsync_dir(self.root)
-        return VersionInfo(version=version, path=str(final), sha256=digest, step=step)
+        digest = version_digest(kind, digests)
+        return VersionInfo(version=version, path=str(final), sha256=digest, step=step, kind=kind)
 
     def _write_latest(self, version: int) -> None:
         tmp = self.root / f".LATEST.{os.getpid()}"
@@ -165,36 +213,64 @@ class WeightStore:
                 out.append(int(d.name[1:]))
         return sorted(out)
 
-    def verified_bytes(self, version: int, expect_sha256: str | None = None) -> bytes:
-        """The model file of `version`, read once and checked against its manifest (size and
-        sha256 of exactly these bytes). The version directory, its manifest and the model file are
-        opened without following symbolic links (O_NOFOLLOW, relative to the directory's fd), so
-        a link, or a file swapped in after the check, is never what a caller loads."""
+    def verified_files(
+        self, version: int, expect_sha256: str | None = None
+    ) -> tuple[str, dict[str, bytes]]:
+        """The kind of `version` and the bytes of each of its files, every file read once and
+        checked against the manifest (size and sha256 of exactly these bytes), and the version's
+        digest against `expect_sha256` when given. The version directory, its manifest and its
+        files are opened without following symbolic links (O_NOFOLLOW, relative to the
+        directory's fd), so a link, or a file swapped in after the check, is never loaded."""
         d = self.version_dir(version)
         dir_fd = self._open_version_dir(version)
         try:
             manifest = self._read_manifest(version, dir_fd)
-            entry = manifest.get("files", {}).get(MODEL_FILE)
-            if manifest.get("version") != version or not isinstance(entry, dict):
+            kind = manifest.get("kind", "full")  # manifests written before adapters: full
+            entries = manifest.get("files", {})
+            if (
+                manifest.get("version") != version
+                or kind not in KIND_FILES
+                or not isinstance(entries, dict)
+                or not all(isinstance(entries.get(n), dict) for n in KIND_FILES[kind])
+            ):
                 raise CorruptWeights(f"weights v{version}: manifest does not describe this version")
-            data = _read_regular(dir_fd, MODEL_FILE, version)
+            data = {name: _read_regular(dir_fd, name, version) for name in KIND_FILES[kind]}
         finally:
             os.close(dir_fd)
-        if data is None or len(data) != entry.get("size"):
-            raise CorruptWeights(f"weights v{version}: {MODEL_FILE} missing or of the wrong size")
-        digest = hashlib.sha256(data).hexdigest()
-        if digest != entry.get("sha256") or (expect_sha256 and digest != expect_sha256):
+        digests = {}
+        for name, raw in data.items():
+            if raw is None or len(raw) != entries[name].get("size"):
+                raise CorruptWeights(f"weights v{version}: {name} missing or of the wrong size")
+            digests[name] = hashlib.sha256(raw).hexdigest()
+            if digests[name] != entries[name].get("sha256"):
+                raise CorruptWeights(f"weights v{version}: sha256 mismatch, refusing to load ({d})")
+        if expect_sha256 and version_digest(kind, digests) != expect_sha256:
             raise CorruptWeights(f"weights v{version}: sha256 mismatch, refusing to load ({d})")
-        return data
+        return kind, typing.cast(dict[str, bytes], data)
+
+    def verified_bytes(self, version: int, expect_sha256: str | None = None) -> bytes:
+        """The model file of a full version, read once and verified (`verified_files`)."""
+        kind, data = self.verified_files(version, expect_sha256)
+        if kind != "full":
+            raise CorruptWeights(f"weights v{version}: an {kind} version has no {MODEL_FILE}")
+        return data[MODEL_FILE]
 
     def verified_copy(self, version: int, dest: Path, expect_sha256: str | None = None) -> Path:
         """Write the verified bytes of `version` to `dest` (a file in a directory the caller
         owns, not the shared store) and return it: what is loaded from there is what was hashed."""
-        data = self.verified_bytes(version, expect_sha256)
-        fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
+        _write_private(dest, self.verified_bytes(version, expect_sha256))
         return dest
+
+    def verified_copy_dir(
+        self, version: int, dest: Path, expect_sha256: str | None = None
+    ) -> tuple[str, Path]:
+        """Write the verified files of `version` into the new directory `dest` (mode 0700, in a
+        directory the caller owns); returns the version's kind and `dest`."""
+        kind, data = self.verified_files(version, expect_sha256)
+        dest.mkdir(mode=0o700)
+        for name, raw in data.items():
+            _write_private(dest / name, raw)
+        return kind, dest
 
     def verified_path(self, version: int, expect_sha256: str | None = None) -> Path:
         """The model file of `version` in the store, after `verified_bytes` has checked it. The

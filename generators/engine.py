@@ -35,6 +35,15 @@ class Engine(Protocol):
         ...
 
 
+class AdapterEngine(Engine, Protocol):
+    """Engines that load LoRA adapter versions on top of their base model (`hf`, `vllm`)."""
+
+    def load_adapter(self, adapter_dir: Path, version: int) -> None:
+        """Load a verified PEFT adapter directory (adapter_model.safetensors and
+        adapter_config.json) as weight version `version`."""
+        ...
+
+
 class StreamingEngine(Engine, Protocol):
     """Continuous batching (engines `vllm` and `sim`; generators/continuous.py): requests join
     and leave between decode steps."""

@@ -4,7 +4,8 @@ Sampling uses `model.generate` on left-padded prompts (positions come from the a
 they equal the learner's right-padded positions). Behaviour log-probabilities are computed from the
 raw logits as log_softmax(logits / temperature), the same quantity the learner recomputes; top-p
 only restricts which tokens can be drawn (as in verl, the log-probability is not renormalised).
-Sampling draws from torch's global generator, which `setup_process` seeds per generator. On a GPU
+Sampling draws from torch's global generator, which `setup_process` seeds per generator. LoRA
+adapter versions are loaded through peft on top of the base model (`load_adapter`). On a GPU
 (`rollout.device`, generators/device.py) the model and the batch live on cuda:0 and only the
 sampled ids and log-probabilities come back to the host.
 """
@@ -31,6 +32,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+ADAPTER_FILE = "adapter_model.safetensors"  # a PEFT adapter directory's tensors
+# adapter_config.json keys that describe the file, not the adapter's shape
+_PER_FILE_KEYS = {"base_model_name_or_path", "inference_mode", "revision", "peft_version"}
 
 
 class HFEngine:
@@ -52,6 +56,8 @@ class HFEngine:
             model_dir, dtype=_DTYPES[dtype], trust_remote_code=trust_remote_code
         )
         self.model.to(self.device).eval()
+        self._adapter: dict | None = None  # the loaded LoRA adapter's config (load_adapter)
+        self._shapes = {k: v.shape for k, v in self.model.state_dict().items()}
         self.vocab_size = self.model.config.vocab_size
         self.eos_id = self.tokenizer.eos_token_id
         self.pad_id = (
@@ -75,20 +81,55 @@ class HFEngine:
 
     def load_weights(self, model_file: Path, version: int) -> None:
         """Load a verified safetensors file; names and shapes are checked before any weight is
-        copied, so a file that does not fit leaves the current weights whole."""
+        copied, so a file that does not fit leaves the current weights whole. A LoRA adapter
+        loaded before is removed: a full version holds every weight."""
         state = load_file(str(model_file))  # on the host: load_state_dict copies to the device
-        current = self.model.state_dict()
+        current = self._shapes  # the base model's, also while an adapter wraps it
         tied = {"lm_head.weight"} if self.model.config.tie_word_embeddings else set()
         missing = sorted(set(current) - set(state) - tied)
         unexpected = sorted(set(state) - set(current))
-        wrong = sorted(n for n in set(state) & set(current) if state[n].shape != current[n].shape)
+        wrong = sorted(n for n in set(state) & set(current) if state[n].shape != current[n])
         if missing or unexpected or wrong:
             raise ValueError(
                 f"weights {model_file} do not fit the model: missing {missing}, "
                 f"unexpected {unexpected}, wrong shape {wrong}"
             )
+        if self._adapter is not None:
+            self.model, self._adapter = self.model.unload(), None
         self.model.load_state_dict(state, strict=False)
         self.model.tie_weights()
+
+    def load_adapter(self, adapter_dir: Path, version: int) -> None:
+        """Load a verified PEFT adapter (LoRA) on top of the base model through peft.
+
+        The adapter is one peft adapter slot whose tensors are overwritten by each version: a
+        batch runs to its end on the weights it started with, so one slot is enough, and peft
+        never copies the base weights. The first version (or one with another adapter config)
+        wraps the model; names and shapes are checked against the slot before any tensor is
+        copied, and a wrap that does not fit is undone, so a refused version leaves the loaded
+        weights whole."""
+        from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
+        from peft import set_peft_model_state_dict as set_adapter_state
+
+        config = LoraConfig.from_pretrained(str(adapter_dir))
+        state = load_file(str(adapter_dir / ADAPTER_FILE))
+        shape = {k: v for k, v in config.to_dict().items() if k not in _PER_FILE_KEYS}
+        fresh = self._adapter != shape
+        if fresh:
+            base = self.model.unload() if self._adapter is not None else self.model
+            self._adapter, self.model = None, get_peft_model(base, config).eval()
+        current = get_peft_model_state_dict(self.model)
+        wrong = sorted(n for n in set(state) & set(current) if state[n].shape != current[n].shape)
+        if set(state) != set(current) or wrong:
+            if fresh:
+                self.model = self.model.unload()
+            raise ValueError(
+                f"adapter {adapter_dir} does not fit the model: missing "
+                f"{sorted(set(current) - set(state))}, unexpected "
+                f"{sorted(set(state) - set(current))}, wrong shape {wrong}"
+            )
+        set_adapter_state(self.model, state)
+        self._adapter = shape
 
     @torch.no_grad()
     def generate(

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from rollflash.broker.generator_side import GeneratorBroker
 from rollflash.broker.notify import VersionSubscriber
-from rollflash.broker.weights import CorruptWeights, WeightStore
+from rollflash.broker.weights import MODEL_FILE, CorruptWeights, WeightStore
 from rollflash.generators.engine import Engine
 
 log = logging.getLogger(__name__)
@@ -80,10 +80,10 @@ class WeightFollower:
         started = time.monotonic()
         if self._private is None:
             self._private = Path(tempfile.mkdtemp(prefix="rollflash-weights-"))
-        copy = self._private / f"v{version:08d}.safetensors"
+        copy = self._private / f"v{version:08d}"
         try:
-            self.store.verified_copy(version, copy, expect_sha256=sha)
-            self.engine.load_weights(copy, version)
+            kind, _ = self.store.verified_copy_dir(version, copy, expect_sha256=sha)
+            self._load(kind, copy, version)
         except Exception as e:  # noqa: BLE001 - any refusal keeps the current weights
             self.reload_refused += 1
             self._refused_version = version
@@ -98,12 +98,26 @@ class WeightFollower:
             )
             return False
         finally:
-            copy.unlink(missing_ok=True)
+            shutil.rmtree(copy, ignore_errors=True)
         self.reload_s += time.monotonic() - started
         self.reloads += 1
         self.loaded_version = version
         log.info("loaded weights v%d in %.2fs", version, time.monotonic() - started)
         return True
+
+    def _load(self, kind: str, copy: Path, version: int) -> None:
+        """Hand the verified private copy to the engine: full weights, or a LoRA adapter on top
+        of the engine's base model (engines that have `load_adapter`)."""
+        if kind == "full":
+            self.engine.load_weights(copy / MODEL_FILE, version)
+            return
+        load_adapter = getattr(self.engine, "load_adapter", None)
+        if load_adapter is None:
+            raise NotImplementedError(
+                f"the {type(self.engine).__name__} engine cannot load adapter versions; "
+                "publish full versions (trainer.publish: full)"
+            )
+        load_adapter(copy, version)
 
     def wait_for(self, version: int, timeout_s: float) -> None:
         """Block until at least `version` is loaded (synchronous mode needs it)."""

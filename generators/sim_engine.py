@@ -54,6 +54,10 @@ class SimEngine:
     def load_weights(self, model_file: Path, version: int) -> None:
         self.version = version
 
+    def load_adapter(self, adapter_dir: Path, version: int) -> None:
+        """A LoRA adapter version (model.lora) times the same: only its version is recorded."""
+        self.version = version
+
     # --- continuous batching --------------------------------------------------------------------
     def add_request(self, key: str, prompt: str, params: SamplingParams) -> None:
         """Start `params.n` samples of `prompt`; they come back from `step` under `key`."""

@@ -40,6 +40,10 @@ sampled from the new weights over a KV cache recomputed with them, so each token
 is exactly that of the version recorded for it. Versions come from vLLM's per-request weight-version
 spans (`CompletionOutput.weight_versions`), labelled by `set_weight_version` at each reload.
 
+LoRA adapter versions (`load_adapter`, generators/vllm_lora.py): one vLLM adapter per version; a
+request keeps the adapter it was added with to its end, so all its tokens carry that version,
+while requests added after a load use the new one.
+
 Process environment and engine arguments: generators/vllm_setup.py (the `rollout.vllm` section
 becomes the arguments of `vllm.LLM`; the variables vLLM reads at start are set before it imports).
 """
@@ -63,6 +67,7 @@ from rollflash.envs.chat import encode_prompts
 from rollflash.envs.episode import Encode
 from rollflash.generators import vllm_setup
 from rollflash.generators.sampling import GeneratedSample, SamplingParams
+from rollflash.generators.vllm_lora import AdapterVersions, adapter_kwargs
 
 if TYPE_CHECKING:
     from rollflash.broker.config import Config
@@ -106,6 +111,10 @@ def _pre_truncation_logprobs(forward: Callable) -> Callable:
     return wrapped
 
 
+def _index(completion) -> int:
+    return completion.index
+
+
 class WeightReloadExtension:
     """Mixed into vLLM's worker class (`worker_extension_cls`); methods are called by name through
     `collective_rpc`, so nothing is pickled. `self` is the vLLM worker."""
@@ -140,12 +149,16 @@ class VLLMEngine:
         seed: int = 0,
         options: VLLMConfig | None = None,
         trust_remote_code: bool = False,
+        lora: tuple[int, int] | None = None,
     ):
         model_dir = model_directory(str(model_path))
         opts = options if options is not None else VLLMConfig()
         vllm_setup.set_vllm_environment(kv_cache_from_config=opts.kv_cache_memory_gb is not None)
         on_cpu = vllm_setup.on_cpu()
         kwargs = vllm_setup.llm_kwargs(opts, dtype, seed, on_cpu)
+        if lora is not None:  # (rank, slots): adapter versions (generators/vllm_lora.py)
+            kwargs |= adapter_kwargs(*lora)
+        self._adapters = AdapterVersions() if lora is not None else None
         self.llm = vllm_setup.llm_class()(
             model=str(model_dir), trust_remote_code=trust_remote_code, **kwargs
         )
@@ -171,12 +184,16 @@ class VLLMEngine:
     def from_config(cls, cfg: Config, seed: int) -> VLLMEngine:
         """`model.path` with the `rollout.vllm` settings; `seed` seeds vLLM's sampling unless
         `rollout.vllm.seed` is set."""
+        lora = None
+        if cfg.model.lora is not None and cfg.publish_kind == "adapter":
+            lora = (cfg.model.lora.rank, cfg.trainer.max_staleness + 2)
         return cls(
             cfg.model.path,
             dtype=cfg.model.dtype,
             seed=seed,
             options=cfg.rollout.vllm,
             trust_remote_code=cfg.model.trust_remote_code,
+            lora=lora,
         )
 
     def load_weights(self, model_file: Path, version: int) -> None:
@@ -197,6 +214,19 @@ class VLLMEngine:
         # running requests are preempted and recomputed with the new weights (their KV is stale)
         engine.reset_prefix_cache(reset_running_requests=True)
         engine.set_weight_version(str(version))
+        self.version = version
+        if self._adapters is not None:
+            self._adapters.base_reloaded()
+
+    def load_adapter(self, adapter_dir: Path, version: int) -> None:
+        """Load a verified PEFT adapter as `version`: requests added from now on use it, running
+        ones keep the adapter they started with (generators/vllm_lora.py)."""
+        if self._adapters is None:
+            raise NotImplementedError(
+                "this vLLM engine was started without LoRA (model.lora with trainer.publish "
+                "adapter or auto enables it)"
+            )
+        self._adapters.load(self.llm.llm_engine, adapter_dir, version)
         self.version = version
 
     def _names_and_shapes(self, files: list[Path]) -> dict[str, tuple[int, ...]]:
@@ -233,8 +263,9 @@ class VLLMEngine:
         inputs = self.llm.renderer.render_cmpl([{"prompt_token_ids": ids} for ids in prompt_ids])
         finished: dict[str, object] = {}
         try:
+            lora = self._start(request_ids)
             for request_id, engine_input in zip(request_ids, inputs):
-                engine.add_request(request_id, engine_input, sampling)
+                engine.add_request(request_id, engine_input, sampling, lora_request=lora)
             while engine.has_unfinished_requests():
                 for out in engine.step():
                     if out.finished:
@@ -244,8 +275,10 @@ class VLLMEngine:
         except BaseException:
             engine.abort_request([r for r in request_ids if r not in finished])
             raise
+        finally:
+            versions = {r: self._finish(r) for r in request_ids}
         return [
-            [self._sample(ids, c) for c in sorted(finished[r].outputs, key=lambda c: c.index)]
+            [self._sample(ids, c, versions[r]) for c in sorted(finished[r].outputs, key=_index)]
             for ids, r in zip(prompt_ids, request_ids)
         ]
 
@@ -287,8 +320,9 @@ class VLLMEngine:
         sampling = self._sampling(params, 1)
         # request ids are never reused: a group started again gets new ones
         requests = {f"{key}#{next(self._request_ids)}" for _ in range(params.n)}
+        lora = self._start(requests)
         for request_id in sorted(requests):
-            self.llm.llm_engine.add_request(request_id, engine_input, sampling)
+            self.llm.llm_engine.add_request(request_id, engine_input, sampling, lora_request=lora)
         self._streams[key] = (ids, requests)
 
     @property
@@ -306,7 +340,8 @@ class VLLMEngine:
             requests.discard(out.request_id)
             if not requests:
                 del self._streams[key]
-            done.append((key, self._sample(prompt_ids, out.outputs[0])))
+            version = self._finish(out.request_id)
+            done.append((key, self._sample(prompt_ids, out.outputs[0], version)))
         return done
 
     def abort(self, key: str) -> None:
@@ -314,13 +349,27 @@ class VLLMEngine:
         _, requests = self._streams.pop(key, (None, set()))
         if requests:
             self.llm.llm_engine.abort_request(sorted(requests))
+            for request_id in requests:
+                self._finish(request_id)
 
-    def _sample(self, prompt_ids: list[int], completion) -> GeneratedSample:
+    def _start(self, request_ids) -> object:
+        """The LoRARequest of the current adapter version (None without one) for new requests."""
+        return self._adapters.start(request_ids) if self._adapters is not None else None
+
+    def _finish(self, request_id: str) -> int | None:
+        """The adapter version a finished request ran with (None: no adapters, see spans)."""
+        return self._adapters.finish(request_id) if self._adapters is not None else None
+
+    def _sample(
+        self, prompt_ids: list[int], completion, adapter_version: int | None = None
+    ) -> GeneratedSample:
         ids = list(completion.token_ids)
         logprobs = [float(lp[t].logprob) for t, lp in zip(ids, completion.logprobs)]
         versions = [self.version] * len(ids)
         for span in completion.weight_versions or []:
             versions[span.start : span.end] = [int(span.version)] * (span.end - span.start)
+        if adapter_version is not None:  # a request keeps the adapter it started with
+            versions = [adapter_version] * len(ids)
         return GeneratedSample(
             prompt_ids=list(prompt_ids),
             response_ids=ids,
@@ -343,3 +392,5 @@ class VLLMEngine:
     def close(self) -> None:
         """Stop the worker processes now rather than at interpreter exit."""
         self.llm.llm_engine.engine_core.shutdown()
+        if self._adapters is not None:
+            self._adapters.close()

@@ -3,7 +3,8 @@
 dist       = init_dist(trainer.device)                # rank, world size, this rank's device
 broker     = connect_broker(cfg, dist)                # Redis: groups, run registration
 models     = build_models(cfg, dist)                  # on the device, wrapped (learner/load.py)
-optim      = build_optim(cfg, models)                 # AdamW + lr schedule
+  (with model.lora the policy is the base wrapped with peft adapters: learner/lora.py)
+optim      = build_optim(cfg, models)                 # AdamW + lr schedule (LoRA: adapters only)
 state      = resume_state(cfg, dist, models, optim, checkpoint)  # the checkpoint's tensors, RNG
 collector  = build_collector(cfg, dist, broker, task, state, vocab_size)
 then: publish v0, or resume after the checkpoint (learner/publish.py)
@@ -35,6 +36,7 @@ from rollflash.learner.evaluate import heldout_accuracy, sampled_eval
 from rollflash.learner.filters import drop_reason
 from rollflash.learner.guards import GuardMonitor
 from rollflash.learner.load import place
+from rollflash.learner.lora import trainable_parameters, with_adapters
 from rollflash.learner.metrics import MetricsSink, open_sink
 from rollflash.learner.prepare import AlgoModels, build_algo_models
 from rollflash.learner.publish import Publisher, publish, resume_after
@@ -166,10 +168,17 @@ def load_policy(cfg: Config, dist: Dist = Dist()) -> tuple[torch.nn.Module, Any]
                     m.compile()
         return wrap_model(policy, dist, t.strategy, cfg.model.dtype)
 
+    lora = cfg.model.lora  # the base wrapped by peft (learner/lora.py) before it is placed
+
+    def adapted(base: torch.nn.Module) -> torch.nn.Module:
+        return base if lora is None else with_adapters(base, lora)
+
     model = place(
-        lambda: AutoModelForCausalLM.from_pretrained(path, **kwargs),
-        lambda: AutoModelForCausalLM.from_config(
-            AutoConfig.from_pretrained(path, trust_remote_code=remote), **kwargs
+        lambda: adapted(AutoModelForCausalLM.from_pretrained(path, **kwargs)),
+        lambda: adapted(
+            AutoModelForCausalLM.from_config(
+                AutoConfig.from_pretrained(path, trust_remote_code=remote), **kwargs
+            )
         ),
         dist,
         wrap,
@@ -216,15 +225,15 @@ def build_models(cfg: Config, dist: Dist) -> Models:
         return Models(policy, policy, None, AlgoModels())
     model, tokenizer = load_policy(cfg, dist)
     policy = getattr(model, "module", model)
-    return Models(policy, model, tokenizer, build_algo_models(cfg, dist))
+    return Models(policy, model, tokenizer, build_algo_models(cfg, dist, policy))
 
 
 def build_optim(cfg: Config, models: Models) -> Optim:
-    """AdamW on the policy's (float32, possibly sharded) parameters with the warm-up/decay
-    schedule (learner/schedule.py)."""
+    """AdamW on the policy's trainable (float32, possibly sharded) parameters, all of them or
+    a LoRA policy's adapters, with the warm-up/decay schedule (learner/schedule.py)."""
     t = cfg.trainer
     optimizer = torch.optim.AdamW(
-        models.model.parameters(), lr=t.actor_lr, weight_decay=t.weight_decay
+        trainable_parameters(models.model), lr=t.actor_lr, weight_decay=t.weight_decay
     )
     schedule = warmup_decay(t.lr_warmup_steps, t.total_steps, t.lr_schedule)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)

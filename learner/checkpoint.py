@@ -3,7 +3,9 @@
 Layout: `{run_dir}/checkpoints/step{step:08d}/` holds
 - `dcp/`: a `torch.distributed.checkpoint` of the policy and its optimiser (and the critic and its
   optimiser when `algo.critic`), each rank writing its own shard (`__{rank}_0.distcp`) plus one
-  `.metadata`; it loads on any number of ranks and any strategy (learner/checkpoint_io.py);
+  `.metadata`; it loads on any number of ranks and any strategy (learner/checkpoint_io.py). With
+  LoRA it holds only the trainable tensors (adapters, `modules_to_save`) and their optimiser
+  state: the frozen base is `model.path`, loaded again at resume;
 - `state.json`: step, last published version, the version -> step lineage, admission counters,
   the lr scheduler, every rank's CPU (and CUDA) RNG state, running reward statistics, the
   adaptive KL coefficient and guard streaks (`GuardMonitor.state_dict`), the trajectory ids

@@ -28,6 +28,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from rollflash.learner.dist import Dist, load_optimizer_state
+from rollflash.learner.lora import peft_model
 
 DCP_DIR = "dcp"
 
@@ -56,7 +57,9 @@ class Trainables:
     def state_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for name, (module, optim) in self._pairs().items():
-            model_sd, optim_sd = get_state_dict(module, optim or [])
+            model_sd, optim_sd = get_state_dict(module, optim or [], options=_options(module))
+            if peft_model(module) is not None:
+                model_sd = {k: v for k, v in model_sd.items() if k in _trainable(module)}
             out[name] = {"model": model_sd, **({"optim": optim_sd} if optim else {})}
         return out
 
@@ -68,7 +71,22 @@ class Trainables:
                 optim or [],
                 model_state_dict=part["model"],
                 optim_state_dict=part.get("optim", {}),
+                options=_options(module),
             )
+
+
+def _trainable(module: torch.nn.Module) -> set[str]:
+    """The names of a LoRA policy's trainable tensors; a frozen tensor tied to another name
+    (lm_head = embed_tokens) is left out under both."""
+    inner = peft_model(module)
+    return {n for n, p in inner.named_parameters(remove_duplicate=False) if p.requires_grad}
+
+
+def _options(module: torch.nn.Module) -> StateDictOptions:
+    """A LoRA policy (learner/lora.py) saves and loads only its trainable tensors: its frozen
+    base is `model.path`, loaded again at resume, so it is neither written nor expected."""
+    lora = peft_model(module) is not None
+    return StateDictOptions(ignore_frozen_params=lora, strict=not lora)
 
 
 def save_dcp(trainables: Trainables, directory: Path) -> None:

@@ -1,32 +1,56 @@
-"""Export a published weight version as a standard Hugging Face model directory.
+"""Export a published weight version as a standard Hugging Face model or PEFT adapter directory.
 
 The weight store keeps bare safetensors (tied tensors stored once); an exported directory adds the
 model's config and tokenizer from `model.path`, so `AutoModelForCausalLM.from_pretrained(DIR)` and
-`AutoTokenizer.from_pretrained(DIR)` load it anywhere. The version is verified against its
-manifest first: a corrupt version is never exported.
+`AutoTokenizer.from_pretrained(DIR)` load it anywhere. An adapter version (LoRA) is exported as a
+PEFT adapter directory (`PeftModel.from_pretrained(base, DIR)`, or peft's
+`AutoPeftModelForCausalLM.from_pretrained(DIR)`, which finds the base at `model.path`), or with
+`merge` as the merged model (`rollctl export --merge`). The version is verified against its
+manifest first, and what is exported is the verified bytes: a corrupt version is never exported.
 """
 
 from __future__ import annotations
 
+import json
+import tempfile
 from pathlib import Path
 
-from safetensors.torch import load_file
+import torch
+from safetensors.torch import load
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rollflash.broker.config import Config
 from rollflash.broker.model_dir import model_directory
-from rollflash.broker.weights import WeightStore
+from rollflash.broker.weights import ADAPTER_CONFIG, ADAPTER_FILE, MODEL_FILE, WeightStore
 
 
-def export_version(cfg: Config, version: int | None, out: Path) -> Path:
+def export_version(cfg: Config, version: int | None, out: Path, merge: bool = False) -> Path:
     store = WeightStore(cfg.run.run_dir)
     version = store.latest() if version is None else version
     if version is None:
         raise FileNotFoundError(f"run.run_dir: no published weights in {store.root}")
-    state = load_file(str(store.verified_path(version)))
+    kind, files = store.verified_files(version)
+    out.mkdir(parents=True, exist_ok=True)
+    if kind == "full":
+        _save_full(cfg, version, files[MODEL_FILE], out)
+    elif merge:
+        _save_merged(cfg, files, out)
+    else:
+        _save_adapter(cfg, files, out)
     source, remote = model_directory(cfg.model.path), cfg.model.trust_remote_code
-    model = AutoModelForCausalLM.from_pretrained(source, trust_remote_code=remote)
-    missing, unexpected = model.load_state_dict(state, strict=False)
+    AutoTokenizer.from_pretrained(source, trust_remote_code=remote).save_pretrained(out)
+    return out
+
+
+def _base(cfg: Config) -> torch.nn.Module:
+    """The base model at `model.path` (a directory or a cached hub id)."""
+    source, remote = model_directory(cfg.model.path), cfg.model.trust_remote_code
+    return AutoModelForCausalLM.from_pretrained(source, trust_remote_code=remote)
+
+
+def _save_full(cfg: Config, version: int, data: bytes, out: Path) -> None:
+    model = _base(cfg)
+    missing, unexpected = model.load_state_dict(load(data), strict=False)
     tied = {"lm_head.weight"} if model.config.tie_word_embeddings else set()
     if unexpected or set(missing) - tied:
         raise ValueError(
@@ -34,7 +58,22 @@ def export_version(cfg: Config, version: int | None, out: Path) -> Path:
             f"unexpected {unexpected}"
         )
     model.tie_weights()
-    out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
-    AutoTokenizer.from_pretrained(source, trust_remote_code=remote).save_pretrained(out)
-    return out
+
+
+def _save_adapter(cfg: Config, files: dict[str, bytes], out: Path) -> None:
+    """The adapter's verified bytes, with its config naming the base by absolute path."""
+    config = json.loads(files[ADAPTER_CONFIG])
+    config["base_model_name_or_path"] = str(Path(model_directory(cfg.model.path)).resolve())
+    (out / ADAPTER_FILE).write_bytes(files[ADAPTER_FILE])
+    (out / ADAPTER_CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True))
+
+
+def _save_merged(cfg: Config, files: dict[str, bytes], out: Path) -> None:
+    """The base at `model.path` with the adapter merged in (peft's merge_and_unload)."""
+    from peft import PeftModel
+
+    with tempfile.TemporaryDirectory(prefix="rollflash-adapter-") as tmp:
+        _save_adapter(cfg, files, Path(tmp))
+        merged = PeftModel.from_pretrained(_base(cfg), tmp).merge_and_unload()
+    merged.save_pretrained(out)

@@ -48,7 +48,7 @@ from rollflash.learner.dist import Dist, compute_context, is_sharded
 from rollflash.learner.filters import group_scores, truncated
 from rollflash.learner.global_stats import global_mean, normalize_scores, whiten
 from rollflash.learner.packing import budget_chunks
-from rollflash.learner.reference import ReferencePolicy
+from rollflash.learner.reference import AdaptersOffReference, ReferencePolicy
 
 # estimators that whiten their returns over the batch (REINFORCE++'s global normalisation)
 WHITENED_ESTIMATORS = ("reinforce++", "reinforce++-baseline")
@@ -66,12 +66,17 @@ class AlgoModels:
     )  # reward_norm: running
 
 
-def build_algo_models(cfg: Config, dist: Dist = Dist()) -> AlgoModels:
+def build_algo_models(
+    cfg: Config, dist: Dist = Dist(), policy: torch.nn.Module | None = None
+) -> AlgoModels:
     """Load the reference and build the critic only when the config uses them, on this rank's
-    device, sharded with `strategy: fsdp` as the policy is."""
+    device, sharded with `strategy: fsdp` as the policy is; with LoRA the reference is `policy`
+    (the peft model) with its adapters off."""
     models = AlgoModels()
     fsdp = cfg.trainer.strategy == "fsdp"
-    if cfg.algo.kl_coef > 0:
+    if cfg.algo.kl_coef > 0 and cfg.model.lora is not None:
+        models.reference = AdaptersOffReference(policy)
+    elif cfg.algo.kl_coef > 0:
         models.reference = ReferencePolicy.load(
             model_directory(cfg.model.path),
             cfg.model.dtype,

@@ -26,7 +26,7 @@ import signal
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -37,7 +37,8 @@ from rollflash.broker.weights import WeightStore
 from rollflash.learner.checkpoint import RankProgress, rng_state
 from rollflash.learner.checkpoint_io import Trainables
 from rollflash.learner.device import DTYPES
-from rollflash.learner.dist import full_state_dict, is_sharded
+from rollflash.learner.dist import is_sharded
+from rollflash.learner.lora import published_weights
 
 if TYPE_CHECKING:
     from rollflash.learner.build import Learner
@@ -68,19 +69,32 @@ class Publisher:
         self._worker = ThreadPoolExecutor(1, "publish") if self.background else None
         self._pending: Future | None = None
 
-    def publish(self, weights: dict[str, torch.Tensor], version: int, step: int) -> float:
-        """Write and announce `version`; returns the seconds the caller waited (with
-        `background`: for the previous version to finish, not for this one)."""
+    def publish(
+        self,
+        weights: dict[str, torch.Tensor],
+        version: int,
+        step: int,
+        adapter_config: dict[str, Any] | None = None,
+    ) -> float:
+        """Write and announce `version`: full weights, or with `adapter_config` a LoRA adapter
+        (broker/weights.py); returns the seconds the caller waited (with `background`: for the
+        previous version to finish, not for this one)."""
         started = time.monotonic()
         if self._worker is None:
-            self._write(weights, version, step)
+            self._write(weights, version, step, adapter_config)
         else:
             self.wait()
-            self._pending = self._worker.submit(self._write, weights, version, step)
+            self._pending = self._worker.submit(self._write, weights, version, step, adapter_config)
         return time.monotonic() - started
 
-    def _write(self, weights: dict[str, torch.Tensor], version: int, step: int) -> None:
-        info = self.store.publish(weights, version, step)  # durable, manifest last
+    def _write(
+        self,
+        weights: dict[str, torch.Tensor],
+        version: int,
+        step: int,
+        adapter_config: dict[str, Any] | None = None,
+    ) -> None:
+        info = self.store.publish(weights, version, step, adapter_config)  # manifest last
         self.broker.announce_weights(version, info.path, info.sha256, self.zmq.endpoint)
         self.zmq.announce(version, info.path, info.sha256)
         self.store.retain(self.keep, in_use=self.broker.loaded_versions())
@@ -121,10 +135,11 @@ def publish(ln: Learner, version: int, step: int) -> float:
         return 0.0
     started = time.monotonic()
     background = ln.publisher is not None and ln.publisher.background
-    weights = full_state_dict(model, publish_dtype(ln.cfg), copy=background)
+    # full weights (merged with LoRA), or the adapter and its config (learner/lora.py)
+    weights, adapter = published_weights(model, ln.cfg, publish_dtype(ln.cfg), copy=background)
     if ln.publisher is None:
         return 0.0
-    ln.publisher.publish(weights, version, step)
+    ln.publisher.publish(weights, version, step, adapter)
     return time.monotonic() - started
 
 

@@ -1,5 +1,9 @@
 """The frozen reference policy for the KL term (`algo.kl_coef > 0`).
 
+With LoRA (`model.lora`) the reference is the policy's own base model with its adapters switched
+off (`AdaptersOffReference`): the base is frozen, so it is the initial policy, and no second copy
+of the weights is loaded.
+
 The reference is the initial policy, loaded once from `model.path` (not copied from the live policy,
 so that a learner that one day resumes from a checkpoint still anchors to the starting model). It is
 never trained: eval mode, no gradients. Its log-probabilities of the sampled tokens are computed once
@@ -61,3 +65,23 @@ class ReferencePolicy:
             self.model, mb.input_ids, mb.attention_mask, temperature, packed=packed, chunk=chunk
         )
         return logp
+
+
+class AdaptersOffReference(ReferencePolicy):
+    """The reference of a LoRA policy: the same peft model, run with its adapters (and trained
+    `modules_to_save`) disabled and in eval mode; the policy's training mode is restored."""
+
+    def __init__(self, policy: torch.nn.Module):
+        self.model = policy  # not frozen or switched to eval: it is the policy being trained
+
+    @torch.no_grad()
+    def logprobs(
+        self, mb: MicroBatch, temperature: float, packed: bool = False, chunk: int = 0
+    ) -> torch.Tensor:
+        training = self.model.training
+        self.model.eval()
+        try:
+            with self.model.disable_adapter():
+                return super().logprobs(mb, temperature, packed, chunk)
+        finally:
+            self.model.train(training)

@@ -278,12 +278,15 @@ def export(
     set_: list[str] | None = SetOpt,
     version: int | None = typer.Option(None, help="Weight version (default: latest)."),
     out: Path = typer.Option(..., "--out", help="Directory to write."),
+    merge: bool = typer.Option(
+        False, "--merge", help="LoRA adapter versions: write the merged model, not the adapter."
+    ),
 ) -> None:
-    """Write a published weight version as a Hugging Face model directory."""
+    """Write a published weight version as a Hugging Face model (or PEFT adapter) directory."""
     cfg = _load(config, set_, None)
     from rollflash.learner.export import export_version
 
-    path = _guarded(export_version, cfg, version, out)
+    path = _guarded(export_version, cfg, version, out, merge)
     typer.echo(f"exported to {path}")
 
 

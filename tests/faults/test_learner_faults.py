@@ -117,3 +117,58 @@ def test_learner_killed_mid_step_resumes_without_loss_or_double_training(
     latest = (run_dir / "checkpoints" / "LATEST").read_text().strip()
     weight = checkpoint_weight(run_dir / "checkpoints" / f"step{int(latest):08d}")
     assert int(latest) == STEPS and weight.tolist() == [float(STEPS)] * 4
+
+
+def test_lora_learner_killed_after_an_update_resumes_exactly_once(
+    tmp_path, redis_url, run_id, tiny_model_dir
+):
+    """The same kill -9 after step 5's update (published as an adapter version, not yet
+    checkpointed) with a real LoRA learner on the tiny model: the checkpoint holds only the
+    adapters, the resumed learner trains every trajectory once, and the optimiser state holds
+    exactly its total_steps updates of the adapters and nothing else."""
+    from rollflash.broker.weights import WeightStore
+
+    steps = 6  # checkpoints at 3 and 6; the kill after 5 rolls back to 3
+    run_dir = tmp_path / "run"
+    config = write_config(
+        tmp_path,
+        redis_url,
+        run_id,
+        steps,
+        B,
+        model={"path": str(tiny_model_dir), "lora": {"rank": 4, "target_modules": ["q_proj"]}},
+        sim={"per_token_s": 0.001, "length_median": 8, "learner_step_s": 0, "vocab_size": 51},
+        rollout={"max_new_tokens": 16},
+        trainer={"checkpoint_every": EVERY},
+    )
+    gens = [start("start-generator", config, "--id", f"gen-{i}") for i in range(2)]
+    try:
+        first = start("start-learner", config, env={"ROLLFLASH_PAUSE_AT": "after_update:5"})
+        wait_until(lambda: _stopped(first.pid) or first.poll() is not None, 120, "after_update")
+        assert first.poll() is None, first.stderr.read()[-3000:]
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+        second = start("start-learner", config)
+        assert second.wait(timeout=180) == 0, second.stderr.read()[-3000:]
+    finally:
+        stop_all(gens)
+
+    ledger = [json.loads(x) for x in (run_dir / "ledger.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in ledger if row.get("event") == "resume"] == [3]
+    rows = surviving_rows(ledger)
+    assert [row["step"] for row in rows] == list(range(1, steps + 1))
+    trained = [t for row in rows for t in row["trained"]]
+    assert len(trained) == len(set(trained)) == steps * B  # nothing trained twice
+    r = redis.Redis.from_url(redis_url)
+    assert r.xpending(f"rl:{run_id}:trajectories", "learner")["pending"] == 0
+    ckpt = run_dir / "checkpoints" / f"step{steps:08d}"
+    stored = dcp.FileSystemReader(str(ckpt / "dcp")).read_metadata().state_dict_metadata
+    model = [k for k in stored if k.startswith("app.policy.model.")]
+    # 1 layer, q_proj only: lora_A and lora_B, the adapters and nothing of the base
+    assert sorted(k.split(".")[-3] for k in model) == ["lora_A", "lora_B"]
+    updates = {k: torch.zeros(()) for k in stored if k.endswith(".step")}  # AdamW's counts
+    dcp.load(updates, checkpoint_id=str(ckpt / "dcp"), no_dist=True)
+    assert len(updates) == 2 and [int(v) for v in updates.values()] == [steps, steps]
+    store = WeightStore(run_dir)
+    kind, _ = store.verified_files(store.latest())
+    assert kind == "adapter"

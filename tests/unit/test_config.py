@@ -109,7 +109,7 @@ def test_logging_is_learner_local_and_left_out_of_the_fingerprint():
 # the same files, then updated for each key added since (reward.max_abs_reward, reward.dtype;
 # model.chat_template, reward.functions / weights / timeout_s and the eval section;
 # reward.code and reward.judge; model.trust_remote_code, trainer.eval_every and
-# task.eval_size moved to eval.every and eval.size; the
+# task.eval_size moved to eval.every and eval.size; model.lora and trainer.publish; the
 # logging section and the GPU keys rollout.device, rollout.vllm and placement are not
 # hashed): processes of one run compare them, so the config's representation may not
 # change them. A new field or default
@@ -117,13 +117,13 @@ def test_logging_is_learner_local_and_left_out_of_the_fingerprint():
 @pytest.mark.parametrize(
     "name, overrides, expected",
     [
-        (None, [], "907f0e26920ab66c"),
-        ("demo.yaml", [], "710c1e9cda22156d"),
-        ("ppo_gae.yaml", [], "b40cab0e92f255fa"),
-        ("dapo.yaml", [], "1398fa81b8aa1f33"),
-        ("rlhf.yaml", [], "e2af3e3121fc52be"),
-        ("rm.yaml", [], "3d16378aeed2679b"),
-        ("agentic_gridworld.yaml", [], "3cfc2192fb28ddfe"),
+        (None, [], "855ef61d08ca8fdf"),
+        ("demo.yaml", [], "fa4a67281e4945a0"),
+        ("ppo_gae.yaml", [], "bd0bcd135d43f3d9"),
+        ("dapo.yaml", [], "b8490314345762d0"),
+        ("rlhf.yaml", [], "3c9b143d83fbdf3b"),
+        ("rm.yaml", [], "dfb0f2891384e043"),
+        ("agentic_gridworld.yaml", [], "dba3531342893d26"),
         (
             None,
             # ints given for floats are hashed as the floats they are stored as (1 -> 1.0)
@@ -135,7 +135,7 @@ def test_logging_is_learner_local_and_left_out_of_the_fingerprint():
                 "algo.kl_target=0.1",
                 "algo.kl_coef=1",
             ],
-            "5d96a493a0dc3884",
+            "c34804edb81d1326",
         ),
     ],
 )
@@ -155,13 +155,13 @@ def test_saved_yaml_has_every_section_and_key_in_declaration_order(tmp_path):
     assert list(saved["run"]) == ["run_id", "run_dir", "seed", "torch_threads"]
     assert saved["trainer"]["actor_lr"] == 1.0 and isinstance(saved["trainer"]["actor_lr"], float)
     # every field of the dataclass config this replaced, counted by hand, and no property; since:
-    # model +3 (chat_template, attn_implementation, trust_remote_code), reward +6 (functions,
-    # weights, timeout_s, dtype, the code and judge sections), rollout +2 (device, the vllm
-    # section), trainer +7 (the learner's device and precision keys) and -1 (eval_every moved to
-    # eval.every), task -1 (eval_size moved to eval.size), and eval (6), logging (8) and
-    # placement (4)
+    # model +4 (chat_template, attn_implementation, trust_remote_code, lora), reward +6
+    # (functions, weights, timeout_s, dtype, the code and judge sections), rollout +2 (device, the
+    # vllm section), trainer +8 (the learner's device and precision keys, publish) and -1
+    # (eval_every moved to eval.every), task -1 (eval_size moved to eval.size), and eval (6),
+    # logging (8) and placement (4)
     assert {name: len(section) for name, section in saved.items()} == {
-        "run": 4, "redis": 4, "model": 5, "task": 2, "rollout": 16, "trainer": 22, "algo": 29,
+        "run": 4, "redis": 4, "model": 6, "task": 2, "rollout": 16, "trainer": 23, "algo": 29,
         "sim": 6, "reward": 13, "eval": 6, "rm": 14, "guards": 11, "logging": 8, "placement": 4,
     }  # fmt: skip
     assert len(saved["rollout"]["vllm"]) == 10
@@ -192,6 +192,21 @@ def test_saved_yaml_has_every_section_and_key_in_declaration_order(tmp_path):
         (
             {"model": {"dtype": "fp16"}},
             "model.dtype: must be one of ['float32', 'bfloat16'], got 'fp16'",
+        ),
+        ({"model": {"lora": {"rank": 0}}}, "model.lora.rank: must be in (0, 512], got 0"),
+        (
+            {"model": {"lora": {"rnk": 8}}},
+            "model.lora.rnk: unknown key (known: alpha, dropout, modules_to_save, rank, "
+            "target_modules)",
+        ),
+        ({"model": {"lora": 8}}, "model.lora: expected a mapping, got 8"),
+        (
+            {"trainer": {"publish": "adapter"}},
+            "trainer.publish: adapter versions need model.lora; set it or publish: full",
+        ),
+        (
+            {"trainer": {"strategy": "fsdp"}, "model": {"lora": {"rank": 8}}},
+            "trainer.strategy: fsdp does not shard LoRA adapters yet; use ddp with model.lora",
         ),
         (
             {"trainer": {"strategy": "fsdp"}, "algo": {"adv_estimator": "gae", "critic": True}},

@@ -28,8 +28,13 @@ def test_every_engine_in_the_table_is_a_class_with_from_config(name):
 
 
 # what an engine may take from the generator package: the sampling types, and its own helpers
-# (device choice, vLLM's start-up arguments), which import nothing of the package themselves
-ENGINE_HELPERS = {"rollflash.generators.device", "rollflash.generators.vllm_setup"}
+# (device choice, vLLM's start-up arguments and adapter versions), which import nothing of the
+# package themselves
+ENGINE_HELPERS = {
+    "rollflash.generators.device",
+    "rollflash.generators.vllm_lora",
+    "rollflash.generators.vllm_setup",
+}
 
 
 def _generator_imports(module: str) -> set[str]:

@@ -1,0 +1,40 @@
+"""The `model:` section: the policy model, where it is read from, its dtype and prompt template,
+and whether it is trained in full or through LoRA adapters (`model.lora`: broker/config_lora.py)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, StrictBool, StrictStr
+
+from rollflash.broker.config_base import Section
+from rollflash.broker.config_lora import LoRAConfig
+
+
+class ModelConfig(Section):
+    path: StrictStr = Field(
+        "models/tiny",
+        description="a Hugging Face model directory, or a hub id read from the local hub cache "
+        "(never downloaded: `huggingface-cli download ID` first)",
+    )
+    trust_remote_code: StrictBool = Field(
+        False,
+        description="let transformers and vLLM run the Python code a model directory ships "
+        "(needed by some hub models; runs that code in every process)",
+    )
+    dtype: Literal["float32", "bfloat16"] = Field(
+        "float32",
+        description="compute dtype: bfloat16 keeps float32 master weights and optimiser state "
+        "in the learner and computes in bfloat16; generators load this dtype",
+    )
+    attn_implementation: Literal["sdpa", "flash_attention_2", "eager"] = Field(
+        "sdpa", description="the learner's attention kernel (flash_attention_2 needs a GPU)"
+    )
+    chat_template: StrictStr = Field(
+        "auto",
+        description="single-turn prompts: auto (the tokenizer's template if it has one), "
+        "none (raw text), or a Jinja template file",
+    )
+    lora: LoRAConfig | None = Field(
+        None, description="null: full fine-tuning; {rank, alpha, ...}: LoRA adapters (docs/lora.md)"
+    )
