@@ -77,13 +77,19 @@ byo: install redis-server $(BYO_MODEL)/config.json
 	rm -rf runs/byo
 	$(BIN)/rollctl run --config configs/byo_dataset.yaml
 
-# the main suite in .venv, then the vLLM tests in .venv-vllm (test-vllm, below)
-# ROLLFLASH_TEST_MODELS: both pytest runs share the tiny models built for this `make test`
+# the main suite in .venv and the vLLM tests in .venv-vllm (test-vllm, below) side by side: both
+# spend much of their time waiting on subprocesses, Redis and vLLM's start-up, and .venv-vllm is
+# built while the main suite runs. --output-sync prints each suite's output whole when it ends.
+# ROLLFLASH_TEST_MODELS: both pytest runs share the tiny models built for this `make test` (built
+# once, under a file lock)
 test: export ROLLFLASH_TEST_MODELS = $(CURDIR)/.test-models
 test: install redis-server bwrap
 	rm -rf .test-models && mkdir -p .test-models
+	$(MAKE) --no-print-directory -j2 --output-sync=target test-main test-vllm
+
+.PHONY: test-main
+test-main: install redis-server bwrap
 	$(BIN)/python -m pytest tests -q -n $(TEST_WORKERS) --dist loadfile --ignore=tests/vllm_engine $(PYTEST_ARGS)
-	$(MAKE) --no-print-directory test-vllm
 
 # ruff (format and lint), mypy on algos/ and broker/, and the file/function size limits.
 # mypy cannot follow setuptools' editable mapping of rollflash.<folder> to <folder>/, so it reads
