@@ -24,27 +24,8 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-COLUMNS = (
-    "injected",
-    "lost",
-    "recovered",
-    "reported",
-    "by_learner",
-    "by_writers",
-    "duplicated",
-    "dropped_duplicates",
-)
-
-
-def table(rows: list[dict]) -> str:
-    width = max([len("scenario")] + [len(r["scenario"]) for r in rows])
-    out = [f"{'scenario':<{width}}  " + "  ".join(f"{c:>{max(9, len(c))}}" for c in COLUMNS)]
-    for r in rows:
-        out.append(
-            f"{r['scenario']:<{width}}  "
-            + "  ".join(f"{str(r.get(c, '-')):>{max(9, len(c))}}" for c in COLUMNS)
-        )
-    return "\n".join(out)
+sys.path.insert(0, str(ROOT / "tests" / "faults"))
+from fault_table import format_table  # noqa: E402
 
 
 def main() -> int:
@@ -75,7 +56,7 @@ def main() -> int:
             env=env,
         ).returncode
     rows = [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
-    print(table(rows) if rows else "no scenario recorded a result")
+    print(format_table(rows) if rows else "no scenario recorded a result")
     if not args.source:
         print(f"(report: {path}; pytest exit status {code})")
     return code

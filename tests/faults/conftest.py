@@ -15,18 +15,9 @@ import json
 import os
 
 import pytest
+from fault_table import format_table
 
 _RECORDS: list[dict] = []
-COLUMNS = (
-    "injected",
-    "lost",
-    "recovered",
-    "reported",
-    "by_learner",
-    "by_writers",
-    "duplicated",
-    "dropped_duplicates",
-)
 
 
 @pytest.fixture
@@ -40,17 +31,6 @@ def fault_report():
                 f.write(json.dumps(row) + "\n")
 
     return record
-
-
-def format_table(rows: list[dict]) -> str:
-    width = max([len("scenario")] + [len(r["scenario"]) for r in rows])
-    lines = [f"{'scenario':<{width}}  " + "  ".join(f"{c:>{max(9, len(c))}}" for c in COLUMNS)]
-    for r in rows:
-        lines.append(
-            f"{r['scenario']:<{width}}  "
-            + "  ".join(f"{str(r.get(c, '-')):>{max(9, len(c))}}" for c in COLUMNS)
-        )
-    return "\n".join(lines)
 
 
 def pytest_terminal_summary(terminalreporter):
