@@ -138,8 +138,9 @@ def correct_rm(tmp_path_factory, warm_model_dir, rm_base_dir):
     )
 
 
-STEPS_RM = 500  # measured 0.882 held-out pairwise accuracy (documented 2000-step run: README)
-STEPS_RL = 30  # measured held-out accuracy 0.275 -> 0.75, 0.65 and 0.615 (three runs)
+# measured 0.898 held-out pairwise accuracy (0.864 at 500 steps; documented 2000-step run: README)
+STEPS_RM = 1000
+STEPS_RL = 30  # measured held-out accuracy 0.335 -> 0.60, 0.69, 0.615 and 0.66 (four runs)
 
 
 @pytest.mark.slow
@@ -161,12 +162,10 @@ def test_grpo_against_the_reward_model_improves_the_ground_truth(
 ):
     summary, metrics = _rl(tmp_path, warm_model_dir, correct_rm[0], STEPS_RL)
     assert summary["steps"] == STEPS_RL and summary["stopped_by_guard"] is None
-    # a weaker reward model (500-step backbone, 400 steps: 0.84 pairwise) gave 0.525, 0.305 and
-    # 0.30: RL found its mistakes; this one has not in our runs. Margin: 20 of 200 problems.
-    # Measured: 0.275 -> 0.75 / 0.65 / 0.615 with the reward model at 0.882 pairwise; after the
-    # learner and reward-model trainer were reworked (fp32 masters, one lr schedule) the reward
-    # model reached 0.862 and RL 0.335 -> 0.48 in two runs, a drop not yet explained (README)
-    assert summary["heldout_acc_after"] >= summary["heldout_acc_before"] + 0.10, summary
+    # Measured gains with this reward model (0.898 pairwise): +0.265, +0.355, +0.28, +0.325. Weaker
+    # ones are exploited: at 0.864 pairwise (500 steps) six runs gained +0.07 to +0.205, and at 0.84
+    # RL gave 0.525, 0.305 and 0.30 (README). Margin: 30 of 200 problems.
+    assert summary["heldout_acc_after"] >= summary["heldout_acc_before"] + 0.15, summary
     # healthy run: every guard was computed every step, and none fired on two steps in a row
     # (what stop_on_guard with patience 2 would act on). The documented 100-step run was quiet
     # throughout; in these 30-step CI runs a single step's warning was seen once (a 16-group
