@@ -103,12 +103,13 @@ def _use_packed_sdpa(config: object) -> bool:
 
 
 def packed_sdpa_mask(**kwargs: object) -> torch.Tensor | None:
-    """Hugging Face's SDPA mask, except that a call without a 2-D attention mask gets none: the
-    attention below then keeps each sequence to itself (from `cu_seq_lens_q` or the restarts of
-    `position_ids`) instead of reading a dense [T, T] block-diagonal mask."""
+    """Hugging Face's SDPA mask, except that a call without a 2-D attention mask and without a
+    cache (queries = keys) gets none: the attention below then keeps each sequence to itself (from
+    `cu_seq_lens_q` or the restarts of `position_ids`) instead of reading a dense [T, T] mask."""
     from transformers.masking_utils import sdpa_mask
 
-    return None if kwargs.get("attention_mask") is None else sdpa_mask(**kwargs)
+    no_cache = kwargs.get("q_length") == kwargs.get("kv_length") and not kwargs.get("kv_offset")
+    return None if kwargs.get("attention_mask") is None and no_cache else sdpa_mask(**kwargs)
 
 
 def packed_sdpa_attention(
@@ -127,7 +128,11 @@ def packed_sdpa_attention(
     bounds = _bounds(attention_mask, cu_seq_lens_q, kwargs.get("position_ids"), query.shape[2])
     if bounds is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
-    if query.shape[0] != 1 or kwargs.get("sliding_window") or kwargs.get("position_bias"):
+    if (
+        query.shape[0] != 1
+        or kwargs.get("sliding_window")
+        or kwargs.get("position_bias") is not None
+    ):
         raise ValueError("sdpa_packed: one packed row without sliding window or position bias")
     parts = [
         sdpa_attention_forward(
@@ -146,9 +151,11 @@ def _bounds(
     Hugging Face's packed-sequence detection."""
     if mask is not None:
         return None
-    if cu is None and isinstance(position_ids, torch.Tensor) and position_ids.shape[0] == 1:
-        jumps = (position_ids[0, 1:] - position_ids[0, :-1] != 1).nonzero()[:, 0] + 1
-        cu = torch.tensor([0, *jumps.tolist(), length])
+    if cu is None and isinstance(position_ids, torch.Tensor):
+        jumps = position_ids[:, 1:] - position_ids[:, :-1] != 1  # [b, T-1] bool
+        if position_ids.shape[0] > 1 and bool(jumps.any()):
+            raise ValueError("sdpa_packed: packed sequences in more than one row")
+        cu = torch.tensor([0, *(jumps[0].nonzero()[:, 0] + 1).tolist(), length])
     if cu is None or len(cu) <= 2:
         return None
     return cu.tolist()

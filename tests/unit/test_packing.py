@@ -57,6 +57,9 @@ def test_packed_sdpa_bounds_from_cu_seqlens_or_position_jumps():
     assert _bounds(None, torch.tensor([0, 3, 5, 6]), None, 6) == [0, 3, 5, 6]
     assert _bounds(None, None, torch.tensor([[4, 5, 6, 7]]), 4) is None  # one sequence
     assert _bounds(torch.ones(1, 1, 6, 6, dtype=torch.bool), None, pos, 6) is None  # a mask rules
+    assert _bounds(None, None, torch.tensor([[0, 1, 2], [0, 1, 2]]), 3) is None  # plain rows
+    with pytest.raises(ValueError, match="more than one row"):
+        _bounds(None, None, torch.tensor([[0, 1, 2], [0, 1, 0]]), 3)
 
 
 def test_sliding_window_models_keep_sdpa_and_its_dense_mask():
