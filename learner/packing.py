@@ -3,20 +3,32 @@
 Micro-batches are filled up to `token_budget` real tokens (first-fit decreasing by length) instead
 of `micro_batch_size` padded rows. For the forward pass a micro-batch's sequences are laid end to
 end in a single row; every sequence restarts its position ids at 0 and attends only to its own
-earlier tokens. The model gets `position_ids` alone, with `use_cache=False` and no attention mask,
-as in Hugging Face's padding-free training: the restarts mark the boundaries, FlashAttention and
-SDPA take their variable-length paths, and eager attention builds its block-diagonal mask from
-them. No dense [T, T] mask is ever built here (an additive boolean mask given to eager attention
-was measured 0.25 off in the logits). The per-token outputs are scattered back
-to the usual padded [b, L-1] layout, so losses, masks and every aggregation mode see exactly what
-they would see without packing: packing changes the cost of the forward pass, never the loss.
+earlier tokens. The model gets `position_ids`, `use_cache=False` and no attention mask, as in
+Hugging Face's padding-free training. How the attention then keeps to each sequence depends on the
+model's `attn_implementation`:
+- `flash_attention_*`: the restarts give FlashAttention's variable-length kernel its boundaries.
+- `sdpa`: the model is switched, once, to `sdpa_packed` (registered below): the same SDPA for
+  every call that carries a mask, while a packed call runs one causal SDPA per sequence
+  (`cu_seq_lens_q`, the boundaries, travels with the call, so activation-checkpointing recompute
+  sees it too). Left to `sdpa`, Hugging Face would detect the restarts and build a dense
+  block-diagonal [T, T] mask, and SDPA with a mask computes all T^2 scores of the row, most of
+  them masked; per sequence it computes sum(n_i^2) / 2 (causal), the cost of padding-free
+  attention. Models with sliding-window layers keep `sdpa` and its dense mask.
+- `eager`: Hugging Face builds the block-diagonal mask from the restarts (an additive boolean mask
+  given to eager attention would be 0.25 off in the logits, so none is passed here).
+The per-token outputs are scattered back to the usual padded [b, L-1] layout, so losses, masks and
+every aggregation mode see exactly what they would see without packing: packing changes the cost
+of the forward pass, never the loss.
 """
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import torch
+
+PACKED_SDPA = "sdpa_packed"  # the attention implementation name registered with transformers
 
 
 @dataclass
@@ -26,6 +38,7 @@ class Packed:
     rows: torch.Tensor  # [N] int64, padded-batch row of each next-token position
     cols: torch.Tensor  # [N] int64, its column in the [b, L-1] layout
     src: torch.Tensor  # [N] int64, its position in the packed [1, T-1] layout
+    cu_seqlens: torch.Tensor  # [b + 1] int64, where each sequence starts in the row, then T
 
 
 def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> Packed:
@@ -47,6 +60,7 @@ def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> Packed:
         rows=torch.cat(rows),
         cols=torch.cat(cols),
         src=torch.cat(src),
+        cu_seqlens=torch.tensor([0, *itertools.accumulate(lengths)], device=input_ids.device),
     )
 
 
@@ -57,8 +71,94 @@ def unpack(x: torch.Tensor, p: Packed, shape: tuple[int, int]) -> torch.Tensor:
 
 
 def forward_packed(model: torch.nn.Module, p: Packed) -> object:
-    """Run a Hugging Face model on a packed row: position ids only, no cache, no mask."""
+    """Run a Hugging Face model on a packed row: position ids, no cache, no mask (an SDPA model is
+    switched to `sdpa_packed` first, see above)."""
+    config = getattr(model, "config", None) or model.module.config
+    if _use_packed_sdpa(config):
+        config._attn_implementation = PACKED_SDPA
+        return model(
+            input_ids=p.input_ids,
+            position_ids=p.position_ids,
+            use_cache=False,
+            cu_seq_lens_q=p.cu_seqlens,
+        )
     return model(input_ids=p.input_ids, position_ids=p.position_ids, use_cache=False)
+
+
+def _use_packed_sdpa(config: object) -> bool:
+    """SDPA without sliding-window layers (whose window a per-sequence causal call would not
+    apply): registers `sdpa_packed` with transformers on first use."""
+    if getattr(config, "_attn_implementation", None) not in ("sdpa", PACKED_SDPA):
+        return False
+    layer_types = getattr(config, "layer_types", None) or []
+    if getattr(config, "sliding_window", None) is not None or "sliding_attention" in layer_types:
+        return False
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+
+    if PACKED_SDPA not in AttentionInterface._global_mapping:
+        AttentionInterface.register(PACKED_SDPA, packed_sdpa_attention)
+        ALL_MASK_ATTENTION_FUNCTIONS.register(PACKED_SDPA, packed_sdpa_mask)
+    return True
+
+
+def packed_sdpa_mask(**kwargs: object) -> torch.Tensor | None:
+    """Hugging Face's SDPA mask, except that a call without a 2-D attention mask and without a
+    cache (queries = keys) gets none: the attention below then keeps each sequence to itself (from
+    `cu_seq_lens_q` or the restarts of `position_ids`) instead of reading a dense [T, T] mask."""
+    from transformers.masking_utils import sdpa_mask
+
+    no_cache = kwargs.get("q_length") == kwargs.get("kv_length") and not kwargs.get("kv_offset")
+    return None if kwargs.get("attention_mask") is None and no_cache else sdpa_mask(**kwargs)
+
+
+def packed_sdpa_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,  # [1, H, T, D]
+    key: torch.Tensor,  # [1, H_kv, T, D]
+    value: torch.Tensor,  # [1, H_kv, T, D]
+    attention_mask: torch.Tensor | None,
+    cu_seq_lens_q: torch.Tensor | None = None,  # [n + 1] int64 sequence starts, then T
+    **kwargs: object,
+) -> tuple[torch.Tensor, None]:
+    """Hugging Face's SDPA attention, run once per packed sequence (causal within it) when there
+    is no mask: output [1, T, H, D], as SDPA's. With a mask, or one sequence, plain SDPA."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    bounds = _bounds(attention_mask, cu_seq_lens_q, kwargs.get("position_ids"), query.shape[2])
+    if bounds is None:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    if (
+        query.shape[0] != 1
+        or kwargs.get("sliding_window")
+        or kwargs.get("position_bias") is not None
+    ):
+        raise ValueError("sdpa_packed: one packed row without sliding window or position bias")
+    parts = [
+        sdpa_attention_forward(
+            module, query[:, :, s:e], key[:, :, s:e], value[:, :, s:e], None, **kwargs
+        )[0]
+        for s, e in zip(bounds[:-1], bounds[1:])
+    ]
+    return torch.cat(parts, dim=1), None
+
+
+def _bounds(
+    mask: torch.Tensor | None, cu: torch.Tensor | None, position_ids: object, length: int
+) -> list[int] | None:
+    """Sequence boundaries [0, ..., T] of a packed row without a mask, None if not packed. Without
+    `cu_seq_lens_q` a sequence starts wherever the position ids do not go up by one, as in
+    Hugging Face's packed-sequence detection."""
+    if mask is not None:
+        return None
+    if cu is None and isinstance(position_ids, torch.Tensor):
+        jumps = position_ids[:, 1:] - position_ids[:, :-1] != 1  # [b, T-1] bool
+        if position_ids.shape[0] > 1 and bool(jumps.any()):
+            raise ValueError("sdpa_packed: packed sequences in more than one row")
+        cu = torch.tensor([0, *(jumps[0].nonzero()[:, 0] + 1).tolist(), length])
+    if cu is None or len(cu) <= 2:
+        return None
+    return cu.tolist()
 
 
 def budget_chunks(lengths: torch.Tensor, budget: int) -> list[torch.Tensor]:
