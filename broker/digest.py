@@ -27,7 +27,9 @@ MAX_THREADS = 8
 
 def hash_threads() -> int:
     """Threads hashing chunks: the cores this process may use, at most MAX_THREADS."""
-    return max(1, min(MAX_THREADS, len(os.sched_getaffinity(0))))
+    affinity = getattr(os, "sched_getaffinity", None)  # Linux; elsewhere every core counts
+    cores = len(affinity(0)) if affinity is not None else (os.cpu_count() or 1)
+    return max(1, min(MAX_THREADS, cores))
 
 
 def _sha256_of(pieces: list[memoryview]) -> str:
