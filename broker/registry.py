@@ -9,13 +9,16 @@ Guarantees:
   missing once Redis no longer holds the run; nothing here re-creates it.
 - The `weights` hash is the source of truth for the published version; notifications
   (broker/notify.py) only make reloads prompt. The registry remembers what this process last
-  announced, so that an announcement Redis forgot can be made again (broker/audit.py).
+  announced, so that an announcement Redis forgot can be made again (broker/audit.py); an
+  announcement and its repetition are serialised, so the hash never goes back to an older
+  version when a background publisher (learner/publish.py) announces while the audit repeats.
 - Heartbeat hashes expire after `ttl_s`: a generator that stops beating leaves
   `live_generators`, and weight retention keeps every version a live generator reports loaded.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 
@@ -33,6 +36,7 @@ class RunRegistry:
         self.io, self.keys = io, io.keys
         self.fingerprint: str | None = None  # set by the learner's `register`
         self.announced: Fields | None = None  # the last weights this process announced
+        self._announcing = threading.Lock()  # announce_weights and announce_again, one at a time
 
     # --- the run hash ---------------------------------------------------------------------------
     def ensure_groups(self) -> None:
@@ -127,17 +131,22 @@ class RunRegistry:
     # --- weights ----------------------------------------------------------------------------------
     def announce_weights(self, version: int, path: str, sha256: str, zmq_endpoint: str) -> None:
         """Learner rank 0: record a published version in the `weights` hash."""
-        self.announced = {
-            "version": version,
-            "path": path,
-            "sha256": sha256,
-            "published_at": time.time(),
-            "zmq_endpoint": zmq_endpoint,
-        }
-        self.announce_again()
+        with self._announcing:
+            self.announced = {
+                "version": version,
+                "path": path,
+                "sha256": sha256,
+                "published_at": time.time(),
+                "zmq_endpoint": zmq_endpoint,
+            }
+            self._write_announced()
 
     def announce_again(self) -> None:
         """Write the last announcement again (Redis forgot it); nothing if there was none."""
+        with self._announcing:
+            self._write_announced()
+
+    def _write_announced(self) -> None:
         announced = self.announced
         if announced is not None:
             self.io.write(lambda: self.io.client.hset(self.keys.weights, mapping=wire(announced)))

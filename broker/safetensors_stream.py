@@ -1,26 +1,27 @@
-"""Writing a safetensors file and its sha256 in one pass over the bytes.
+"""Writing a safetensors file and its digest in one pass over the bytes.
 
 The format (https://github.com/huggingface/safetensors): an 8-byte little-endian header length, a
 JSON header (name -> dtype, shape, [begin, end) byte offsets into the data; `__metadata__`) padded
 with spaces to a multiple of 8, then every tensor's raw little-endian bytes, back to back. The
 library's `save_file` cannot hash what it writes: the weight store would have to read the whole
 file again (or hold a second copy of it in memory with `save`), which is what this module avoids.
-The file it writes loads with `safetensors.safe_open` / `load_file` like any other.
+The file it writes loads with `safetensors.safe_open` / `load_file` like any other. Its digest is
+the chunked sha256 of broker/digest.py, hashed on several threads while the bytes are written.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import struct
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
 
-SLICE = 8 << 20  # bytes written (and hashed) per call
+from rollflash.broker.digest import CHUNK_BYTES, ChunkHasher, FileDigest
+
+SLICE = 8 << 20  # bytes written per call
 
 _DTYPES = {
     torch.float64: "F64",
@@ -53,36 +54,37 @@ def _header(tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None) -
 
 
 def write_safetensors(
-    tensors: dict[str, torch.Tensor], path: Path, metadata: dict[str, str] | None = None
-) -> tuple[int, str]:
-    """Write `tensors` (host tensors) to `path`, fsynced; returns (size in bytes, sha256 hex).
+    tensors: dict[str, torch.Tensor],
+    path: Path,
+    metadata: dict[str, str] | None = None,
+    chunk_bytes: int = CHUNK_BYTES,
+) -> FileDigest:
+    """Write `tensors` (host tensors) to `path`, fsynced; returns its size and chunked digest.
 
-    The bytes go out in slices of SLICE bytes; a second thread hashes each slice while the next
-    one is written (hashlib releases the GIL on large buffers), in order."""
-    digest = hashlib.sha256()
+    Each piece (the header, then every tensor's bytes as a view of its memory: no copy) goes to
+    the hashing threads before it is written, so the chunks hash while the file is written and
+    fsynced; only the digest of the last chunks is waited for."""
     ordered = {name: tensors[name].contiguous() for name in sorted(tensors)}
-    size = 0
-    with open(path, "wb") as f, ThreadPoolExecutor(1, "sha256") as hasher:
-        hashed = []
-        for chunk in _chunks(ordered, metadata):
-            for start in range(0, len(chunk), SLICE):
-                piece = chunk[start : start + SLICE]
-                hashed.append(hasher.submit(digest.update, piece))
-                f.write(piece)
-                size += len(piece)
-                hashed = [h for h in hashed if not h.done()]
-        for h in hashed:
-            h.result()
-        f.flush()
-        os.fsync(f.fileno())
-    return size, digest.hexdigest()
+    hasher = ChunkHasher(chunk_bytes)
+    try:
+        with open(path, "wb") as f:
+            for piece in _pieces(ordered, metadata):
+                hasher.update(piece)
+                for start in range(0, len(piece), SLICE):
+                    f.write(piece[start : start + SLICE])
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException:
+        hasher.close()
+        raise
+    return hasher.result()
 
 
-def _chunks(
+def _pieces(
     tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None
-) -> Iterator[bytes | memoryview]:
+) -> Iterator[memoryview]:
     """The header, then each tensor's bytes as a view of its memory (no copy)."""
-    yield _header(tensors, metadata)
+    yield memoryview(_header(tensors, metadata))
     for t in tensors.values():
         if t.numel():
             yield t.reshape(-1).view(torch.uint8).numpy().data

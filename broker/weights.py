@@ -1,17 +1,21 @@
 """The versioned weight store on a shared filesystem.
 
 Layout: `{run_dir}/weights/v{version:08d}/` holds `manifest.json` (version, step, kind, files with
-sizes and sha256) and the files of its kind: `full` = `model.safetensors` (every weight), `adapter`
-= `adapter_model.safetensors` + `adapter_config.json` (a standard PEFT LoRA adapter for the base
-at `model.path`, `learner/lora.py`). `{run_dir}/weights/LATEST` names the newest version. A
-version's digest (`VersionInfo.sha256`, announced in the `weights` hash) is the sha256 of
-`model.safetensors` for a full version and, for an adapter, the sha256 of its listing
-`"{sha256}  {name}\n"` per file in name order, so the adapter's config is covered too.
+sizes and digests) and the files of its kind: `full` = `model.safetensors` (every weight),
+`adapter` = `adapter_model.safetensors` + `adapter_config.json` (a standard PEFT LoRA adapter for
+the base at `model.path`, `learner/lora.py`). `{run_dir}/weights/LATEST` names the newest version.
+
+A file's digest is the chunked sha256 of broker/digest.py (the manifest lists each chunk's sha256
+under `chunk_sha256`, the chunk size and the `digest`); manifests written before it give a
+whole-file `sha256` instead, and are still read. A version's digest (`VersionInfo.sha256`,
+announced as `sha256` in the `weights` hash) is its model file's digest for a full version and,
+for an adapter, the sha256 of its listing `"{digest}  {name}\n"` per file in name order, so the
+adapter's config is covered too.
 
 Invariants a reader can rely on:
 - A version directory appears by one atomic rename of a fully written and fsynced temp directory,
   and its manifest is the last file written inside it: a reader never sees a half-written version.
-- `verified_files(v)` reads each file of the version once and checks the size and sha256 of those
+- `verified_files(v)` reads each file of the version once and checks the size and digest of those
   bytes against the manifest (and the digest against the announced one), so a truncated,
   bit-flipped or swapped file is refused with `CorruptWeights`; a generator loads a private copy
   of exactly those bytes (`verified_copy_dir`), so a file changed in the store after the check is
@@ -37,6 +41,7 @@ from typing import Any
 
 import torch
 
+from rollflash.broker.digest import file_digest, tree_digest
 from rollflash.broker.safetensors_stream import write_safetensors
 
 log = logging.getLogger(__name__)
@@ -56,18 +61,38 @@ class CorruptWeights(RuntimeError):
 class VersionInfo:
     version: int
     path: str  # the version directory
-    sha256: str  # the version's digest: of model.safetensors, or of an adapter's file listing
+    sha256: str  # the version's digest: model.safetensors' digest, or an adapter's listing's
     step: int
     kind: str = "full"  # or "adapter"
 
 
-def version_digest(kind: str, file_sha256: dict[str, str]) -> str:
-    """The digest announced for a version: a full version's model file sha256, or the sha256 of
+def version_digest(kind: str, file_digests: dict[str, str]) -> str:
+    """The digest announced for a version: a full version's model file digest, or the sha256 of
     an adapter's listing (`sha256sum` format, files in name order)."""
     if kind == "full":
-        return file_sha256[MODEL_FILE]
-    listing = "".join(f"{file_sha256[n]}  {n}\n" for n in sorted(file_sha256))
+        return file_digests[MODEL_FILE]
+    listing = "".join(f"{file_digests[n]}  {n}\n" for n in sorted(file_digests))
     return hashlib.sha256(listing.encode()).hexdigest()
+
+
+def checked_digest(raw: bytes, entry: dict[str, Any]) -> str | None:
+    """The digest of `raw` if it matches its manifest `entry` (chunked, or the whole-file sha256
+    of older manifests), else None. The chunk list must fit the size before anything is hashed,
+    so a manifest cannot make the check hash in tiny pieces."""
+    chunks, chunk_bytes = entry.get("chunk_sha256"), entry.get("chunk_bytes")
+    if chunks is None:
+        whole = hashlib.sha256(raw).hexdigest()
+        return whole if whole == entry.get("sha256") else None
+    if (
+        not isinstance(chunks, list)
+        or type(chunk_bytes) is not int
+        or chunk_bytes <= 0
+        or len(chunks) != -(-len(raw) // chunk_bytes)
+        or entry.get("digest") != tree_digest(chunk_bytes, len(raw), chunks)
+    ):
+        return None
+    got = file_digest(raw, chunk_bytes)
+    return got.digest if got.chunks == chunks else None
 
 
 def sha256_file(path: Path) -> str:
@@ -166,32 +191,44 @@ class WeightStore:
         tmp.mkdir()
         kind = "full" if adapter_config is None else "adapter"
         tensors = MODEL_FILE if kind == "full" else ADAPTER_FILE
-        files: dict[str, dict[str, Any]] = {}
+        try:
+            files = self._write_files(tmp, tensors, state, adapter_config)
+            manifest = {
+                "version": version,
+                "step": step,
+                "kind": kind,
+                "created_at": time.time(),
+                "files": files,
+            }
+            (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
+            _fsync_file(tmp / MANIFEST)
+            _fsync_dir(tmp)
+            os.rename(tmp, final)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)  # nothing of a failed version stays
+            raise
+        self._write_latest(version)
+        _fsync_dir(self.root)
+        digest = version_digest(kind, {name: entry["digest"] for name, entry in files.items()})
+        return VersionInfo(version=version, path=str(final), sha256=digest, step=step, kind=kind)
+
+    @staticmethod
+    def _write_files(
+        tmp: Path,
+        tensors: str,
+        state: dict[str, torch.Tensor],
+        adapter_config: dict[str, Any] | None,
+    ) -> dict[str, dict[str, Any]]:
+        """Write a version's files into `tmp`, fsynced; returns their manifest entries."""
         # hashed while written (broker/safetensors_stream.py): the file is never read back
-        size, digest = write_safetensors(unique_tensors(state), tmp / tensors, {"format": "pt"})
-        files[tensors] = {"size": size, "sha256": digest}
+        written = write_safetensors(unique_tensors(state), tmp / tensors, {"format": "pt"})
+        files = {tensors: written.manifest_entry()}
         if adapter_config is not None:
             text = json.dumps(adapter_config, indent=2, sort_keys=True).encode()
             (tmp / ADAPTER_CONFIG).write_bytes(text)
             _fsync_file(tmp / ADAPTER_CONFIG)
-            digest = hashlib.sha256(text).hexdigest()
-            files[ADAPTER_CONFIG] = {"size": len(text), "sha256": digest}
-        digests = {name: entry["sha256"] for name, entry in files.items()}
-        manifest = {
-            "version": version,
-            "step": step,
-            "kind": kind,
-            "created_at": time.time(),
-            "files": files,
-        }
-        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
-        _fsync_file(tmp / MANIFEST)
-        _fsync_dir(tmp)
-        os.rename(tmp, final)
-        self._write_latest(version)
-        _fsync_dir(self.root)
-        digest = version_digest(kind, digests)
-        return VersionInfo(version=version, path=str(final), sha256=digest, step=step, kind=kind)
+            files[ADAPTER_CONFIG] = file_digest(text).manifest_entry()
+        return files
 
     def _write_latest(self, version: int) -> None:
         tmp = self.root / f".LATEST.{os.getpid()}"
@@ -217,7 +254,7 @@ class WeightStore:
         self, version: int, expect_sha256: str | None = None
     ) -> tuple[str, dict[str, bytes]]:
         """The kind of `version` and the bytes of each of its files, every file read once and
-        checked against the manifest (size and sha256 of exactly these bytes), and the version's
+        checked against the manifest (size and digest of exactly these bytes), and the version's
         digest against `expect_sha256` when given. The version directory, its manifest and its
         files are opened without following symbolic links (O_NOFOLLOW, relative to the
         directory's fd), so a link, or a file swapped in after the check, is never loaded."""
@@ -241,9 +278,10 @@ class WeightStore:
         for name, raw in data.items():
             if raw is None or len(raw) != entries[name].get("size"):
                 raise CorruptWeights(f"weights v{version}: {name} missing or of the wrong size")
-            digests[name] = hashlib.sha256(raw).hexdigest()
-            if digests[name] != entries[name].get("sha256"):
+            digest = checked_digest(raw, entries[name])
+            if digest is None:
                 raise CorruptWeights(f"weights v{version}: sha256 mismatch, refusing to load ({d})")
+            digests[name] = digest
         if expect_sha256 and version_digest(kind, digests) != expect_sha256:
             raise CorruptWeights(f"weights v{version}: sha256 mismatch, refusing to load ({d})")
         return kind, typing.cast(dict[str, bytes], data)

@@ -1,10 +1,10 @@
 """Picking up new weight versions in a generator.
 
 The `weights` hash in Redis is the source of truth; zmq notifications only wake us sooner. A version
-is read from the store once (`WeightStore.verified_copy`): its bytes are checked against the
-manifest and written to a private directory this process owns, and the engine loads that copy, so
-what is loaded is exactly what was hashed, whatever happens to the shared store meanwhile. Links
-and anything outside the store are refused.
+is read from the store once (`WeightStore.verified_copy_dir`): its bytes are checked against the
+manifest's digests (broker/digest.py) and the announced one, and written to a private directory
+this process owns, and the engine loads that copy, so what is loaded is exactly what was hashed,
+whatever happens to the shared store meanwhile. Links and anything outside the store are refused.
 
 A version that fails the check (or was already deleted by retention), or that the engine cannot
 load, is refused: logged, counted (`reload_refused`, shown by `rollctl status`), and skipped; the

@@ -10,6 +10,9 @@ import msgpack
 import numpy as np
 import pytest
 import redis
+from safetensors.torch import load_file
+
+from rollflash.broker.weights import WeightStore
 
 N = 4
 
@@ -155,11 +158,20 @@ def test_continuous_batching_streams_complete_groups_and_trains_each_once(
     assert r.xpending(f"rl:{run_id}:prompts", "gen")["pending"] == 0  # every claim answered
 
 
-def test_continuous_batching_at_ratio_0_is_on_policy(tmp_path, redis_url, run_id):
+@pytest.mark.parametrize("background", [False, True])
+def test_continuous_batching_at_ratio_0_is_on_policy(tmp_path, redis_url, run_id, background):
     """A prompt issued for version v waits, claimed, until v is loaded (the running samples drain
-    first), so every token the learner trains on came from the version it trains."""
+    first), so every token the learner trains on came from the version it trains; the same with
+    the versions written in the background (`trainer.background_publish`), which also hold the
+    weights of their own step."""
     entries, ledger = _run(
-        tmp_path, redis_url, run_id, "rollout.inflight_samples=8", "trainer.async_ratio=0", steps=4
+        tmp_path,
+        redis_url,
+        run_id,
+        "rollout.inflight_samples=8",
+        "trainer.async_ratio=0",
+        f"trainer.background_publish={str(background).lower()}",
+        steps=4,
     )
     trained = _trained_entries(entries, ledger)
     assert len(trained) == 4 * 4
@@ -171,6 +183,12 @@ def test_continuous_batching_at_ratio_0_is_on_policy(tmp_path, redis_url, run_id
             versions = np.frombuffer(s["token_versions"]["data"], dtype="<i4")
             assert set(versions.tolist()) == {issued}
     assert by_version == {0: 4, 1: 4, 2: 4, 3: 4}  # step s trained the 4 prompts issued for it
+    store = WeightStore(tmp_path / "run")
+    kept = store.versions()  # the last trainer.keep_versions = 3
+    assert kept == [2, 3, 4] and store.latest() == 4
+    for v in kept:  # the simulated policy adds 1 to its weight per update: version v holds v
+        weights = load_file(str(store.verified_path(v)))
+        assert weights["weight"].tolist() == [float(v)] * 4
 
 
 def test_continuous_batching_restarts_groups_too_stale_to_be_trained(tmp_path, redis_url, run_id):

@@ -1,9 +1,12 @@
 """Weight store faults with real processes.
 
-- A process running `WeightStore.publish` in a loop (as the learner does) is killed with SIGKILL
-  at several points of a publish: no partial version is ever listed or loadable, every listed
-  version verifies against its manifest, and `clean_temp` at the next start removes what the
-  killed publisher left; publishing then continues.
+- A process publishing versions in a loop through the learner's `Publisher` with
+  `trainer.background_publish` (`WeightStore.publish` in a worker thread while the main thread
+  prepares the next version) is killed with SIGKILL at several points of a publish: no partial
+  version is ever listed or loadable, every listed version verifies against its manifest, every
+  version it announced verifies against the digest announced and the announcements only go up,
+  and `clean_temp` at the next start removes what the killed publisher left; publishing then
+  continues.
 - Retention never deletes a version that a live generator reports as loaded: a real learner with
   `keep_versions: 1` runs while a generator heartbeat reports v0.
 """
@@ -12,6 +15,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import redis
 from harness import start, stop_all, trained_ids, write_config
@@ -20,30 +24,46 @@ from rollflash.broker.weights import WeightStore
 
 PUBLISHER = textwrap.dedent("""
     import sys, torch
-    from rollflash.broker.weights import WeightStore
-    store = WeightStore(sys.argv[1])
-    store.clean_temp()
-    v = max(store.versions(), default=0)
+    from rollflash.broker.config import load_config
+    from rollflash.learner.publish import Publisher
+
+    class Broker:  # the weights hash: one line per announcement, in the order made
+        def announce_weights(self, version, path, sha256, zmq_endpoint):
+            with open(sys.argv[2], "a") as log:
+                log.write(f"{version} {sha256}\\n")
+        def loaded_versions(self):
+            return set()
+
+    overrides = ["trainer.background_publish=true", "trainer.keep_versions=1000"]
+    cfg = load_config(None, [f"run.run_dir={sys.argv[1]}", *overrides])
+    publisher = Publisher(cfg, Broker(), resuming=True)  # removes a killed run's temp dirs
+    v = max(publisher.store.versions(), default=0)
     print("ready", flush=True)
     while True:
         v += 1
-        # ~32 MB: a publish (write, fsync, sha256, rename) takes long enough to be hit mid-way
-        store.publish({"w": torch.full((2048, 4096), float(v))}, version=v, step=v)
+        # ~32 MB: a publish (write, fsync, hash, rename) takes long enough to be hit mid-way
+        publisher.publish({"w": torch.full((2048, 4096), float(v))}, version=v, step=v)
         print(v, flush=True)
 """)
 
 
-def _check_store(store: WeightStore) -> None:
+def _check_store(store: WeightStore, announcements: Path) -> None:
     for v in store.versions():
         store.verified_path(v)  # raises CorruptWeights for anything partial
     if store.latest() is not None:
         store.verified_path(store.latest())
+    lines = announcements.read_text().splitlines() if announcements.exists() else []
+    announced = [(int(v), sha) for v, sha in (line.split() for line in lines)]
+    assert [v for v, _ in announced] == sorted({v for v, _ in announced})  # only ever up
+    for v, sha in announced:  # announced only once durable: each loads as announced
+        store.verified_path(v, expect_sha256=sha)
 
 
 def test_publisher_killed_mid_publish_leaves_nothing_loadable_and_is_cleaned(
     tmp_path, fault_report
 ):
     store = WeightStore(tmp_path)
+    announcements = tmp_path / "announced.txt"
     leftovers = 0
     delays = [0.05, 0.3, 0.6, 0.9, 1.2]  # after start-up, into successive publishes
     for delay in delays:
@@ -52,7 +72,7 @@ def test_publisher_killed_mid_publish_leaves_nothing_loadable_and_is_cleaned(
         err = tmp_path / f"publisher-{delay}.stderr"
         with open(err, "wb") as err_file:
             proc = subprocess.Popen(
-                [sys.executable, "-c", PUBLISHER, str(tmp_path)],
+                [sys.executable, "-c", PUBLISHER, str(tmp_path), str(announcements)],
                 stdout=subprocess.PIPE,
                 stderr=err_file,
             )
@@ -62,7 +82,7 @@ def test_publisher_killed_mid_publish_leaves_nothing_loadable_and_is_cleaned(
         proc.wait()
         proc.stdout.close()
         assert proc.returncode == -9, err.read_text()[-2000:]
-        _check_store(store)
+        _check_store(store, announcements)
         partial = list(store.root.glob(".tmp-*")) + list(store.root.glob(".LATEST.*"))
         leftovers += bool(partial)
         assert all(

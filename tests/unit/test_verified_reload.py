@@ -13,6 +13,7 @@ import torch
 from safetensors.torch import load_file
 
 from rollflash.broker import weights as weights_module
+from rollflash.broker.digest import CHUNK_BYTES
 from rollflash.broker.weights import MODEL_FILE, CorruptWeights, WeightStore
 from rollflash.generators.reload import WeightFollower
 
@@ -72,9 +73,10 @@ def test_a_file_swapped_after_hashing_is_never_loaded(setup, monkeypatch):
 
     real_sha256 = hashlib.sha256
 
-    def sha256_then_swap(data: bytes):
-        os.replace(evil, model)  # an attacker (or a bug) replaces the file right after the check
-        return real_sha256(data)
+    def sha256_then_swap(*data: bytes):
+        if evil.exists():  # an attacker (or a bug) replaces the file right after it was read
+            os.replace(evil, model)
+        return real_sha256(*data)
 
     monkeypatch.setattr(weights_module.hashlib, "sha256", sha256_then_swap)
     assert follower.maybe_reload() is True
@@ -130,7 +132,9 @@ def test_verified_bytes_are_the_manifest_checked_file(tmp_path):
     store = WeightStore(tmp_path)
     info = store.publish(_state(5.0), 1, 1)
     data = store.verified_bytes(1, expect_sha256=info.sha256)
-    assert hashlib.sha256(data).hexdigest() == info.sha256
+    # one chunk: digest = sha256("sha256-chunks {chunk} {size}\n{sha256 of the file}\n")
+    listing = f"sha256-chunks {CHUNK_BYTES} {len(data)}\n{hashlib.sha256(data).hexdigest()}\n"
+    assert hashlib.sha256(listing.encode()).hexdigest() == info.sha256
     assert data == (store.version_dir(1) / MODEL_FILE).read_bytes()
     copy = store.verified_copy(1, tmp_path / "private.safetensors")
     assert copy.read_bytes() == data and (copy.stat().st_mode & 0o777) == 0o600

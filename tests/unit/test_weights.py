@@ -23,7 +23,7 @@ def test_publish_then_load_round_trip(tmp_path):
     assert store.latest() == 1 and store.versions() == [1]
     manifest = json.loads((store.version_dir(1) / "manifest.json").read_text())
     assert (
-        manifest["version"] == 1 and manifest["files"]["model.safetensors"]["sha256"] == info.sha256
+        manifest["version"] == 1 and manifest["files"]["model.safetensors"]["digest"] == info.sha256
     )
 
 
@@ -76,3 +76,56 @@ def test_temp_dirs_of_a_crashed_publisher_are_invisible_and_cleaned(tmp_path):
     (partial / "model.safetensors").write_bytes(b"half")
     assert store.versions() == [1]
     assert store.clean_temp() == 1 and not partial.exists()
+
+
+def _rewrite_manifest(store: WeightStore, version: int, change) -> None:
+    path = store.version_dir(version) / "manifest.json"
+    manifest = json.loads(path.read_text())
+    change(manifest["files"]["model.safetensors"])
+    path.write_text(json.dumps(manifest))
+
+
+def test_a_manifest_of_the_whole_file_sha256_is_still_read(tmp_path):
+    import hashlib
+
+    store = WeightStore(tmp_path)
+    store.publish(_state(1.0), 1, 1)
+    data = (store.version_dir(1) / "model.safetensors").read_bytes()
+    whole = hashlib.sha256(data).hexdigest()
+    _rewrite_manifest(store, 1, lambda e: (e.clear(), e.update(size=len(data), sha256=whole)))
+    assert store.verified_bytes(1, expect_sha256=whole) == data
+    _rewrite_manifest(store, 1, lambda e: e.update(sha256="0" * 64))
+    with pytest.raises(CorruptWeights, match="sha256 mismatch"):
+        store.verified_bytes(1)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda e: e.update(chunk_bytes=e["chunk_bytes"] // 2),  # listing no longer fits
+        lambda e: e.update(chunk_bytes=1, chunk_sha256=e["chunk_sha256"] * e["size"]),
+        lambda e: e.update(chunk_sha256=["0" * 64]),  # digest no longer of this listing
+        lambda e: e.update(chunk_bytes="8"),
+        lambda e: e.update(chunk_sha256="0" * 64),
+    ],
+)
+def test_a_chunk_listing_that_does_not_fit_the_file_is_refused(tmp_path, change):
+    store = WeightStore(tmp_path)
+    info = store.publish(_state(1.0), 1, 1)
+    _rewrite_manifest(store, 1, change)
+    with pytest.raises(CorruptWeights, match="sha256 mismatch"):
+        store.verified_bytes(1, expect_sha256=info.sha256)
+
+
+def test_a_version_whose_write_fails_leaves_nothing_behind(tmp_path, monkeypatch):
+    from rollflash.broker import weights as weights_module
+
+    def disk_full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    store = WeightStore(tmp_path)
+    monkeypatch.setattr(weights_module, "write_safetensors", disk_full)
+    with pytest.raises(OSError, match="No space"):
+        store.publish(_state(1.0), 1, 1)
+    assert store.versions() == [] and store.latest() is None
+    assert list(store.root.iterdir()) == []  # the temp directory is gone too
