@@ -114,3 +114,28 @@ def warm_model_dir(tmp_path_factory) -> Path:
             "0",
         ],
     )
+
+
+@pytest.fixture(scope="session")
+def mixture_model_dir(tmp_path_factory, warm_model_dir) -> Path:
+    """The warm start of configs/mixture.yaml (the Makefile's MIXTURE_MODEL_ARGS): the demo's
+    model, then SFT on the config's mixture of addition and one-liners with a teacher wrong 60%
+    of the time in each (an off-by-one sum, a program with a and b swapped)."""
+    return build_model(
+        tmp_path_factory,
+        "mixture",
+        [
+            "--init-from",
+            str(warm_model_dir),
+            "--task-config",
+            str(ROOT / "configs" / "mixture.yaml"),
+            "--sft-steps",
+            "600",
+            "--sft-lr",
+            "2e-3",
+            "--sft-teacher-error",
+            "0.6",
+            "--seed",
+            "0",
+        ],
+    )
