@@ -243,7 +243,9 @@ class CodeVerifier:
         for i, k in enumerate(keys):
             first.setdefault(k, i)
         runs = list(first.values())
-        scores = self._pool.map(self._score_one, [responses[i] for i in runs], [tests[i] for i in runs])
+        scores = self._pool.map(
+            self._score_one, [responses[i] for i in runs], [tests[i] for i in runs]
+        )
         by_key = dict(zip(first, scores))
         return [by_key[k] for k in keys]
 

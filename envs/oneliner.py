@@ -14,8 +14,9 @@ default inputs (1, 7) a program that swaps a and b passes x = 1 only (a + b = b 
 
 a, b are drawn uniformly from inclusive ranges, by default a one digit and b two (720 problems):
 every prompt and program then has the same length, so a model copies a and b from fixed offsets,
-which the two-layer test model learns in a few hundred SFT steps. The held-out set is `heldout_size` distinct (a, b)
-drawn with `heldout_seed`, and every train stream skips them (as envs/arithmetic.py does).
+which the two-layer test model learns in a few hundred SFT steps. The held-out set is
+`heldout_size` distinct (a, b) drawn with `heldout_seed`, and every train stream skips them (as
+envs/arithmetic.py does).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ def program(a: int, b: int) -> str:
 
 
 class OneLinerTask:
-    """"code x*a+b=" -> a one-line program that reads x on stdin and prints a*x + b."""
+    """ "code x*a+b=" -> a one-line program that reads x on stdin and prints a*x + b."""
 
     name = "oneliner"
 
@@ -52,8 +53,10 @@ class OneLinerTask:
         ints); heldout_size: problems kept out of training (at most half of all problems)."""
         self.a_range = _as_range("a_range", a_range)
         self.b_range = _as_range("b_range", b_range)
-        if not inputs or len(set(inputs)) != len(inputs) or not all(
-            isinstance(x, int) and not isinstance(x, bool) for x in inputs
+        if (
+            not inputs
+            or len(set(inputs)) != len(inputs)
+            or not all(isinstance(x, int) and not isinstance(x, bool) for x in inputs)
         ):
             raise ValueError(f"inputs must be distinct ints, got {list(inputs)!r}")
         self.inputs = tuple(inputs)
@@ -81,7 +84,9 @@ class OneLinerTask:
     def _item(self, item_id: str, problem: Problem) -> Item:
         a, b = problem
         tests = [{"input": f"{x}\n", "output": f"{a * x + b}\n"} for x in self.inputs]
-        return Item(id=item_id, prompt=f"code x*{a}+{b}=", answer=program(a, b), extra={"tests": tests})
+        return Item(
+            id=item_id, prompt=f"code x*{a}+{b}=", answer=program(a, b), extra={"tests": tests}
+        )
 
     def train_items(self, seed: int) -> Iterator[Item]:
         """Endless i.i.d. problems from random.Random(seed), skipping held-out ones."""

@@ -34,7 +34,6 @@ import itertools
 import json
 import logging
 import random
-import re
 import string
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -48,7 +47,6 @@ from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 from rollflash.envs import Item, Task, make_task
 from rollflash.envs.chat import PromptFormatter, format_task
-from rollflash.envs.oneliner import program
 from rollflash.envs.verifiers import final_answer
 from rollflash.learner.schedule import warmup_decay
 
@@ -57,7 +55,6 @@ logger = logging.getLogger(__name__)
 SPECIAL_TOKENS = ["<pad>", "<bos>", "<eos>", "<unk>"]  # ids 0..3, in this order
 CHARS = string.digits + string.ascii_lowercase + " +-*/=().,?"
 MAX_POSITIONS = 64
-_ONELINER = re.compile(r"print\(int\(input\(\)\)\*(\d+)\+(\d+)\)")  # envs/oneliner.py's program
 # `--chat`: capitals for word problems, role markers and a chat template over them
 CHAT_CHARS = CHARS + string.ascii_uppercase
 CHAT_TOKENS = ["<|system|>", "<|user|>", "<|assistant|>"]
@@ -157,7 +154,9 @@ def sft_batch(tokenizer: PreTrainedTokenizerFast, items: Sequence[Item]) -> dict
     return {"input_ids": ids, "attention_mask": mask, "labels": labels}
 
 
-def sft_items(task: Task, seed: int, teacher_error: float) -> Iterator[Item]:
+def sft_items(
+    task: Task, seed: int, teacher_error: float, mistake: Callable[[str], str] | None = None
+) -> Iterator[Item]:
     """The task's train items with their final answer as target (what follows a GSM8K answer's
     `####`: the model answers with the number only), replaced by answer + 1 with probability
     `teacher_error`.
@@ -166,24 +165,14 @@ def sft_items(task: Task, seed: int, teacher_error: float) -> Iterator[Item]:
     the rest on the answer, so for teacher_error a little above 0.5 greedy decoding is right only where
     its estimate happens to tip the other way, while sampling is right about half the time: pass@n is
     far above greedy pass@1, the gap RL with a verifier closes (it only has to learn one consistent
-    shift, so it does so in tens of steps). Needs integer answers or one-liners (`teacher_mistake`).
+    shift, so it does so in tens of steps). Needs integer answers, or `mistake`: answer -> wrong one.
     """
     rng = random.Random(seed + 1)
     for item in task.train_items(seed):
         answer = final_answer(item.answer)
         if teacher_error > 0 and rng.random() < teacher_error:
-            answer = teacher_mistake(answer)
+            answer = mistake(answer) if mistake else str(int(answer) + 1)
         yield Item(id=item.id, prompt=item.prompt, answer=answer)
-
-
-def teacher_mistake(answer: str) -> str:
-    """The imperfect teacher's answer: an integer plus one, or for a one-liner of
-    envs/oneliner.py the same program with a and b swapped (it passes the test x = 1 only, so
-    sampling finds both the near miss and the fix, as with the off-by-one)."""
-    match = _ONELINER.fullmatch(answer)
-    if match:
-        return program(int(match[2]), int(match[1]))
-    return str(int(answer) + 1)
 
 
 def warmup_cosine(steps: int) -> Callable[[int], float]:
@@ -203,6 +192,7 @@ class SFTConfig:
     target_acc: float | None = None  # stop once validation greedy accuracy reaches this
     teacher_error: float = 0.0  # probability that a target is answer + 1 (see sft_items)
     eval_every: int = 25  # steps between validation checks (only with target_acc)
+    mistake: Callable[[str], str] | None = None  # the teacher's wrong answer (None: answer + 1)
 
 
 def sft_optimizer(
@@ -245,7 +235,7 @@ def sft(
     """
     if cfg.steps <= 0:
         return 0, float("nan")
-    items = sft_items(task, cfg.seed, cfg.teacher_error)
+    items = sft_items(task, cfg.seed, cfg.teacher_error, cfg.mistake)
     opt, sched = sft_optimizer(model, cfg.lr, cfg.steps)
     model.train()
     loss = torch.tensor(float("nan"))
@@ -321,18 +311,6 @@ def items_accuracy(
     return hits / len(items)
 
 
-def start_from(path: str, tokenizer: PreTrainedTokenizerFast) -> Qwen2ForCausalLM:
-    """The model saved in `path` (an earlier warm start), to continue SFT on another task; its
-    vocabulary must be `tokenizer`'s."""
-    model = Qwen2ForCausalLM.from_pretrained(path)
-    if model.config.vocab_size != len(tokenizer):
-        raise SystemExit(
-            f"--init-from {path}: vocabulary of {model.config.vocab_size} tokens, but this "
-            f"tokenizer has {len(tokenizer)} (build both with or without --chat)"
-        )
-    return model
-
-
 def make_tiny_model(args: argparse.Namespace) -> dict[str, Any]:
     """Build, warm-start and save; returns the summary printed as JSON."""
     torch.set_num_threads(args.threads)
@@ -343,10 +321,7 @@ def make_tiny_model(args: argparse.Namespace) -> dict[str, Any]:
     task = format_task(
         make_task(args.task, json.loads(args.task_params)), PromptFormatter(tokenizer, "auto")
     )
-    if args.init_from:
-        model = start_from(args.init_from, tokenizer)
-    else:
-        model = build_model(tokenizer, args.layers, args.hidden, args.heads, args.seed, positions)
+    model = build_model(tokenizer, args.layers, args.hidden, args.heads, args.seed, positions)
     t1 = time.perf_counter()
     cfg = SFTConfig(
         steps=args.sft_steps,
@@ -379,11 +354,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", required=True, help="output directory (created)")
     p.add_argument("--task", default="arithmetic", help="task name for envs.make_task")
     p.add_argument("--task-params", default="{}", help="JSON dict of task constructor params")
-    p.add_argument(
-        "--task-config",
-        default=None,
-        help="take --task and --task-params from this run config's `task:` (e.g. a mixture)",
-    )
     p.add_argument("--sft-steps", type=int, default=300, help="SFT optimiser steps (0 = untrained)")
     p.add_argument("--sft-lr", type=float, default=1e-3, help="peak SFT learning rate")
     p.add_argument("--sft-batch-size", type=int, default=64, help="train items per SFT step")
@@ -400,11 +370,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="probability that an SFT target is answer+1 instead of the answer (see sft_items)",
     )
     p.add_argument("--seed", type=int, default=0, help="seeds weights and the train item stream")
-    p.add_argument(
-        "--init-from",
-        default=None,
-        help="start SFT from this model directory (--layers/--hidden/--heads are then its own)",
-    )
     p.add_argument("--layers", type=int, default=2, help="transformer layers")
     p.add_argument("--hidden", type=int, default=128, help="hidden size (MLP is 4x)")
     p.add_argument("--heads", type=int, default=4, help="attention heads (= key/value heads)")
@@ -419,11 +384,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-positions", type=int, default=MAX_POSITIONS, help="context length")
     p.add_argument("--no-eval", dest="eval", action="store_false", help="skip held-out evaluation")
     args = p.parse_args(argv)
-    if args.task_config:
-        import yaml
-
-        task = yaml.safe_load(Path(args.task_config).read_text())["task"]
-        args.task, args.task_params = task["name"], json.dumps(task.get("params") or {})
     if not 0.0 <= args.sft_teacher_error < 1.0:
         p.error(f"--sft-teacher-error must be in [0, 1), got {args.sft_teacher_error}")
     if args.sft_target_acc is not None and not 0.0 <= args.sft_target_acc <= 1.0:

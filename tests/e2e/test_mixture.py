@@ -15,24 +15,26 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-STEPS = 16
-EARLY, LATE = slice(0, 5), slice(-5, None)  # steps 1-5 and 12-16
-# Measured rises of the domain's mean reward, late minus early, over N runs of this test on the
-# 2-core development box: arithmetic ..., code .... The margins sit below the smallest.
-MARGIN = {"arithmetic": 0.05, "code": 0.03}
+STEPS = 20
+EARLY, LATE = slice(0, 5), slice(-5, None)  # steps 1-5 and 16-20
+# Rises of a domain's mean reward (late minus early) measured in three runs of this test's
+# settings with run.seed 0, 1, 2 (other prompt streams) on the 2-core development box under load:
+# arithmetic +0.24, +0.09, +0.16; code +0.12, +0.13, +0.11. A domain's step mean moves by about
+# 0.06-0.1 from step to step (16 prompts of a domain), so each margin is under half the smallest.
+MARGIN = {"arithmetic": 0.04, "code": 0.04}
 
 
 def _domain_rewards(run_dir: Path) -> dict[str, list[float]]:
     out: dict[str, list[float]] = {"arithmetic": [], "code": []}
     for line in (run_dir / "metrics.jsonl").read_text().splitlines():
         m = json.loads(line)
-        if "reward/code/mean" in m:  # a training step (evaluation lines have no rewards)
+        if "reward/code/mean" in m:  # a training step (both domains in each: 16 prompts apiece)
             for domain, rewards in out.items():
                 rewards.append(m[f"reward/{domain}/mean"])
     return out
 
 
-@pytest.mark.slow  # a 16-step run: generation, the sandbox and the learner on two cores
+@pytest.mark.slow  # a 20-step run: generation, the sandbox and the learner on two cores
 def test_mixture_run_raises_both_domains_rewards(tmp_path, redis_url, run_id, mixture_model_dir):
     run_dir = tmp_path / "run"
     sets = {
@@ -41,7 +43,6 @@ def test_mixture_run_raises_both_domains_rewards(tmp_path, redis_url, run_id, mi
         "run.run_id": run_id,
         "trainer.total_steps": STEPS,
         "rollout.num_rollout_workers": 1,
-        "trainer.actor_lr": 3e-4,
         "eval.size": 2,  # before/after evaluation is not what this test checks
     }
     args = [f"--set={k}={v}" for k, v in sets.items()]
