@@ -28,7 +28,14 @@ BYO_MODEL_ARGS ?= --chat --max-positions 96 --task dataset --task-params \
   '{"path": "$(BYO_DATA)/train.jsonl", "eval_path": "$(BYO_DATA)/test.jsonl", "prompt_key": "question"}' \
   --sft-steps 400 --sft-teacher-error 0.6 --seed 0
 
-.PHONY: install redis-server bwrap demo byo test test-unit lint bench clean
+# The mixture example of docs/tasks.md: the demo model, then SFT on configs/mixture.yaml's
+# addition + Python one-liners with a teacher wrong 60% of the time in each domain (the same
+# recipe as tests/conftest.py's mixture_model_dir; scripts/make_mixture_model.py).
+MIXTURE_MODEL ?= models/tiny-mixture
+MIXTURE_MODEL_ARGS ?= --base $(DEMO_MODEL) --config configs/mixture.yaml \
+  --sft-steps 600 --sft-lr 2e-3 --sft-teacher-error 0.6 --seed 0
+
+.PHONY: install redis-server bwrap demo byo mixture mixture-model test test-unit lint bench clean
 
 install: $(STAMP)
 
@@ -77,6 +84,15 @@ byo: install redis-server $(BYO_MODEL)/config.json
 	rm -rf runs/byo
 	$(BIN)/rollctl run --config configs/byo_dataset.yaml
 
+$(MIXTURE_MODEL)/config.json: $(DEMO_MODEL)/config.json
+	$(BIN)/python scripts/make_mixture_model.py --out $(MIXTURE_MODEL) $(MIXTURE_MODEL_ARGS)
+
+mixture-model: install $(MIXTURE_MODEL)/config.json
+
+mixture: install redis-server bwrap $(MIXTURE_MODEL)/config.json
+	rm -rf runs/mixture
+	$(BIN)/rollctl run --config configs/mixture.yaml
+
 # the main suite in .venv and the vLLM tests in .venv-vllm (test-vllm, below) side by side: both
 # spend much of their time waiting on subprocesses, Redis and vLLM's start-up, and .venv-vllm is
 # built while the main suite runs. --output-sync prints each suite's output whole when it ends.
@@ -108,8 +124,9 @@ test-unit: install bwrap
 	$(BIN)/python -m pytest tests/unit -q $(PYTEST_ARGS)
 
 # Benchmarks print one JSON line each; docs/BENCHMARKS.md records them with the machine.
-bench: install redis-server
+bench: install redis-server bwrap $(MIXTURE_MODEL)/config.json
 	$(BIN)/python scripts/bench_async.py --steps 12
+	$(BIN)/python scripts/bench_code_scoring.py --model $(MIXTURE_MODEL) --batches 6
 	$(BIN)/python scripts/bench_packing.py --repeats 2
 	$(BIN)/python scripts/bench_long_run.py --steps 5000
 

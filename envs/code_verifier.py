@@ -14,7 +14,8 @@ seccomp, rlimits, no network, no project files), with the per-test limits of `re
 and CPU seconds, address space, output. A sample's tests run one after the other within its total
 budget `budget_s`; the tests still waiting when it is spent fail. Samples run in parallel on a
 pool of `max_workers` threads, each waiting on its sandboxes' processes, so a scoring batch of S
-samples takes about ceil(S / max_workers) samples' time.
+samples takes about ceil(S / max_workers) samples' time. Samples of one batch whose programs and
+tests are equal (a group's samples often agree) run once and share the score.
 
 Reward: the fraction of tests passed, or with `all_or_nothing` 1.0 only if all pass. A response
 whose tests cannot all run normally scores what it passed (0 with `all_or_nothing`) and carries
@@ -181,6 +182,16 @@ def run_tests(program: str, tests: Sequence[dict[str, str] | str], limits: CodeL
     return outcome
 
 
+def _run_key(response: str, tests: Any) -> tuple[str, str]:
+    """What decides a sample's score: its program and its row's tests (as JSON; a row whose
+    tests cannot be written so is keyed by identity and never shares a run)."""
+    try:
+        key = json.dumps(tests, sort_keys=True)
+    except (TypeError, ValueError):
+        key = f"id:{id(tests)}"
+    return extract_program(response), key
+
+
 class CodeVerifier:
     """The `code` reward function (batched: one call scores a whole batch on the pool)."""
 
@@ -226,7 +237,17 @@ class CodeVerifier:
             raise ValueError("code: the rows have no `tests` column")
         if self._pool is None:
             self._pool = ThreadPoolExecutor(self.limits.max_workers, "code-reward")
-        return list(self._pool.map(self._score_one, responses, tests))
+        # a group's samples often write the same program: each distinct (program, tests) runs once
+        keys = [_run_key(r, t) for r, t in zip(responses, tests)]
+        first: dict[tuple[str, str], int] = {}
+        for i, k in enumerate(keys):
+            first.setdefault(k, i)
+        runs = list(first.values())
+        scores = self._pool.map(
+            self._score_one, [responses[i] for i in runs], [tests[i] for i in runs]
+        )
+        by_key = dict(zip(first, scores))
+        return [by_key[k] for k in keys]
 
     def close(self) -> None:
         if self._pool is not None:

@@ -19,6 +19,7 @@ from rollflash.envs.dataset import DatasetTask
 from rollflash.envs.gridworld import GridWorld
 from rollflash.envs.mixture import MixtureTask
 from rollflash.envs.multiturn import Env, EnvTask, is_multi_turn
+from rollflash.envs.oneliner import OneLinerTask
 from rollflash.envs.reward_functions import RewardFunctions, ScoredTask
 from rollflash.envs.simulated import SimulatedEnv
 from rollflash.envs.sokoban import Sokoban
@@ -28,6 +29,7 @@ _TASKS: dict[str, Callable[..., Task]] = {
     "arithmetic": ArithmeticTask,
     "dataset": DatasetTask,  # the user's rows (envs/dataset.py); scored by reward.functions
     "mixture": MixtureTask,  # several tasks at weights, each with its own rewards (envs/mixture.py)
+    "oneliner": OneLinerTask,  # generated code: print a*x + b, checked in the sandbox
     "tool_use": tool_use_task,  # multi-turn, built by its own function
 }
 

@@ -154,7 +154,9 @@ def sft_batch(tokenizer: PreTrainedTokenizerFast, items: Sequence[Item]) -> dict
     return {"input_ids": ids, "attention_mask": mask, "labels": labels}
 
 
-def sft_items(task: Task, seed: int, teacher_error: float) -> Iterator[Item]:
+def sft_items(
+    task: Task, seed: int, teacher_error: float, mistake: Callable[[str], str] | None = None
+) -> Iterator[Item]:
     """The task's train items with their final answer as target (what follows a GSM8K answer's
     `####`: the model answers with the number only), replaced by answer + 1 with probability
     `teacher_error`.
@@ -163,13 +165,13 @@ def sft_items(task: Task, seed: int, teacher_error: float) -> Iterator[Item]:
     the rest on the answer, so for teacher_error a little above 0.5 greedy decoding is right only where
     its estimate happens to tip the other way, while sampling is right about half the time: pass@n is
     far above greedy pass@1, the gap RL with a verifier closes (it only has to learn one consistent
-    shift, so it does so in tens of steps). Needs integer answers.
+    shift, so it does so in tens of steps). Needs integer answers, or `mistake`: answer -> wrong one.
     """
     rng = random.Random(seed + 1)
     for item in task.train_items(seed):
         answer = final_answer(item.answer)
         if teacher_error > 0 and rng.random() < teacher_error:
-            answer = str(int(answer) + 1)
+            answer = mistake(answer) if mistake else str(int(answer) + 1)
         yield Item(id=item.id, prompt=item.prompt, answer=answer)
 
 
@@ -190,6 +192,7 @@ class SFTConfig:
     target_acc: float | None = None  # stop once validation greedy accuracy reaches this
     teacher_error: float = 0.0  # probability that a target is answer + 1 (see sft_items)
     eval_every: int = 25  # steps between validation checks (only with target_acc)
+    mistake: Callable[[str], str] | None = None  # the teacher's wrong answer (None: answer + 1)
 
 
 def sft_optimizer(
@@ -232,7 +235,7 @@ def sft(
     """
     if cfg.steps <= 0:
         return 0, float("nan")
-    items = sft_items(task, cfg.seed, cfg.teacher_error)
+    items = sft_items(task, cfg.seed, cfg.teacher_error, cfg.mistake)
     opt, sched = sft_optimizer(model, cfg.lr, cfg.steps)
     model.train()
     loss = torch.tensor(float("nan"))

@@ -55,8 +55,10 @@ def generator_broker(redis_url, run_id, learner_broker):
     return GeneratorBroker(connect(redis_url, 5.0), run_id, max_payload_bytes=1_000_000)
 
 
-def build_model(tmp_path_factory, name: str, args: list[str]) -> Path:
-    """scripts/make_tiny_model.py with `args`, built into the shared cache when there is one."""
+def build_model(
+    tmp_path_factory, name: str, args: list[str], script: str = "make_tiny_model.py"
+) -> Path:
+    """scripts/`script` with `args`, built into the shared cache when there is one."""
     cache = os.environ.get("ROLLFLASH_TEST_MODELS")
     out = Path(cache) / name if cache else tmp_path_factory.mktemp(name) / "tiny"
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -65,16 +67,16 @@ def build_model(tmp_path_factory, name: str, args: list[str]) -> Path:
     with open(out.with_name(f".{out.name}.lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not (out / "config.json").is_file():
-            _build(out, args)
+            _build(out, args, script)
     return out
 
 
-def _build(out: Path, args: list[str]) -> None:
+def _build(out: Path, args: list[str], script: str) -> None:
     tmp = out.with_name(f".{out.name}.{os.getpid()}")
     subprocess.run(
         [
             sys.executable,
-            str(ROOT / "scripts" / "make_tiny_model.py"),
+            str(ROOT / "scripts" / script),
             "--out",
             str(tmp),
             *args,
@@ -114,3 +116,18 @@ def warm_model_dir(tmp_path_factory) -> Path:
             "0",
         ],
     )
+
+
+@pytest.fixture(scope="session")
+def mixture_model_dir(tmp_path_factory, warm_model_dir) -> Path:
+    """The warm start of configs/mixture.yaml (the Makefile's MIXTURE_MODEL_ARGS): the demo's
+    model, then SFT on the config's mixture of addition and one-liners with a teacher wrong 60%
+    of the time in each (scripts/make_mixture_model.py)."""
+    config = ROOT / "configs" / "mixture.yaml"
+    return build_model(
+        tmp_path_factory,
+        "mixture",
+        ["--base", str(warm_model_dir), "--config", str(config), "--sft-steps", "600",
+         "--sft-lr", "2e-3", "--sft-teacher-error", "0.6", "--seed", "0"],
+        script="make_mixture_model.py",
+    )  # fmt: skip
