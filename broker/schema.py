@@ -285,16 +285,8 @@ def _decode_trajectory(fields: dict[bytes, bytes], limits: WireLimits) -> Trajec
     if not samples:
         raise WireError("trajectory: no samples", "out_of_range")
     _check_ids(prompt_ids, "prompt_ids", limits)
-    for i, s in enumerate(samples):
-        _check_ids(s.response_ids, f"samples[{i}].response_ids", limits)
-        check_range(
-            np.array([s.reward]),
-            -limits.max_abs_reward,
-            limits.max_abs_reward,
-            f"samples[{i}].reward",
-        )
+    oldest = _check_samples(samples, limits)
     behavior = _int_field(fields, "behavior_version", "trajectory", 0, _MAX_VERSION)
-    oldest = min(int(s.token_versions.min()) for s in samples)
     if behavior != oldest:
         raise WireError(
             f"trajectory.behavior_version: {behavior} is not its oldest token's version {oldest}",
@@ -317,6 +309,44 @@ def _decode_trajectory(fields: dict[bytes, bytes], limits: WireLimits) -> Trajec
     )
 
 
+def _check_samples(samples: list[Sample], limits: WireLimits) -> int:
+    """Every sample's values in range (`_check_sample`), checked over the whole trajectory at
+    once; only when that fails are the samples checked one by one, to name the first bad one.
+    Returns the oldest token version."""
+    cat = np.concatenate
+    ids = cat([s.response_ids for s in samples])
+    logprobs = cat([s.logprobs for s in samples])
+    versions = cat([s.token_versions for s in samples])
+    rewards = np.array([s.reward for s in samples])
+    high = (limits.vocab_size or 2**31) - 1
+    if (
+        all(s.response_ids.size for s in samples)
+        and ids.min() >= 0
+        and ids.max() <= high
+        and np.isfinite(logprobs).all()
+        and not (logprobs > 1e-4).any()
+        and versions.min() >= 0
+        and versions.max() <= _MAX_VERSION
+        and np.abs(rewards).max() <= limits.max_abs_reward
+    ):
+        return int(versions.min())
+    for i, s in enumerate(samples):
+        _check_sample(s, f"samples[{i}]", limits)
+    raise AssertionError("the trajectory-wide check refused what every sample's check accepts")
+
+
+def _check_sample(s: Sample, what: str, limits: WireLimits) -> None:
+    """Token ids in the vocabulary, log-probabilities finite and <= 0 (up to 1e-4), token
+    versions in [0, 2^31), |reward| within `reward.max_abs_reward`."""
+    _check_ids(s.response_ids, f"{what}.response_ids", limits)
+    if not np.all(np.isfinite(s.logprobs)) or np.any(s.logprobs > 1e-4):
+        raise WireError(f"{what}.logprobs: not finite or positive", "out_of_range")
+    check_range(s.token_versions, 0, _MAX_VERSION, f"{what}.token_versions")
+    check_range(
+        np.array([s.reward]), -limits.max_abs_reward, limits.max_abs_reward, f"{what}.reward"
+    )
+
+
 def _check_ids(ids: np.ndarray, what: str, limits: WireLimits) -> None:
     """1-D token ids, at least one, inside the vocabulary."""
     if ids.size == 0:
@@ -329,21 +359,23 @@ def _check_ids(ids: np.ndarray, what: str, limits: WireLimits) -> None:
 
 
 def _decode_sample(body: BodyReader, what: str) -> Sample:
+    """One sample's fields; their values' ranges are checked over the whole trajectory
+    (`_check_samples`), so a bad value in one sample refuses the whole entry as before."""
     limits, parts = body.limits, dict[str, Any]()
     for key in body.fields(what, _SAMPLE_BODY):
-        name = f"{what}.{key}"
         if key in _SAMPLE_ARRAYS:
             dtype, ndim = _SAMPLE_ARRAYS[key]
-            parts[key] = body.array(name, dtype, ndim, limits.max_tokens)
+            parts[key] = body.array(f"{what}.{key}", dtype, ndim, limits.max_tokens)
         elif key == "reward":
-            parts[key] = float(body.typed(name, (int, float)))
+            parts[key] = float(body.typed(what, (float, int), ".reward"))
         elif key == "env_errors":
-            parts[key] = body.typed(name, int)
+            parts[key] = body.typed(what, int, ".env_errors")
         elif key == "reward_failure":
+            name = f"{what}.{key}"
             parts[key] = check_name(body.typed(name, str), name)
         else:
-            parts[key] = body.typed(name, bool if key == "finished" else str)
-    missing = _SAMPLE_BODY - set(_TURN_NAMES) - {"env_errors", "reward_failure"} - parts.keys()
+            parts[key] = body.typed(what, bool if key == "finished" else str, "." + key)
+    missing = _SAMPLE_REQUIRED - parts.keys()
     if missing:
         raise WireError(f"{what}: missing {', '.join(sorted(missing))}", "schema")
     ids, logprobs, versions = parts["response_ids"], parts["logprobs"], parts["token_versions"]
@@ -351,14 +383,12 @@ def _decode_sample(body: BodyReader, what: str) -> Sample:
         raise WireError(
             f"{what}: response_ids, logprobs and token_versions differ in shape", "bad_shape"
         )
-    if not np.all(np.isfinite(logprobs)) or np.any(logprobs > 1e-4):
-        raise WireError(f"{what}.logprobs: not finite or positive", "out_of_range")
-    check_range(versions, 0, _MAX_VERSION, f"{what}.token_versions")
     if not math.isfinite(parts["reward"]):
         raise WireError(f"{what}.reward: not finite ({parts['reward']})", "out_of_range")
     env_errors = parts.get("env_errors", 0)
     if not 0 <= env_errors < 2**31:
         raise WireError(f"{what}.env_errors: not a count", "out_of_range")
+    turns = {k: parts[k] for k in _TURN_NAMES if k in parts}
     return Sample(
         response_ids=ids,
         logprobs=logprobs,
@@ -366,7 +396,7 @@ def _decode_sample(body: BodyReader, what: str) -> Sample:
         reward=parts["reward"],
         finished=parts["finished"],
         text=parts["text"],
-        **_check_turns({k: parts[k] for k in _TURN_NAMES if k in parts}, ids.shape[0], what),
+        **_check_turns(turns, ids.shape[0], what),
         env_errors=env_errors,
         reward_failure=parts.get("reward_failure", ""),
     )
@@ -378,3 +408,4 @@ _SAMPLE_ARRAYS = {
     "token_versions": ("<i4", 1),
     **{name: (dtype, 1) for name, dtype in _TURN_FIELDS},
 }
+_SAMPLE_REQUIRED = _SAMPLE_BODY - set(_TURN_NAMES) - {"env_errors", "reward_failure"}
