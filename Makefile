@@ -108,7 +108,10 @@ test-unit: install bwrap
 	$(BIN)/python -m pytest tests/unit -q $(PYTEST_ARGS)
 
 # Benchmarks print one JSON line each; docs/BENCHMARKS.md records them with the machine.
-bench: install redis-server
+# bench_pipeline needs the demo model; py-spy (PyPI) gives its flame summary.
+bench: install redis-server $(DEMO_MODEL)/config.json
+	test -x $(BIN)/py-spy || $(BIN)/python -m pip install -q py-spy
+	$(BIN)/python scripts/bench_pipeline.py --model $(DEMO_MODEL) --flame
 	$(BIN)/python scripts/bench_async.py --steps 12
 	$(BIN)/python scripts/bench_packing.py --repeats 2
 	$(BIN)/python scripts/bench_long_run.py --steps 5000

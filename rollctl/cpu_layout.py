@@ -10,6 +10,8 @@ set, the torch threads when `run.torch_threads` is 0. With P the cores this proc
   second intra-op thread speeds an op up far less than twice (about 1.4x for the demo's 0.8 M
   parameter model), while a second process doubles the work done, so the cores go to processes;
   and a process per core, not more, keeps the learner from sharing its core with generators.
+  With `trainer.async_ratio` 0 the learner and the generators take turns (neither runs while the
+  other works), so the generators get every core: G = P.
 - larger model: intra-op threads pay and every generator holds its own copy of the weights, so
   one generator (G = 1) and the cores split in two: the learner P // 2 threads (at least 1),
   the generator the rest.
@@ -53,16 +55,18 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
-def plan_cpu(cores: int, model_bytes: int, generators: int | None) -> CpuLayout:
-    """The layout for `cores` cores, a model of `model_bytes`, and the generator count the config
-    sets (None: chosen here); see the module docstring."""
+def plan_cpu(
+    cores: int, model_bytes: int, generators: int | None, async_ratio: float = 1.0
+) -> CpuLayout:
+    """The layout for `cores` cores, a model of `model_bytes`, the generator count the config
+    sets (None: chosen here) and `trainer.async_ratio`; see the module docstring."""
     cores = max(cores, 1)
     if model_bytes >= SMALL_MODEL_BYTES:
         g = generators or 1
         learner = max(1, cores // 2)
         return CpuLayout(g, learner, max(1, (cores - learner) // g))
     if generators is None:
-        return CpuLayout(max(1, cores - 1), 1, 1)
+        return CpuLayout(cores if async_ratio == 0 else max(1, cores - 1), 1, 1)
     threads = max(1, cores // (1 + generators))
     return CpuLayout(generators, threads, threads)
 
@@ -96,7 +100,10 @@ def cpu_layout(cfg: Config) -> CpuLayout | None:
         return None
     set_by_config = "num_rollout_workers" in cfg.rollout.model_fields_set
     layout = plan_cpu(
-        usable_cores(), size, cfg.rollout.num_rollout_workers if set_by_config else None
+        usable_cores(),
+        size,
+        cfg.rollout.num_rollout_workers if set_by_config else None,
+        cfg.trainer.async_ratio,
     )
     cfg.rollout.num_rollout_workers = layout.generators
     return layout

@@ -14,6 +14,9 @@ def test_a_small_model_gets_one_core_per_process():
     )
     assert plan_cpu(8, SMALL, None) == CpuLayout(7, 1, 1)
     assert plan_cpu(1, SMALL, None) == CpuLayout(1, 1, 1)
+    # async_ratio 0: learner and generators take turns, so the generators get every core
+    assert plan_cpu(2, SMALL, None, async_ratio=0) == CpuLayout(2, 1, 1)
+    assert plan_cpu(2, SMALL, None, async_ratio=0.5) == CpuLayout(1, 1, 1)
 
 
 def test_an_explicit_generator_count_is_kept_and_the_cores_shared():
