@@ -17,6 +17,7 @@ import dataclasses
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -107,10 +108,11 @@ class Replayer:
 
 def _flame(pid: int, seconds: float) -> subprocess.Popen | None:
     """py-spy sampling this process for `seconds` (raw collapsed stacks), or None without it."""
-    exe = shutil.which("py-spy") or str(Path(os.sys.executable).with_name("py-spy"))
+    exe = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
     if not Path(exe).exists():
         return None
-    out = tempfile.mktemp(suffix=".txt")
+    with tempfile.NamedTemporaryFile(prefix="bench-flame-", suffix=".txt", delete=False) as f:
+        out = f.name
     cmd = [exe, "record", "--pid", str(pid), "--format", "raw", "-o", out, "--rate", "200"]
     proc = subprocess.Popen(
         [*cmd, "--duration", str(int(seconds))],
@@ -122,16 +124,18 @@ def _flame(pid: int, seconds: float) -> subprocess.Popen | None:
 
 
 def flame_summary(path: str, top: int = 12) -> dict[str, list[tuple[str, float]]]:
-    """Collapsed stacks -> the functions with the largest share of samples, inclusive and self
-    (`file:function`, shares of all samples of the learner thread's stacks)."""
+    """Collapsed stacks -> the functions under `learner_step` with the largest share of its
+    samples, inclusive and self (`file:function`; the timers' wrappers left out)."""
     inclusive: collections.Counter[str] = collections.Counter()
     own: collections.Counter[str] = collections.Counter()
     total = 0
     for line in Path(path).read_text().splitlines():
         stack, _, count = line.rpartition(" ")
         frames = [_short(f) for f in stack.split(";") if f]
-        if not frames or not any("learner_step" in f for f in frames):
+        if "loop.py:learner_step" not in frames:
             continue
+        frames = frames[frames.index("loop.py:learner_step") + 1 :]  # below the step
+        frames = [f for f in frames if "bench_phases.py" not in f] or ["loop.py:learner_step"]
         n = int(count)
         total += n
         own[frames[-1]] += n
@@ -184,4 +188,5 @@ def learner_phases(
     summary = None
     if profiler is not None and Path(profiler.out_path).exists():  # type: ignore[attr-defined]
         summary = flame_summary(profiler.out_path)  # type: ignore[attr-defined]
+        Path(profiler.out_path).unlink()  # type: ignore[attr-defined]
     return out, summary

@@ -44,7 +44,12 @@ import torch  # noqa: E402
 
 from rollflash.broker.config import Config, load_config  # noqa: E402
 from rollflash.broker.redis_server import EmbeddedRedis  # noqa: E402
-from rollflash.broker.schema import Trajectory, decode_trajectory, encode_trajectory  # noqa: E402
+from rollflash.broker.schema import (  # noqa: E402
+    PromptWork,
+    Trajectory,
+    decode_trajectory,
+    encode_trajectory,
+)
 from rollflash.broker.wire import WireLimits  # noqa: E402
 from rollflash.envs import task_from_config  # noqa: E402
 from rollflash.generators.hf_engine import HFEngine  # noqa: E402
@@ -67,8 +72,6 @@ def record_step(cfg: Config, engine: HFEngine) -> tuple[list[Trajectory], float]
     """One step's B groups of n samples, generated in pulls as a generator does, scored, and
     passed through the wire (encode, bounded decode) as the learner receives them; returns them
     with the seconds the generation took."""
-    from rollflash.broker.schema import PromptWork
-
     task, r, b = task_from_config(cfg), cfg.rollout, cfg.trainer.rollout_batch_size
     items = [it for _, it in zip(range(b), task.train_items(cfg.run.seed))]
     params = SamplingParams.for_rollout(r, r.num_return_sequences)
@@ -173,7 +176,12 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="models/tiny")
     p.add_argument("--steps", type=int, default=20, help="learner steps of each whole-system run")
-    p.add_argument("--phase-steps", type=int, default=10, help="steps of the in-process learner")
+    p.add_argument(
+        "--phase-steps",
+        type=int,
+        default=10,
+        help="steps of the in-process learner (0: no breakdown)",
+    )
     p.add_argument("--repeats", type=int, default=7, help="timed rounds of (a), (b) and (c)")
     p.add_argument("--ratios", default="0,1")
     p.add_argument("--flame", action="store_true", help="py-spy profile of the in-process learner")
@@ -198,11 +206,14 @@ def main() -> None:
         "c_generate_s": round(gen, 4),
         "ideal_samples_per_s": round(ideal, 1),
     }
-    with EmbeddedRedis(Path(tmp) / "redis") as server:
-        phase_cfg = bench_config(args.model, [*args.overrides, f"redis.url={server.url}"], tmp)
-        out["phases_ms"], flame = learner_phases(phase_cfg, groups, args.phase_steps, args.flame)
-    if flame:
-        out["flame"] = flame
+    if args.phase_steps > 1:
+        with EmbeddedRedis(Path(tmp) / "redis") as server:
+            phase_cfg = bench_config(args.model, [*args.overrides, f"redis.url={server.url}"], tmp)
+            out["phases_ms"], flame = learner_phases(
+                phase_cfg, groups, args.phase_steps, args.flame
+            )
+        if flame:
+            out["flame"] = flame
     for ratio in [float(r) for r in args.ratios.split(",") if r]:
         d = system_throughput(cfg, ratio, args.steps)
         if "samples_per_s" in d:
