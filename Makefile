@@ -124,7 +124,10 @@ test-unit: install bwrap
 	$(BIN)/python -m pytest tests/unit -q $(PYTEST_ARGS)
 
 # Benchmarks print one JSON line each; docs/BENCHMARKS.md records them with the machine.
-bench: install redis-server bwrap $(MIXTURE_MODEL)/config.json
+# bench_pipeline needs the demo model; py-spy (PyPI) gives its flame summary.
+bench: install redis-server bwrap $(DEMO_MODEL)/config.json $(MIXTURE_MODEL)/config.json
+	test -x $(BIN)/py-spy || $(BIN)/python -m pip install -q py-spy
+	$(BIN)/python scripts/bench_pipeline.py --model $(DEMO_MODEL) --flame
 	$(BIN)/python scripts/bench_async.py --steps 12
 	$(BIN)/python scripts/bench_code_scoring.py --model $(MIXTURE_MODEL) --batches 6
 	$(BIN)/python scripts/bench_packing.py --repeats 2

@@ -29,7 +29,10 @@ class RunConfig(Section):
     )
     seed: StrictInt = Field(0, description="seeds prompt order, sampling and initialisation")
     torch_threads: StrictInt = Field(
-        0, ge=0, description="intra-op threads per process (0 = torch's default)"
+        0,
+        ge=0,
+        description="intra-op threads per process (0 = torch's default, which `rollctl run` "
+        "on a CPU sets from the cores: rollctl/cpu_layout.py)",
     )
 
 
@@ -103,7 +106,10 @@ class RolloutConfig(Section):
         "decoding, new prompts claimed as their slots free up",
     )
     num_rollout_workers: StrictInt = Field(
-        2, ge=0, description="generator processes started by `rollctl run`"
+        2,
+        ge=0,
+        description="generator processes started by `rollctl run` (when unset: from the GPUs, "
+        "or on a CPU from the cores and the model size)",
     )
     heartbeat_ttl_s: Number = Field(
         30.0, gt=0, description="a generator's status hash expires this long after its last beat"

@@ -78,6 +78,12 @@ class GeneratorBroker:
     ) -> str:
         """XADD the trajectory and XACK its prompt atomically; returns the trajectory entry id.
         `sample_index` is the prompt's (replicated prompts), to recognise it if Redis forgets."""
-        entry_id = self._trajectories.add(t, prompt_entry_id)
-        self._completed.finished(t.group_id, sample_index)
-        return entry_id
+        return self.add_trajectories([(t, prompt_entry_id, sample_index)])[0]
+
+    def add_trajectories(self, items: list[tuple[Trajectory, str | None, int]]) -> list[str]:
+        """`add_trajectory` for several (trajectory, prompt entry id, sample index) in one
+        transaction, so one round trip to Redis; returns the trajectory entry ids in order."""
+        entry_ids = self._trajectories.add_many([(t, entry_id) for t, entry_id, _ in items])
+        for t, _, sample_index in items:
+            self._completed.finished(t.group_id, sample_index)
+        return entry_ids

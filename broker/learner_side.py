@@ -108,21 +108,19 @@ class LearnerBroker:
 
     def generator_idle_frac(self) -> float | None:
         """Mean over live generators of their idle share since they started (None if none)."""
-        shares = [
-            float(g["idle_frac"])
-            for g in self._registry.live_generators().values()
-            if g.get("idle_frac") not in (None, "")
-        ]
-        return sum(shares) / len(shares) if shares else None
+        return self.generator_stats()[0]
 
     def generator_reward_errors(self) -> int:
         """Reward-function errors counted so far by the live generators (their heartbeats'
         `reward_errors`; a dead generator's count leaves with its expired heartbeat)."""
-        return sum(
-            int(g["reward_errors"])
-            for g in self._registry.live_generators().values()
-            if g.get("reward_errors", "").isdigit()
-        )
+        return self.generator_stats()[1]
+
+    def generator_stats(self) -> tuple[float | None, int]:
+        """(`generator_idle_frac`, `generator_reward_errors`) from one read of the heartbeats."""
+        live = self._registry.live_generators().values()
+        shares = [float(g["idle_frac"]) for g in live if g.get("idle_frac") not in (None, "")]
+        errors = sum(int(g["reward_errors"]) for g in live if g.get("reward_errors", "").isdigit())
+        return (sum(shares) / len(shares) if shares else None), errors
 
     # --- lost writes (also run by every read, through `watch`) ----------------------------------
     def track_trajectory_writes(self) -> None:

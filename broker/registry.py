@@ -167,11 +167,17 @@ class RunRegistry:
         self.io.write(write)
 
     def live_generators(self) -> dict[str, dict[str, str]]:
+        """Each live generator's status hash, read in one pipeline after the key scan."""
+        keys = [text(k) for k in self.io.client.scan_iter(match=self.keys.gen_pattern, count=100)]
+        if not keys:
+            return {}
+        pipe = self.io.client.pipeline(transaction=False)
+        for key in keys:
+            pipe.hgetall(key)
         out = {}
-        for key in self.io.client.scan_iter(match=self.keys.gen_pattern, count=100):
-            fields = self.io.hash(text(key))
-            if fields:
-                out[self.keys.generator_id(text(key))] = fields
+        for key, raw in zip(keys, pipe.execute()):
+            if raw:  # expired between the scan and the read
+                out[self.keys.generator_id(key)] = {text(k): text(v) for k, v in raw.items()}
         return out
 
     def loaded_versions(self) -> set[int]:

@@ -33,6 +33,9 @@ from typing import Any
 import msgpack
 import numpy as np
 
+from rollflash.broker.sample_ranges import MAX_VERSION as _MAX_VERSION
+from rollflash.broker.sample_ranges import check_ids as _check_ids
+from rollflash.broker.sample_ranges import check_samples as _check_samples
 from rollflash.broker.turns import TURN_FIELDS as _TURN_FIELDS
 from rollflash.broker.turns import TURN_NAMES as _TURN_NAMES
 from rollflash.broker.turns import check_turns as _check_turns
@@ -41,7 +44,6 @@ from rollflash.broker.wire import (
     WireError,
     WireLimits,
     check_name,
-    check_range,
     pack_array,
 )
 
@@ -209,7 +211,6 @@ def _int_field(fields: dict[bytes, bytes], key: str, what: str, low: int, high: 
     return value
 
 
-_MAX_VERSION = 2**31 - 1  # versions travel as int32 token versions
 _PROMPT_BODY = frozenset({"item"})
 
 
@@ -285,16 +286,8 @@ def _decode_trajectory(fields: dict[bytes, bytes], limits: WireLimits) -> Trajec
     if not samples:
         raise WireError("trajectory: no samples", "out_of_range")
     _check_ids(prompt_ids, "prompt_ids", limits)
-    for i, s in enumerate(samples):
-        _check_ids(s.response_ids, f"samples[{i}].response_ids", limits)
-        check_range(
-            np.array([s.reward]),
-            -limits.max_abs_reward,
-            limits.max_abs_reward,
-            f"samples[{i}].reward",
-        )
+    oldest = _check_samples(samples, limits)
     behavior = _int_field(fields, "behavior_version", "trajectory", 0, _MAX_VERSION)
-    oldest = min(int(s.token_versions.min()) for s in samples)
     if behavior != oldest:
         raise WireError(
             f"trajectory.behavior_version: {behavior} is not its oldest token's version {oldest}",
@@ -317,33 +310,24 @@ def _decode_trajectory(fields: dict[bytes, bytes], limits: WireLimits) -> Trajec
     )
 
 
-def _check_ids(ids: np.ndarray, what: str, limits: WireLimits) -> None:
-    """1-D token ids, at least one, inside the vocabulary."""
-    if ids.size == 0:
-        raise WireError(f"{what}: empty", "bad_shape")
-    high = (limits.vocab_size or 2**31) - 1
-    if ids.min() < 0 or ids.max() > high:
-        raise WireError(
-            f"{what}: token id outside the vocabulary [0, {limits.vocab_size})", "out_of_range"
-        )
-
-
 def _decode_sample(body: BodyReader, what: str) -> Sample:
+    """One sample's fields; their values' ranges are checked over the whole trajectory
+    (`_check_samples`), so a bad value in one sample refuses the whole entry as before."""
     limits, parts = body.limits, dict[str, Any]()
     for key in body.fields(what, _SAMPLE_BODY):
-        name = f"{what}.{key}"
         if key in _SAMPLE_ARRAYS:
             dtype, ndim = _SAMPLE_ARRAYS[key]
-            parts[key] = body.array(name, dtype, ndim, limits.max_tokens)
+            parts[key] = body.array(f"{what}.{key}", dtype, ndim, limits.max_tokens)
         elif key == "reward":
-            parts[key] = float(body.typed(name, (int, float)))
+            parts[key] = float(body.typed(what, (float, int), ".reward"))
         elif key == "env_errors":
-            parts[key] = body.typed(name, int)
+            parts[key] = body.typed(what, int, ".env_errors")
         elif key == "reward_failure":
+            name = f"{what}.{key}"
             parts[key] = check_name(body.typed(name, str), name)
         else:
-            parts[key] = body.typed(name, bool if key == "finished" else str)
-    missing = _SAMPLE_BODY - set(_TURN_NAMES) - {"env_errors", "reward_failure"} - parts.keys()
+            parts[key] = body.typed(what, bool if key == "finished" else str, "." + key)
+    missing = _SAMPLE_REQUIRED - parts.keys()
     if missing:
         raise WireError(f"{what}: missing {', '.join(sorted(missing))}", "schema")
     ids, logprobs, versions = parts["response_ids"], parts["logprobs"], parts["token_versions"]
@@ -351,14 +335,12 @@ def _decode_sample(body: BodyReader, what: str) -> Sample:
         raise WireError(
             f"{what}: response_ids, logprobs and token_versions differ in shape", "bad_shape"
         )
-    if not np.all(np.isfinite(logprobs)) or np.any(logprobs > 1e-4):
-        raise WireError(f"{what}.logprobs: not finite or positive", "out_of_range")
-    check_range(versions, 0, _MAX_VERSION, f"{what}.token_versions")
     if not math.isfinite(parts["reward"]):
         raise WireError(f"{what}.reward: not finite ({parts['reward']})", "out_of_range")
     env_errors = parts.get("env_errors", 0)
     if not 0 <= env_errors < 2**31:
         raise WireError(f"{what}.env_errors: not a count", "out_of_range")
+    turns = {k: parts[k] for k in _TURN_NAMES if k in parts}
     return Sample(
         response_ids=ids,
         logprobs=logprobs,
@@ -366,7 +348,7 @@ def _decode_sample(body: BodyReader, what: str) -> Sample:
         reward=parts["reward"],
         finished=parts["finished"],
         text=parts["text"],
-        **_check_turns({k: parts[k] for k in _TURN_NAMES if k in parts}, ids.shape[0], what),
+        **_check_turns(turns, ids.shape[0], what),
         env_errors=env_errors,
         reward_failure=parts.get("reward_failure", ""),
     )
@@ -378,3 +360,4 @@ _SAMPLE_ARRAYS = {
     "token_versions": ("<i4", 1),
     **{name: (dtype, 1) for name, dtype in _TURN_FIELDS},
 }
+_SAMPLE_REQUIRED = _SAMPLE_BODY - set(_TURN_NAMES) - {"env_errors", "reward_failure"}

@@ -174,19 +174,25 @@ class TrajectoryStream:
     # --- the generators' side ---------------------------------------------------------------------
     def add(self, t: Trajectory, prompt_entry_id: str | None) -> str:
         """XADD the trajectory and XACK its prompt atomically; returns the trajectory entry id."""
-        fields = encode_trajectory(t)
+        return self.add_many([(t, prompt_entry_id)])[0]
 
-        def write() -> Any:
+    def add_many(self, items: list[tuple[Trajectory, str | None]]) -> list[str]:
+        """`add` for several trajectories in one transaction (one round trip): every XADD and
+        its prompt's XACK happen together or not at all. Returns the entry ids, in order."""
+        encoded = [(wire(encode_trajectory(t)), prompt_entry_id) for t, prompt_entry_id in items]
+
+        def write() -> list[Any]:
             pipe = self.io.pipeline(transaction=True)
-            pipe.xadd(self.keys.trajectories, wire(fields), nomkstream=True)
-            if prompt_entry_id is not None:
-                pipe.xack(self.keys.prompts, GEN_GROUP, prompt_entry_id)
-            return pipe.execute()[0]
+            for fields, prompt_entry_id in encoded:
+                pipe.xadd(self.keys.trajectories, fields, nomkstream=True)
+                if prompt_entry_id is not None:
+                    pipe.xack(self.keys.prompts, GEN_GROUP, prompt_entry_id)
+            return _xadd_replies(pipe.execute(), encoded)
 
-        entry_id = self.io.write(write)
-        if entry_id is None:
+        entry_ids = self.io.write(write)
+        if any(entry_id is None for entry_id in entry_ids):
             raise self.io.lost(f"the stream {self.keys.trajectories} is gone")
-        return text(entry_id)
+        return [text(entry_id) for entry_id in entry_ids]
 
     # --- the learner's side -----------------------------------------------------------------------
     def read(
@@ -234,3 +240,12 @@ class TrajectoryStream:
             pipe.execute()
 
         self.io.write(write)  # HINCRBY is refused at maxmemory
+
+
+def _xadd_replies(replies: list[Any], encoded: list[tuple[Any, str | None]]) -> list[Any]:
+    """The XADD replies of a transaction that interleaves each XADD with an optional XACK."""
+    out, i = [], 0
+    for _, prompt_entry_id in encoded:
+        out.append(replies[i])
+        i += 1 if prompt_entry_id is None else 2
+    return out

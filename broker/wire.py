@@ -103,7 +103,9 @@ class BodyReader:
         self._count(1 + 2 * len(value))
         return value
 
-    def _guard(self, read: Callable[[], Any], what: str, expected: str) -> Any:
+    def _read(self, read: Callable[[], Any], what: str, expected: str) -> Any:
+        """`read()` from the unpacker; a msgpack failure becomes a `corrupt` WireError (a
+        WireError raised by the counting hooks passes through as it is)."""
         try:
             return read()
         except WireError:
@@ -115,38 +117,39 @@ class BodyReader:
 
     def value(self, what: str) -> Any:
         """The next object, whatever it is (containers count towards max_objects)."""
-        return self._guard(self._u.unpack, what, "a msgpack value")
+        return self._read(self._u.unpack, what, "a msgpack value")
 
     def fields(self, what: str, allowed: frozenset[str]) -> Iterator[str]:
         """Iterate over a mapping's keys; the caller must read (or `skip`) each key's value before
         the next key. A key outside `allowed` is refused before its value is decoded."""
-        n = self._guard(self._u.read_map_header, what, "a mapping")
+        n = self._read(self._u.read_map_header, what, "a mapping")
         self._count(1 + 2 * n)
-        seen = set()
+        seen: set[str] = set()
+        unpack = self._u.unpack
         for _ in range(n):
-            key = self._guard(self._u.unpack, what, "a string key")
-            if not isinstance(key, str) or key not in allowed:
-                shown = repr(key)[:40]
-                raise WireError(f"{what}: unknown key {shown}", "unknown_key")
-            if key in seen:
-                raise WireError(f"{what}: key {key!r} repeated", "unknown_key")
+            key = self._read(unpack, what, "a string key")
+            if key.__class__ is not str or key not in allowed or key in seen:
+                _refuse_key(what, key, seen)
             seen.add(key)
             yield key
 
     def items(self, what: str, max_len: int) -> int:
         """The length of the next array (its items are then read one by one)."""
-        n = self._guard(self._u.read_array_header, what, "an array")
+        n = self._read(self._u.read_array_header, what, "an array")
         if n > max_len:
             raise WireError(f"{what}: {n} items, more than {max_len}", "out_of_range")
         self._count(1 + n)
         return n
 
-    def typed(self, what: str, kind: type | tuple[type, ...]) -> Any:
-        """The next object, which must be a scalar of `kind` (bool is not an int here)."""
-        value = self.value(what)
+    def typed(self, what: str, kind: type | tuple[type, ...], suffix: str = "") -> Any:
+        """The next object, which must be a scalar of `kind` (bool is not an int here); errors
+        name it `what + suffix` (built only when one is raised)."""
+        value = self._read(self._u.unpack, what + suffix, "a msgpack value")
+        if value.__class__ is kind:  # the common case, and never bool for int
+            return value
         kinds = kind if isinstance(kind, tuple) else (kind,)
         if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
-            raise WireError(f"{what}: wrong type {type(value).__name__}", "bad_type")
+            raise WireError(f"{what}{suffix}: wrong type {type(value).__name__}", "bad_type")
         return value
 
     def array(self, what: str, dtype: str, ndim: int, max_dim: int) -> np.ndarray:
@@ -154,10 +157,11 @@ class BodyReader:
         parts: dict[str, Any] = {}
         for key in self.fields(what, _ARRAY_KEYS):
             if key == "shape":
-                parts[key] = [self.typed(f"{what}.shape", int) for _ in range(self.items(what, 8))]
+                dims = self.items(what, 8)
+                parts[key] = [self.typed(what, int, ".shape") for _ in range(dims)]
             else:
-                parts[key] = self.typed(f"{what}.{key}", str if key == "dtype" else bytes)
-        if parts.keys() != _ARRAY_KEYS or parts["dtype"] != dtype:
+                parts[key] = self.typed(what, str if key == "dtype" else bytes, "." + key)
+        if len(parts) != 3 or parts["dtype"] != dtype:
             raise WireError(f"{what}: expected a {dtype} array", "bad_type")
         shape, data = parts["shape"], parts["data"]
         if len(shape) != ndim or not all(0 <= s <= max_dim for s in shape):
@@ -166,7 +170,8 @@ class BodyReader:
             )
         if len(data) != math.prod(shape) * DTYPES[dtype].itemsize:
             raise WireError(f"{what}: data length does not match shape {shape}", "bad_shape")
-        return np.frombuffer(data, dtype=DTYPES[dtype]).reshape(shape)
+        flat = np.frombuffer(data, dtype=DTYPES[dtype])  # zero-copy: a view of the body's bytes
+        return flat if ndim == 1 else flat.reshape(shape)
 
     def finish(self) -> None:
         """Refuse bytes after the body's one object."""
@@ -180,6 +185,12 @@ class BodyReader:
 
 
 _ARRAY_KEYS = frozenset({"dtype", "shape", "data"})
+
+
+def _refuse_key(what: str, key: Any, seen: set[str]) -> None:
+    if isinstance(key, str) and key in seen:
+        raise WireError(f"{what}: key {key!r} repeated", "unknown_key")
+    raise WireError(f"{what}: unknown key {repr(key)[:40]}", "unknown_key")
 
 
 def pack_array(a: np.ndarray, dtype: str) -> dict[str, Any]:

@@ -179,9 +179,11 @@ def stream_groups(
     generator_id: str,
     rewarder: Rewarder | None,
 ) -> tuple[int, int]:
-    """Score finished groups (one batched rewarder call) and stream each with its prompt's XACK;
-    `versions`: the weights each group started with. Returns (samples, tokens) streamed."""
+    """Score finished groups (one batched rewarder call) and stream them, each with its prompt's
+    XACK, in one Redis transaction; `versions`: the weights each group started with. Returns
+    (samples, tokens) streamed."""
     n_samples = n_tokens = 0
+    out = []
     rewards = (
         rewarder.score_groups(
             [Item(**w.item) for _, w in claimed], [[s.text for s in kept] for kept in kept_groups]
@@ -193,9 +195,10 @@ def stream_groups(
         claimed, kept_groups, versions, rewards
     ):
         traj = to_trajectory(work, kept, task, generator_id, version, group_rewards)
-        broker.add_trajectory(traj, prompt_entry_id=entry_id, sample_index=work.sample_index)
+        out.append((traj, entry_id, work.sample_index))
         n_samples += len(kept)
         n_tokens += sum(len(s.response_ids) for s in kept)
+    broker.add_trajectories(out)
     return n_samples, n_tokens
 
 

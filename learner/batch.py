@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from rollflash.algos import TurnInputs
@@ -56,24 +57,61 @@ def pad_groups(groups: list[Trajectory], keep: torch.Tensor | None = None) -> Mi
 
     keep: [B] bool or None; a sample with keep False has an all-False mask row (it stays in the
     batch, so its group keeps its shape and its score still enters the group baseline).
+
+    Built with a few array operations over the whole batch, not per sample: every sample's
+    tokens (prompt, then response) are concatenated once and scattered to (row, column) pairs.
     """
-    seqs = [(g.prompt_ids.tolist(), s) for g in groups for s in g.samples]
-    width = max((len(p) + len(s.response_ids) for p, s in seqs), default=1)  # [0, 1]: no groups
+    seqs = [(g.prompt_ids, s) for g in groups for s in g.samples]
     b = len(seqs)
-    input_ids = torch.zeros(b, width, dtype=torch.long)
-    attention = torch.zeros(b, width, dtype=torch.long)
-    mask = torch.zeros(b, width - 1, dtype=torch.bool)
-    behav = torch.zeros(b, width - 1, dtype=torch.float32)
-    for i, (prompt, s) in enumerate(seqs):
-        n = len(prompt) + len(s.response_ids)
-        input_ids[i, :n] = torch.tensor(prompt + s.response_ids.tolist())
-        attention[i, :n] = 1
-        resp = slice(len(prompt) - 1, n - 1)  # targets of the response tokens
-        mask[i, resp] = True if keep is None else bool(keep[i])
-        if s.loss_mask is not None:  # multi-turn: observation tokens are not the policy's
-            mask[i, resp] &= torch.from_numpy(s.loss_mask.astype(bool))
-        behav[i, resp] = torch.from_numpy(s.logprobs.astype("float32"))
-    return MicroBatch(input_ids, attention, mask, behav, torch.zeros_like(behav))
+    plen = np.fromiter((len(p) for p, _ in seqs), np.int64, b)
+    rlen = np.fromiter((len(s.response_ids) for _, s in seqs), np.int64, b)
+    lengths = plen + rlen
+    width = int(lengths.max()) if b else 1  # [0, 1]: no groups
+    input_ids = np.zeros((b, width), np.int64)
+    if b:
+        tokens = np.concatenate([a for p, s in seqs for a in (p, s.response_ids)])
+        input_ids[_rows(lengths), _cols(lengths)] = tokens
+    # targets of the response tokens: columns len(prompt) - 1 .. len(prompt) + len(response) - 2
+    rrows, rcols = _rows(rlen), _cols(rlen) + np.repeat(plen - 1, rlen)
+    mask = np.zeros((b, width - 1), bool)
+    selected = np.ones(int(rlen.sum()), bool)
+    if keep is not None:
+        selected &= np.repeat(keep.numpy().astype(bool), rlen)
+    if any(
+        s.loss_mask is not None for _, s in seqs
+    ):  # multi-turn: observations are not the policy's
+        selected &= np.concatenate(
+            [
+                s.loss_mask.astype(bool)
+                if s.loss_mask is not None
+                else np.ones(len(s.response_ids), bool)
+                for _, s in seqs
+            ]
+        )
+    mask[rrows, rcols] = selected
+    behav = np.zeros((b, width - 1), np.float32)
+    if b:
+        behav[rrows, rcols] = np.concatenate([s.logprobs for _, s in seqs])
+    attention = (np.arange(width)[None, :] < lengths[:, None]).astype(np.int64)
+    behav_t = torch.from_numpy(behav)
+    return MicroBatch(
+        torch.from_numpy(input_ids),
+        torch.from_numpy(attention),
+        torch.from_numpy(mask),
+        behav_t,
+        torch.zeros_like(behav_t),
+    )
+
+
+def _rows(counts: np.ndarray) -> np.ndarray:
+    """[sum(counts)] int64: row i repeated counts[i] times."""
+    return np.repeat(np.arange(len(counts)), counts)
+
+
+def _cols(counts: np.ndarray) -> np.ndarray:
+    """[sum(counts)] int64: 0 .. counts[i] - 1 for each row i in turn."""
+    starts = np.cumsum(counts) - counts
+    return np.arange(int(counts.sum())) - np.repeat(starts, counts)
 
 
 def turn_inputs(groups: list[Trajectory], mask: torch.Tensor) -> TurnInputs | None:

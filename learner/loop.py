@@ -170,8 +170,7 @@ def _report(ln: Learner, metrics: dict[str, float], groups: list[Trajectory]) ->
     decode = ln.models.tokenizer.decode if ln.models.tokenizer is not None else str
     rows = pick_completions(groups, n, version, cfg.run.seed, step, decode)
     ln.sink.log_completions(step, rows)
-    metrics["gen/idle_frac"] = ln.broker.generator_idle_frac()
-    metrics["reward/errors"] = ln.broker.generator_reward_errors()
+    metrics["gen/idle_frac"], metrics["reward/errors"] = ln.broker.generator_stats()
     filtered = getattr(ln.task, "filtered", None)  # a dataset's prompts over max_prompt_tokens
     if filtered is not None:
         metrics["data/filtered_train"] = filtered["train"]

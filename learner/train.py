@@ -76,26 +76,33 @@ def loss_config(cfg: Config) -> PolicyLossConfig:
 
 
 class _MetricMeans:
-    """Accumulates per-micro-batch metrics: share-weighted means, and maxima for `*_max` names.
-    Ratios of sums (explained variance) become share-weighted means of the per-micro-batch ratios."""
+    """Accumulates per-micro-batch metrics where they were computed: share-weighted means, and
+    maxima for `*_max` names. Ratios of sums (explained variance) become share-weighted means of
+    the per-micro-batch ratios. Nothing is read back until `values`, which copies every metric to
+    the host in one transfer: one device sync per step instead of one per metric per pass."""
 
     def __init__(self) -> None:
-        self.sums: dict[str, float] = {}
+        self.sums: dict[str, torch.Tensor] = {}
         self.weight = 0.0
 
     def add(self, metrics: dict[str, torch.Tensor], weight: float) -> None:
         self.weight += weight
         for name, value in metrics.items():
-            v = float(value)
+            v = torch.as_tensor(value).detach().float().reshape(())
+            prev = self.sums.get(name)
             if name.endswith("_max"):
-                self.sums[name] = max(self.sums.get(name, v), v)
+                self.sums[name] = v if prev is None else torch.maximum(prev, v.to(prev.device))
             else:
-                self.sums[name] = self.sums.get(name, 0.0) + weight * v
+                self.sums[name] = weight * v if prev is None else prev + weight * v.to(prev.device)
 
     @property
     def values(self) -> dict[str, float]:
-        w = self.weight or 1.0
-        return {k: v if k.endswith("_max") else v / w for k, v in self.sums.items()}
+        if not self.sums:
+            return {}
+        names, w = list(self.sums), self.weight or 1.0
+        device = self.sums[names[0]].device
+        host = torch.stack([self.sums[k].to(device) for k in names]).tolist()
+        return {k: v if k.endswith("_max") else v / w for k, v in zip(names, host)}
 
 
 def loss_shares(batch: list[MicroBatch], agg_mode: str, dist: Dist = Dist()) -> list[float]:

@@ -26,6 +26,7 @@ from rollflash.broker.config import Config
 from rollflash.broker.placement import plan_layout
 from rollflash.broker.redis_server import EmbeddedRedis, die_with_parent
 from rollflash.broker.secrets import PASSWORD_ENV, url_password
+from rollflash.rollctl.cpu_layout import cpu_layout, omp_threads, usable_cores
 from rollflash.rollctl.progress import StepProgress, read_new_rows, terminal_progress
 
 log = logging.getLogger(__name__)
@@ -124,15 +125,25 @@ class Child:
     name: str  # learner, gen-0, gen-1, ...
     args: list[str]  # of `rollctl`
     cuda_visible_devices: str | None  # None: inherited
+    omp_threads: str | None = None  # OMP_NUM_THREADS (rollctl/cpu_layout.py); None: inherited
 
 
 def plan_children(cfg: Config, config_path: Path) -> list[Child]:
     """The processes `rollctl run` starts, with the GPUs `placement:` gives each
-    (broker/placement.py)."""
+    (broker/placement.py) or, on a CPU run, the generator count and threads the machine's cores
+    allow (rollctl/cpu_layout.py)."""
     layout = plan_layout(cfg)
+    cpu = cpu_layout(cfg) if layout is None else None
+    if cpu is not None:
+        log.info("%d cores: %s (rollctl/cpu_layout.py)", usable_cores(), cpu.describe())
     common = ["--config", str(config_path)]
     children = [
-        Child("learner", ["start-learner", *common], layout.learner_env() if layout else None)
+        Child(
+            "learner",
+            ["start-learner", *common],
+            layout.learner_env() if layout else None,
+            omp_threads(cfg, cpu, learner=True),
+        )
     ]
     for i in range(cfg.rollout.num_rollout_workers):
         children.append(
@@ -140,6 +151,7 @@ def plan_children(cfg: Config, config_path: Path) -> list[Child]:
                 f"gen-{i}",
                 ["start-generator", *common, "--id", f"gen-{i}"],
                 layout.generator_env(i) if layout else None,
+                omp_threads(cfg, cpu, learner=False),
             )
         )
     return children
@@ -158,6 +170,8 @@ def child_env(base: dict[str, str], child: Child) -> dict[str, str]:
     env = dict(base)
     if child.cuda_visible_devices is not None:
         env["CUDA_VISIBLE_DEVICES"] = child.cuda_visible_devices
+    if child.omp_threads is not None:
+        env["OMP_NUM_THREADS"] = child.omp_threads
     return env
 
 
@@ -173,15 +187,13 @@ def run_local(cfg: Config, echo: bool = True) -> int:
         cfg.redis.url = server.url
         log.info("embedded redis-server at %s", server.url)
     config_path = run_dir / "run.yaml"
+    children = plan_children(cfg, config_path)  # may set rollout.num_rollout_workers
     cfg.save(config_path)  # without the Redis password: the children get it in their environment
     env = {k: v for k, v in os.environ.items() if k != PASSWORD_ENV}
     password = url_password(cfg.redis.url)
     if password:
         env[PASSWORD_ENV] = password
-    procs = [
-        _spawn(c.args, logs / f"{c.name}.log", child_env(env, c))
-        for c in plan_children(cfg, config_path)
-    ]
+    procs = [_spawn(c.args, logs / f"{c.name}.log", child_env(env, c)) for c in children]
     learner, gens = procs[0], procs[1:]
     bar = terminal_progress(cfg.trainer.total_steps, sys.stdout) if echo else None
     watch = LearnerWatch(run_dir, echo, bar)

@@ -76,7 +76,10 @@ def _vllm(tp: int, **rollout) -> dict:
             {"learner": "4,5", "gen-0": "4", "gen-1": "5", "gen-2": "4"},
         ),
         # no placement.gpus: nothing is set, each child inherits the parent's value
-        ({}, {"learner": "inherited", "gen-0": "inherited", "gen-1": "inherited"}),
+        (  # no GPUs listed (an explicit count: rollctl/cpu_layout.py may choose it otherwise)
+            {"rollout": {"num_rollout_workers": 2}},
+            {"learner": "inherited", "gen-0": "inherited", "gen-1": "inherited"},
+        ),
     ],
 )
 def test_each_child_gets_its_gpus(data, expected):

@@ -141,3 +141,31 @@ def test_pickle_is_never_accepted():
     fields[b"data"] = pickle.dumps({"samples": []})
     with pytest.raises(WireError):
         decode_trajectory(fields, LIMITS)
+
+
+@pytest.mark.parametrize(
+    "key, bad, reason",
+    [
+        ("logprobs", np.array([-0.5, 0.25, -1], np.float32), r"samples\[2\]\.logprobs: not finite"),
+        ("response_ids", np.array([5, VOCAB, 2], np.int32), r"samples\[2\]\.response_ids: token"),
+        ("token_versions", np.array([3, -1, 4], np.int32), r"samples\[2\]\.token_versions"),
+    ],
+)
+def test_a_bad_value_in_a_later_sample_refuses_the_entry_and_names_that_sample(key, bad, reason):
+    # the ranges are checked over the whole trajectory at once; the error still names the sample
+    def mutate(f, b):
+        b["samples"].append(dict(b["samples"][0], **{key: dict(b["samples"][0][key])}))
+        b["samples"][2][key]["data"] = bad.tobytes()
+        f[b"n"] = b"3"
+
+    with pytest.raises(WireError, match=reason):
+        decode_trajectory(_mutated(mutate), LIMITS)
+
+
+def test_a_reward_over_the_limit_in_a_later_sample_is_refused():
+    limits = WireLimits(max_bytes=1_000_000, vocab_size=VOCAB, max_abs_reward=2.0)
+    big = _traj()
+    big.samples = [big.samples[0], Sample(**{**vars(big.samples[0]), "reward": -2.5})]
+    with pytest.raises(WireError, match=r"samples\[1\]\.reward: values outside \[-2.0, 2.0\]"):
+        decode_trajectory(_fields(encode_trajectory(big)), limits)
+    assert decode_trajectory(_fields(encode_trajectory(_traj())), limits).samples[1].reward == 1.1

@@ -1,0 +1,69 @@
+"""Range checks of decoded trajectory samples (broker/schema.py's decoder runs them).
+
+Token ids lie in the vocabulary, log-probabilities are finite and <= 0 (up to 1e-4), token
+versions in [0, 2^31), rewards within `reward.max_abs_reward`. `check_samples` checks a whole
+trajectory with a few array operations and, only when that fails, checks the samples one by one
+so that the error names the first bad one, as a per-sample check would.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from rollflash.broker.wire import WireError, WireLimits, check_range
+
+if TYPE_CHECKING:
+    from rollflash.broker.schema import Sample
+
+MAX_VERSION = 2**31 - 1  # versions travel as int32 token versions
+
+
+def check_samples(samples: list[Sample], limits: WireLimits) -> int:
+    """Every sample's values in range (`check_sample`), checked over the whole trajectory at
+    once; only when that fails are the samples checked one by one, to name the first bad one.
+    Returns the oldest token version."""
+    cat = np.concatenate
+    ids = cat([s.response_ids for s in samples])
+    logprobs = cat([s.logprobs for s in samples])
+    versions = cat([s.token_versions for s in samples])
+    rewards = np.array([s.reward for s in samples])
+    high = (limits.vocab_size or 2**31) - 1
+    if (
+        all(s.response_ids.size for s in samples)
+        and ids.min() >= 0
+        and ids.max() <= high
+        and np.isfinite(logprobs).all()
+        and not (logprobs > 1e-4).any()
+        and versions.min() >= 0
+        and versions.max() <= MAX_VERSION
+        and np.abs(rewards).max() <= limits.max_abs_reward
+    ):
+        return int(versions.min())
+    for i, s in enumerate(samples):
+        check_sample(s, f"samples[{i}]", limits)
+    raise AssertionError("the trajectory-wide check refused what every sample's check accepts")
+
+
+def check_sample(s: Sample, what: str, limits: WireLimits) -> None:
+    """Token ids in the vocabulary, log-probabilities finite and <= 0 (up to 1e-4), token
+    versions in [0, 2^31), |reward| within `reward.max_abs_reward`."""
+    check_ids(s.response_ids, f"{what}.response_ids", limits)
+    if not np.all(np.isfinite(s.logprobs)) or np.any(s.logprobs > 1e-4):
+        raise WireError(f"{what}.logprobs: not finite or positive", "out_of_range")
+    check_range(s.token_versions, 0, MAX_VERSION, f"{what}.token_versions")
+    check_range(
+        np.array([s.reward]), -limits.max_abs_reward, limits.max_abs_reward, f"{what}.reward"
+    )
+
+
+def check_ids(ids: np.ndarray, what: str, limits: WireLimits) -> None:
+    """1-D token ids, at least one, inside the vocabulary."""
+    if ids.size == 0:
+        raise WireError(f"{what}: empty", "bad_shape")
+    high = (limits.vocab_size or 2**31) - 1
+    if ids.min() < 0 or ids.max() > high:
+        raise WireError(
+            f"{what}: token id outside the vocabulary [0, {limits.vocab_size})", "out_of_range"
+        )
