@@ -106,6 +106,18 @@ def _aof_incr(server: EmbeddedRedis) -> Path:
     return path
 
 
+def _written_aof_size(server: EmbeddedRedis) -> int:
+    """The AOF's size once Redis has written everything it acknowledged: under appendfsync
+    everysec it may hold back its write() for up to 2 s while a background fsync is still running
+    (a slow disk), and the file alone would then miss commands that were already acknowledged."""
+    admin = redis.Redis.from_url(server.url)
+    deadline = time.monotonic() + 10
+    while admin.info("persistence")["aof_buffer_length"] and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert admin.info("persistence")["aof_buffer_length"] == 0, "Redis held its AOF write back"
+    return _aof_incr(server).stat().st_size
+
+
 def _power_cut(server: EmbeddedRedis, durable: int) -> None:
     """Kill Redis and keep only the first `durable` bytes of its AOF (what had been fsynced),
     then start it again: an OS crash or power cut under appendfsync everysec."""
@@ -208,7 +220,7 @@ def test_everysec_window_forgotten_prompts_and_trajectories_are_recovered_and_co
         learner, gen = _pair(server)
         learner.add_prompts([_work(i) for i in range(3)])
         assert _generate(gen, 2) == ["g000000000", "g000000001"]
-        durable = _aof_incr(server).stat().st_size  # what survives the simulated power cut
+        durable = _written_aof_size(server)  # what survives the simulated power cut
         learner.add_prompts([_work(i) for i in range(3, 5)])
         assert _generate(gen, 2) == ["g000000002", "g000000003"]  # acknowledged, then forgotten
         _power_cut(server, durable)
@@ -244,7 +256,7 @@ def test_everysec_forgotten_trajectories_of_a_dead_writer_are_counted_by_the_lea
             gen.add_trajectory(_traj(claimed[k][1]), claimed[k][0])
 
         write(0), write(1)
-        durable = _aof_incr(server).stat().st_size  # what survives the simulated power cut
+        durable = _written_aof_size(server)  # what survives the simulated power cut
         write(2), write(3)  # acknowledged, then forgotten
         assert learner.verify_trajectories() == 0  # its look: 4 entries, the last one g3's
         write(4)  # after the learner's last look: the residual window
@@ -287,7 +299,7 @@ def test_everysec_forgotten_weights_announcement_is_made_again(tmp_path):
     try:
         learner, gen = _pair(server)
         learner.announce_weights(1, "/w/v1", "sha-1", "tcp://x")
-        durable = _aof_incr(server).stat().st_size
+        durable = _written_aof_size(server)
         learner.announce_weights(2, "/w/v2", "sha-2", "tcp://x")  # acknowledged, then forgotten
         assert learner.verify_weights() is False
         _power_cut(server, durable)
