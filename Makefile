@@ -105,7 +105,7 @@ test: install redis-server bwrap
 
 .PHONY: test-main
 test-main: install redis-server bwrap
-	$(BIN)/python -m pytest tests -q -n $(TEST_WORKERS) --dist loadfile --ignore=tests/vllm_engine $(PYTEST_ARGS)
+	$(BIN)/python -m pytest tests -q -n $(TEST_WORKERS) --dist loadfile --durations=15 --ignore=tests/vllm_engine $(PYTEST_ARGS)
 
 # ruff (format and lint), mypy on algos/ and broker/, and the file/function size limits.
 # mypy cannot follow setuptools' editable mapping of rollflash.<folder> to <folder>/, so it reads
