@@ -21,9 +21,10 @@ from __future__ import annotations
 import logging
 import random
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 from rollflash.envs.base import Item
+from rollflash.envs.generated import GeneratedProblems
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +48,7 @@ def _as_range(key: str, value: Sequence[int]) -> tuple[int, int]:
     return lo, hi
 
 
-class ArithmeticTask:
+class ArithmeticTask(GeneratedProblems):
     """Integer "a<op>b=" problems with an exact-match reward plus a small format reward."""
 
     name = "arithmetic"
@@ -71,17 +72,11 @@ class ArithmeticTask:
         self.a_range = _as_range("a_range", a_range)
         self.b_range = _as_range("b_range", b_range)
         n_problems = len(self.ops) * self._span(self.a_range) * self._span(self.b_range)
-        if not 0 < heldout_size <= n_problems // 2:
-            raise ValueError(
-                f"heldout_size must be in [1, {n_problems // 2}] (half of {n_problems} problems), "
-                f"got {heldout_size}"
-            )
+        self._set_heldout(n_problems, heldout_size, heldout_seed)
         if format_reward < 0:
             raise ValueError(f"format_reward must be >= 0, got {format_reward}")
         self.format_reward = float(format_reward)
         self.max_answer_len = self._max_answer_len()
-        self._heldout = self._draw_heldout(heldout_size, heldout_seed)
-        self._heldout_set = frozenset(self._heldout)
 
     @staticmethod
     def _span(r: tuple[int, int]) -> int:
@@ -95,34 +90,10 @@ class ArithmeticTask:
     def _draw(self, rng: random.Random) -> Problem:
         return (rng.randint(*self.a_range), rng.choice(self.ops), rng.randint(*self.b_range))
 
-    def _draw_heldout(self, size: int, seed: int) -> list[Problem]:
-        rng, seen, out = random.Random(seed), set(), []
-        while len(out) < size:
-            problem = self._draw(rng)
-            if problem not in seen:
-                seen.add(problem)
-                out.append(problem)
-        return out
-
     @staticmethod
     def _item(item_id: str, problem: Problem) -> Item:
         a, op, b = problem
         return Item(id=item_id, prompt=f"{a}{op}{b}=", answer=str(_OPS[op](a, b)))
-
-    def train_items(self, seed: int) -> Iterator[Item]:
-        """Endless i.i.d. problems (repeats allowed) from random.Random(seed), skipping held-out ones."""
-        rng = random.Random(seed)
-        index = 0
-        while True:
-            problem = self._draw(rng)
-            if problem in self._heldout_set:
-                continue
-            yield self._item(f"train-{index:06d}", problem)
-            index += 1
-
-    def heldout_items(self) -> list[Item]:
-        """The fixed evaluation set, ids "heldout-0000" ... in draw order."""
-        return [self._item(f"heldout-{i:04d}", p) for i, p in enumerate(self._heldout)]
 
     def score(self, item: Item, response: str) -> float:
         """1.0 for an exact answer plus format_reward for a well-formed integer (module docstring)."""

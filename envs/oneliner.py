@@ -22,11 +22,12 @@ envs/arithmetic.py does).
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from rollflash.envs.arithmetic import _as_range
 from rollflash.envs.base import Item
+from rollflash.envs.generated import GeneratedProblems
 
 Problem = tuple[int, int]
 
@@ -36,7 +37,7 @@ def program(a: int, b: int) -> str:
     return f"print(int(input())*{a}+{b})"
 
 
-class OneLinerTask:
+class OneLinerTask(GeneratedProblems):
     """ "code x*a+b=" -> a one-line program that reads x on stdin and prints a*x + b."""
 
     name = "oneliner"
@@ -63,19 +64,7 @@ class OneLinerTask:
         n_problems = (self.a_range[1] - self.a_range[0] + 1) * (
             self.b_range[1] - self.b_range[0] + 1
         )
-        if not 0 < heldout_size <= n_problems // 2:
-            raise ValueError(
-                f"heldout_size must be in [1, {n_problems // 2}] (half of {n_problems} problems), "
-                f"got {heldout_size}"
-            )
-        rng, seen = random.Random(heldout_seed), set()
-        self._heldout: list[Problem] = []
-        while len(self._heldout) < heldout_size:
-            problem = self._draw(rng)
-            if problem not in seen:
-                seen.add(problem)
-                self._heldout.append(problem)
-        self._heldout_set = frozenset(self._heldout)
+        self._set_heldout(n_problems, heldout_size, heldout_seed)
         self._verifier: Any = None  # the code verifier, built on first `score`
 
     def _draw(self, rng: random.Random) -> Problem:
@@ -87,21 +76,6 @@ class OneLinerTask:
         return Item(
             id=item_id, prompt=f"code x*{a}+{b}=", answer=program(a, b), extra={"tests": tests}
         )
-
-    def train_items(self, seed: int) -> Iterator[Item]:
-        """Endless i.i.d. problems from random.Random(seed), skipping held-out ones."""
-        rng = random.Random(seed)
-        index = 0
-        while True:
-            problem = self._draw(rng)
-            if problem in self._heldout_set:
-                continue
-            yield self._item(f"train-{index:06d}", problem)
-            index += 1
-
-    def heldout_items(self) -> list[Item]:
-        """The fixed evaluation set, ids "heldout-0000" ... in draw order."""
-        return [self._item(f"heldout-{i:04d}", p) for i, p in enumerate(self._heldout)]
 
     def score_groups(self, items: list[Item], groups: list[list[str]]) -> list[list[float]]:
         """The code verifier's rewards (default limits), one batch, shaped like `groups`."""
