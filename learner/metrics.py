@@ -21,6 +21,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from tensorboard.compat.proto.summary_pb2 import Summary
+
 from rollflash.broker.config import Config
 from rollflash.broker.schema import Trajectory
 from rollflash.learner.trackers import Tracker, open_trackers
@@ -54,10 +56,11 @@ class MetricsSink:
         if self.trackers:
             clean["tracker/errors"] = self.tracker_errors
         self._file.write(json.dumps({"step": step, **clean}) + "\n")
-        if self._tb is not None:
-            for name, value in clean.items():
-                if value is not None:
-                    self._tb.add_scalar(name, value, step)
+        if self._tb is not None:  # one event per step: TensorBoard shows each value by its tag
+            values = [
+                Summary.Value(tag=k, simple_value=v) for k, v in clean.items() if v is not None
+            ]
+            self._tb.file_writer.add_summary(Summary(value=values), step)
         self._to_trackers("log", step, clean)
 
     def log_completions(self, step: int, rows: list[dict[str, Any]]) -> None:

@@ -203,3 +203,24 @@ def test_mlflow_key_replaces_what_mlflow_refuses():
     assert mlflow_key("eval/pass@8") == "eval/pass_at_8"
     assert mlflow_key("reward/mean") == "reward/mean"
     assert mlflow_key("a+b") == "a_b"
+
+
+def test_tensorboard_gets_every_finite_metric_of_a_step_in_one_event(tmp_path):
+    """One event per step holds all its scalars: TensorBoard lists each by its tag; a value
+    that is not finite (None in metrics.jsonl) is left out, as add_scalar callers would."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    sink = MetricsSink(tmp_path)
+    sink.log(1, {"reward/mean": 0.25, "async/staleness_max": 1, "loss/policy": float("nan")})
+    sink.log(2, {"reward/mean": 0.5, "async/staleness_max": 0, "loss/policy": -0.125})
+    sink.close()
+    events = EventAccumulator(str(tmp_path / "tb"))
+    events.Reload()
+    scalars = {
+        tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]
+    }
+    assert scalars == {
+        "reward/mean": [(1, 0.25), (2, 0.5)],
+        "async/staleness_max": [(1, 1.0), (2, 0.0)],
+        "loss/policy": [(2, -0.125)],
+    }
