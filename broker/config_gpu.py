@@ -114,7 +114,7 @@ class TrainerGpuKeys(Section):
         1024,
         ge=0,
         description="positions whose log-softmax is computed at once (and recomputed in the "
-        "backward pass); 0: all at once",
+        "backward pass) when a micro-batch's upcast logits exceed 64 MiB; 0: all at once",
     )
     publish_dtype: Literal["auto", "float32", "bfloat16"] = Field(
         "auto", description="dtype of published weights (auto: model.dtype)"

@@ -7,8 +7,12 @@ Memory: the model's logits [b, L, V] are in its compute dtype (bf16 under autoca
 log-softmax is computed over slices of `chunk` positions (`trainer.logprob_chunk`), each slice cast
 to `dtype` (`trainer.logprob_dtype`) inside activation checkpointing, so at most one slice's
 [b, t, V] upcast exists at a time, in the forward and in the backward pass: at a 150k vocabulary no
-float32 [b, L, V] tensor is ever made. The result is float32 whatever `dtype` is, because the PPO
-ratio exp(logp - logp_old) needs it. Entropy (the full softmax) is computed in the same slices.
+float32 [b, L, V] tensor is ever made. Slicing costs a second pass over the logits in the backward
+pass, so it is used only where it saves memory worth having: when the whole upcast would exceed
+UNSLICED_BYTES (at a 150k vocabulary that is ~110 positions, so any real batch is sliced; at the
+demo's 51 tokens it is ~330k positions, so it never is). The result is float32 whatever `dtype` is,
+because the PPO ratio exp(logp - logp_old) needs it. Entropy (the full softmax) is computed in the
+same slices.
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ from torch.utils.checkpoint import checkpoint
 
 from rollflash.algos import entropy_from_logits
 from rollflash.learner.packing import forward_packed, pack, unpack
+
+UNSLICED_BYTES = 64 << 20  # a [b, L, V] upcast up to this size is computed in one slice
 
 
 def _slice_logprobs(
@@ -46,10 +52,12 @@ def logprobs_from_logits(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """logits [b, L, V], input_ids [b, L] int64 -> next-token logp [b, L-1] float32 (and entropy
     [b, L-1] float32). `chunk` > 0: slices of about `chunk` positions (chunk // b columns of every
-    row), each recomputed in the backward pass; 0: one slice, kept for the backward pass."""
+    row), each recomputed in the backward pass; 0, or an upcast of at most UNSLICED_BYTES: one
+    slice, kept for the backward pass."""
     b, width = input_ids.shape[0], input_ids.shape[1] - 1
     targets = input_ids[:, 1:]
-    step = max(1, chunk // max(b, 1)) if chunk > 0 else width
+    upcast = b * width * logits.shape[-1] * torch.empty((), dtype=dtype).element_size()
+    step = max(1, chunk // max(b, 1)) if chunk > 0 and upcast > UNSLICED_BYTES else width
     if step >= width:
         logp, ent = _slice_logprobs(logits[:, :-1], targets, temperature, dtype, with_entropy)
         return logp, (ent if with_entropy else None)

@@ -15,6 +15,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from rollflash import algos
 from rollflash.broker.config import config_from_dict
 from rollflash.broker.schema import Sample, Trajectory
+from rollflash.learner import logprobs
 from rollflash.learner.critic import Critic
 from rollflash.learner.logprobs import logprobs_from_logits, token_logprobs
 from rollflash.learner.prepare import build_algo_models, prepare_batch
@@ -231,9 +232,10 @@ def test_all_groups_filtered_skips_the_update(tiny):
     assert _changed(before, model) == 0
 
 
-def test_chunked_logprobs_and_entropy_equal_unchunked_with_gradients():
+def test_chunked_logprobs_and_entropy_equal_unchunked_with_gradients(monkeypatch):
     """Slices of 2 columns (chunk 6 positions over 3 rows) under checkpointing give the same
     values and the same gradients as one slice; no slice is ever the whole [b, L-1, V]."""
+    monkeypatch.setattr(logprobs, "UNSLICED_BYTES", 0)  # slice however small the upcast
     torch.manual_seed(0)
     logits = torch.randn(3, 8, 11, dtype=torch.float64, requires_grad=True)
     ids = torch.randint(0, 11, (3, 8))
@@ -251,7 +253,28 @@ def test_chunked_logprobs_and_entropy_equal_unchunked_with_gradients():
     assert chunked.dtype == torch.float32  # always float32 for the ratio
 
 
-def test_bf16_logprob_dtype_returns_float32_close_to_float32():
+def test_logprobs_are_sliced_only_when_the_upcast_is_large(monkeypatch):
+    """Slicing saves memory at the price of a second pass: an upcast [b, L-1, V] of at most
+    UNSLICED_BYTES is one slice (no checkpoint), a larger one is sliced by `chunk`."""
+    slices = []
+
+    def counting(fn, *args, **kwargs):
+        slices.append(args[0].shape[1])  # the slice's columns
+        return fn(*args)
+
+    monkeypatch.setattr(logprobs, "checkpoint", counting)
+    logits, ids = torch.randn(4, 9, 5), torch.randint(0, 5, (4, 9))
+    # upcast: 4 rows x 8 positions x 5 tokens x 4 bytes = 640 bytes
+    monkeypatch.setattr(logprobs, "UNSLICED_BYTES", 640)
+    logprobs_from_logits(logits, ids, 1.0, chunk=8)
+    assert slices == []  # 640 <= 640: one slice, kept for the backward pass
+    monkeypatch.setattr(logprobs, "UNSLICED_BYTES", 639)
+    logprobs_from_logits(logits, ids, 1.0, chunk=8)
+    assert slices == [2, 2, 2, 2]  # chunk 8 positions over 4 rows = 2 columns per slice
+
+
+def test_bf16_logprob_dtype_returns_float32_close_to_float32(monkeypatch):
+    monkeypatch.setattr(logprobs, "UNSLICED_BYTES", 0)
     torch.manual_seed(0)
     logits = torch.randn(2, 6, 50) * 3
     ids = torch.randint(0, 50, (2, 6))
