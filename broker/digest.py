@@ -66,15 +66,18 @@ class FileDigest:
 
 
 class ChunkHasher:
-    """Hashes a byte stream handed over piece by piece: each full chunk is submitted to a thread
-    pool at once, so hashing overlaps with whatever the caller does next (writing the pieces).
-    The pieces are referenced, not copied: they must stay unchanged until `result()`."""
+    """Hashes a byte stream handed over piece by piece: each full chunk goes to a thread pool as
+    soon as more bytes follow it, so hashing overlaps with whatever the caller does next (writing the pieces).
+    The pieces are referenced, not copied: they must stay unchanged until `result()`. A stream of
+    one chunk (a small model's weights) is hashed in the calling thread at `result()`: a pool
+    would only add the cost of starting a thread."""
 
     def __init__(self, chunk_bytes: int = CHUNK_BYTES, threads: int | None = None):
         if chunk_bytes <= 0:
             raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
         self.chunk_bytes = chunk_bytes
-        self._pool = ThreadPoolExecutor(threads or hash_threads(), "sha256")
+        self._threads = threads
+        self._pool: ThreadPoolExecutor | None = None  # started with the first full chunk
         self._done: list[Future[str]] = []
         self._current: list[memoryview] = []
         self._filled = 0
@@ -84,20 +87,24 @@ class ChunkHasher:
         view = memoryview(data).cast("B")
         self.size += len(view)
         while len(view):
+            if self._filled == self.chunk_bytes:  # a full chunk, and more follows: hash it
+                self._submit()
             take = min(len(view), self.chunk_bytes - self._filled)
             self._current.append(view[:take])
             self._filled += take
             view = view[take:]
-            if self._filled == self.chunk_bytes:
-                self._submit()
 
     def _submit(self) -> None:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self._threads or hash_threads(), "sha256")
         self._done.append(self._pool.submit(_sha256_of, self._current))
         self._current, self._filled = [], 0
 
     def result(self) -> FileDigest:
         """Wait for every chunk's sha256; the hasher cannot be used afterwards."""
         try:
+            if self._filled and self._pool is None:  # the whole stream is one chunk
+                return FileDigest(self.size, self.chunk_bytes, [_sha256_of(self._current)])
             if self._filled:
                 self._submit()
             return FileDigest(self.size, self.chunk_bytes, [f.result() for f in self._done])
@@ -106,7 +113,8 @@ class ChunkHasher:
 
     def close(self) -> None:
         """Stop hashing (what is queued is dropped): after an error, or once `result` is in."""
-        self._pool.shutdown(cancel_futures=True)
+        if self._pool is not None:
+            self._pool.shutdown(cancel_futures=True)
 
 
 def file_digest(data: bytes | memoryview, chunk_bytes: int = CHUNK_BYTES) -> FileDigest:

@@ -3,11 +3,13 @@ the size and chunked digest returned are those of the bytes on disk (hashed whil
 re-read), with chunk boundaries falling anywhere in the header and the tensors."""
 
 import hashlib
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
+from rollflash.broker import digest
 from rollflash.broker.digest import ChunkHasher, file_digest, tree_digest
 from rollflash.broker.safetensors_stream import write_safetensors
 
@@ -63,3 +65,21 @@ def test_the_digest_binds_size_and_chunking():
     assert tree_digest(100, 200, ["a"]) != tree_digest(100, 100, ["a"])
     with pytest.raises(ValueError, match="chunk_bytes"):
         ChunkHasher(0)
+
+
+def test_a_stream_of_one_chunk_is_hashed_without_a_thread(monkeypatch):
+    """A small model's weights are one chunk: hashed in the calling thread, with the digest a
+    pool would give; the second chunk starts the pool."""
+    started = []
+    real = ThreadPoolExecutor
+
+    def counting(*args, **kwargs):
+        started.append(args)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(digest, "ThreadPoolExecutor", counting)
+    data = bytes(range(100))
+    assert file_digest(data, 100).digest == _by_hand(data, 100) and started == []
+    assert file_digest(data + b"!", 100).digest == _by_hand(data + b"!", 100)
+    assert len(started) == 1
+    assert file_digest(b"", 100).chunks == [] and len(started) == 1  # nothing to hash
