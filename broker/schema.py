@@ -4,8 +4,9 @@ Rules (ARCHITECTURE.md, "Wire rules"):
 - msgpack only, never pickle; every entry carries `schema` = SCHEMA_VERSION.
 - Arrays travel as {"dtype", "shape", "data"} with raw little-endian bytes.
 - Readers decode through broker/wire.py's `BodyReader`: the size is checked before anything is
-  decoded, an unknown key is refused before its value is decoded, and the object count is capped,
-  so a hostile entry cannot make a reader allocate unbounded memory.
+  decoded, an unknown key of a body is refused before its value is decoded (a sample's fields and
+  an array's are decoded whole, then checked), and the object count is capped, so a hostile entry
+  cannot make a reader allocate unbounded memory.
 - Every field has a declared type, dtype, rank and range (`WireLimits`): ids are 1-D with at least
   one element, token ids lie in the vocabulary, token versions are >= 0 and `behavior_version` is
   the oldest of them, rewards are finite and within `reward.max_abs_reward`, a trajectory holds 1
@@ -43,8 +44,11 @@ from rollflash.broker.wire import (
     BodyReader,
     WireError,
     WireLimits,
+    array_from,
     check_name,
+    known_keys,
     pack_array,
+    typed,
 )
 
 SCHEMA_VERSION = 1
@@ -311,22 +315,24 @@ def _decode_trajectory(fields: dict[bytes, bytes], limits: WireLimits) -> Trajec
 
 
 def _decode_sample(body: BodyReader, what: str) -> Sample:
-    """One sample's fields; their values' ranges are checked over the whole trajectory
-    (`_check_samples`), so a bad value in one sample refuses the whole entry as before."""
-    limits, parts = body.limits, dict[str, Any]()
-    for key in body.fields(what, _SAMPLE_BODY):
+    """One sample's fields, decoded whole (broker/wire.py `mapping`); their values' ranges are
+    checked over the whole trajectory (`_check_samples`), so a bad value in one sample refuses the
+    whole entry as before."""
+    limits, fields, parts = body.limits, body.mapping(what), dict[str, Any]()
+    known_keys(fields, what, _SAMPLE_BODY)
+    for key, value in fields.items():
         if key in _SAMPLE_ARRAYS:
             dtype, ndim = _SAMPLE_ARRAYS[key]
-            parts[key] = body.array(f"{what}.{key}", dtype, ndim, limits.max_tokens)
+            parts[key] = array_from(value, f"{what}.{key}", dtype, ndim, limits.max_tokens)
         elif key == "reward":
-            parts[key] = float(body.typed(what, (float, int), ".reward"))
+            parts[key] = float(typed(value, what, (float, int), ".reward"))
         elif key == "env_errors":
-            parts[key] = body.typed(what, int, ".env_errors")
+            parts[key] = typed(value, what, int, ".env_errors")
         elif key == "reward_failure":
             name = f"{what}.{key}"
-            parts[key] = check_name(body.typed(name, str), name)
+            parts[key] = check_name(typed(value, name, str), name)
         else:
-            parts[key] = body.typed(what, bool if key == "finished" else str, "." + key)
+            parts[key] = typed(value, what, bool if key == "finished" else str, "." + key)
     missing = _SAMPLE_REQUIRED - parts.keys()
     if missing:
         raise WireError(f"{what}: missing {', '.join(sorted(missing))}", "schema")

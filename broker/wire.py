@@ -3,10 +3,15 @@
 Anything in Redis that a generator wrote is untrusted (docs/security.md). A reader of such an
 entry goes through `BodyReader`, which reads a msgpack body one object at a time:
 - the payload's byte size is checked against `WireLimits.max_bytes` before anything is decoded;
-- a mapping's keys are read first and a key outside the declared set is refused *before* its
-  value is decoded, so no unknown field costs memory;
+- a body's mapping is read key by key and a key outside the declared set is refused *before*
+  its value is decoded, so no unknown field costs memory;
+- the small mappings read for every sample (a sample's fields, an array's dtype, shape and data)
+  are decoded whole by msgpack's C decoder (`mapping`) and their keys checked afterwards: reading
+  them key by key cost several times more, and what an unknown key's value can cost is capped by
+  the byte and object limits either way;
 - every decoded container counts towards `WireLimits.max_objects`, so nested lists cannot turn a
-  few megabytes into gigabytes of Python objects;
+  few megabytes into gigabytes of Python objects, and a mapping decoded whole may not repeat a
+  key;
 - arrays travel as {"dtype", "shape", "data"} with raw little-endian bytes; their dtype, rank and
   every dimension are declared and capped, and the byte length must match before numpy sees it;
 - any failure, whatever its cause, is a `WireError` whose message is a one-line reason and whose
@@ -76,6 +81,7 @@ class BodyReader:
             )
         self.limits = limits
         self.objects = 0
+        self._what = "body"  # what a mapping decoded whole belongs to (its errors name it)
         self._u = msgpack.Unpacker(
             raw=False,
             strict_map_key=True,
@@ -86,7 +92,7 @@ class BodyReader:
             max_map_len=limits.max_objects,
             max_ext_len=0,
             list_hook=self._count_list,
-            object_hook=self._count_map,
+            object_pairs_hook=self._count_map,
         )
         self._u.feed(raw)
 
@@ -99,8 +105,15 @@ class BodyReader:
         self._count(1 + len(value))
         return value
 
-    def _count_map(self, value: dict) -> dict:
-        self._count(1 + 2 * len(value))
+    def _count_map(self, pairs: list[tuple[Any, Any]]) -> dict:
+        self._count(1 + 2 * len(pairs))
+        value = dict(pairs)
+        if len(value) != len(pairs):
+            seen: set[Any] = set()
+            for key, _ in pairs:
+                if key in seen:
+                    raise WireError(f"{self._what}: key {key!r} repeated", "unknown_key")
+                seen.add(key)
         return value
 
     def _read(self, read: Callable[[], Any], what: str, expected: str) -> Any:
@@ -144,34 +157,21 @@ class BodyReader:
     def typed(self, what: str, kind: type | tuple[type, ...], suffix: str = "") -> Any:
         """The next object, which must be a scalar of `kind` (bool is not an int here); errors
         name it `what + suffix` (built only when one is raised)."""
-        value = self._read(self._u.unpack, what + suffix, "a msgpack value")
-        if value.__class__ is kind:  # the common case, and never bool for int
-            return value
-        kinds = kind if isinstance(kind, tuple) else (kind,)
-        if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
-            raise WireError(f"{what}{suffix}: wrong type {type(value).__name__}", "bad_type")
+        return typed(
+            self._read(self._u.unpack, what + suffix, "a msgpack value"), what, kind, suffix
+        )
+
+    def mapping(self, what: str) -> dict[Any, Any]:
+        """The next object, which must be a mapping, decoded whole (see the module docstring)."""
+        self._what = what
+        value = self._read(self._u.unpack, what, "a mapping")
+        if value.__class__ is not dict:
+            raise WireError(f"corrupt msgpack: {what} is not a mapping", "corrupt")
         return value
 
     def array(self, what: str, dtype: str, ndim: int, max_dim: int) -> np.ndarray:
         """A packed array of `dtype` with exactly `ndim` dimensions, each at most `max_dim`."""
-        parts: dict[str, Any] = {}
-        for key in self.fields(what, _ARRAY_KEYS):
-            if key == "shape":
-                dims = self.items(what, 8)
-                parts[key] = [self.typed(what, int, ".shape") for _ in range(dims)]
-            else:
-                parts[key] = self.typed(what, str if key == "dtype" else bytes, "." + key)
-        if len(parts) != 3 or parts["dtype"] != dtype:
-            raise WireError(f"{what}: expected a {dtype} array", "bad_type")
-        shape, data = parts["shape"], parts["data"]
-        if len(shape) != ndim or not all(0 <= s <= max_dim for s in shape):
-            raise WireError(
-                f"{what}: shape {shape} is not {ndim}-D with dimensions <= {max_dim}", "bad_shape"
-            )
-        if len(data) != math.prod(shape) * DTYPES[dtype].itemsize:
-            raise WireError(f"{what}: data length does not match shape {shape}", "bad_shape")
-        flat = np.frombuffer(data, dtype=DTYPES[dtype])  # zero-copy: a view of the body's bytes
-        return flat if ndim == 1 else flat.reshape(shape)
+        return array_from(self.mapping(what), what, dtype, ndim, max_dim)
 
     def finish(self) -> None:
         """Refuse bytes after the body's one object."""
@@ -185,6 +185,60 @@ class BodyReader:
 
 
 _ARRAY_KEYS = frozenset({"dtype", "shape", "data"})
+MAX_DIMS = 8  # dimensions an array's shape may have
+
+
+def typed(value: Any, what: str, kind: type | tuple[type, ...], suffix: str = "") -> Any:
+    """`value` if it is a scalar of `kind` (bool is not an int here); errors name it
+    `what + suffix` (built only when one is raised)."""
+    if value.__class__ is kind:  # the common case, and never bool for int
+        return value
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+        raise WireError(f"{what}{suffix}: wrong type {type(value).__name__}", "bad_type")
+    return value
+
+
+def known_keys(value: dict[Any, Any], what: str, allowed: frozenset[str]) -> None:
+    """Refuse a decoded mapping with a key outside `allowed` (naming the first one)."""
+    if not value.keys() <= allowed:
+        _refuse_key(what, next(k for k in value if k not in allowed), set())
+
+
+def array_from(value: dict[Any, Any], what: str, dtype: str, ndim: int, max_dim: int) -> np.ndarray:
+    """A decoded packed array {dtype, shape, data} of `dtype` with exactly `ndim` dimensions, each
+    at most `max_dim`, as a zero-copy view of its bytes."""
+    shape, data, item = value.get("shape"), value.get("data"), DTYPES[dtype].itemsize
+    if (  # a well-formed vector: the common case, decided in one expression
+        ndim == 1
+        and len(value) == 3
+        and value.get("dtype") == dtype
+        and shape.__class__ is list
+        and len(shape) == 1
+        and shape[0].__class__ is int
+        and 0 <= shape[0] <= max_dim
+        and data.__class__ is bytes
+        and len(data) == shape[0] * item
+    ):
+        return np.frombuffer(data, dtype=DTYPES[dtype])
+    known_keys(value, what, _ARRAY_KEYS)
+    if len(value) != 3 or typed(value["dtype"], what, str, ".dtype") != dtype:
+        raise WireError(f"{what}: expected a {dtype} array", "bad_type")
+    typed(data, what, bytes, ".data")
+    if shape.__class__ is not list:
+        raise WireError(f"corrupt msgpack: {what} is not an array", "corrupt")
+    if len(shape) > MAX_DIMS:
+        raise WireError(f"{what}: {len(shape)} items, more than {MAX_DIMS}", "out_of_range")
+    for dim in shape:
+        typed(dim, what, int, ".shape")
+    if len(shape) != ndim or not all(0 <= s <= max_dim for s in shape):
+        raise WireError(
+            f"{what}: shape {shape} is not {ndim}-D with dimensions <= {max_dim}", "bad_shape"
+        )
+    if len(data) != math.prod(shape) * item:
+        raise WireError(f"{what}: data length does not match shape {shape}", "bad_shape")
+    flat = np.frombuffer(data, dtype=DTYPES[dtype])  # zero-copy: a view of the body's bytes
+    return flat if ndim == 1 else flat.reshape(shape)
 
 
 def _refuse_key(what: str, key: Any, seen: set[str]) -> None:

@@ -149,6 +149,52 @@ def test_an_unknown_key_is_refused_before_its_value_is_decoded():
     assert peak < 40_000_000, f"decoding a refused entry peaked at {peak / 1e6:.0f} MB"
 
 
+def test_a_bomb_under_an_unknown_sample_key_stops_at_the_object_cap():
+    """A sample's fields are decoded whole before their keys are checked (broker/wire.py
+    `mapping`), so this bomb is decoded until the object cap stops it, not refused before: the
+    cap, not the key check, bounds its memory."""
+    bomb = b"\x91" * 1000 + b"\x90"  # 1000 nested one-item lists
+    sample = msgpack.packb({"extra": None})[:-1]  # map of 1 with key "extra", value left out
+    prefix = msgpack.packb({"prompt_ids": _array("<i4", [2], np.ones(2, "<i4").tobytes())})
+    body = b"\x82" + prefix[1:] + msgpack.packb("samples") + b"\x91" + sample  # one sample
+    payload = body + b"\xdc\xff\xff" + bomb * 0xFFFF
+    fields = {**_valid(), b"data": payload[:7_900_000]}
+    tracemalloc.start()
+    try:
+        with pytest.raises(WireError) as e:
+            decode_trajectory(fields, LIMITS)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert e.value.code in ("too_large", "corrupt"), str(e.value)
+    assert peak < 40_000_000, f"decoding a refused entry peaked at {peak / 1e6:.0f} MB"
+
+
+@pytest.mark.parametrize("where", ["sample", "array"])
+def test_a_repeated_key_in_a_mapping_decoded_whole_is_refused(where):
+    """A msgpack map may repeat a key; a dict would keep the last value silently."""
+    sample = {"response_ids": _array("<i4", [2], np.array([5, 6], "<i4").tobytes()),
+              "logprobs": _array("<f4", [2], np.array([-0.5, -1.0], "<f4").tobytes()),
+              "token_versions": _array("<i4", [2], np.array([3, 3], "<i4").tobytes()),
+              "reward": 1.0, "finished": True, "text": "ab"}  # fmt: skip
+    packed = msgpack.packb(sample)
+    if where == "sample":  # the map header says 7 entries; the last repeats "reward"
+        packed = b"\x87" + packed[1:] + msgpack.packb("reward") + msgpack.packb(99.0)
+    else:  # logprobs' array map gets a second "data"
+        key = msgpack.packb("logprobs")
+        at = packed.index(key) + len(key)
+        inner = msgpack.packb(sample["logprobs"])
+        packed = (packed[:at] + b"\x84" + inner[1:] + msgpack.packb("data") + msgpack.packb(b"")
+                  + packed[at + len(inner):])  # fmt: skip
+    prompt = msgpack.packb({"prompt_ids": _array("<i4", [2], np.array([1, 2], "<i4").tobytes())})
+    body = (b"\x83" + prompt[1:] + msgpack.packb("issued_version") + msgpack.packb(2)
+            + msgpack.packb("samples") + b"\x91" + packed)  # fmt: skip
+    fields = {**_valid(), b"data": body, b"n": b"1"}
+    with pytest.raises(WireError, match="repeated") as e:
+        decode_trajectory(fields, LIMITS)
+    assert e.value.code == "unknown_key"
+
+
 def test_nested_lists_under_a_known_key_hit_the_object_cap_with_bounded_memory():
     # a prompt's item is a free-form mapping: 3.6M empty lists (~3.6 MB encoded) inside it
     nested = msgpack.packb({"item": {"x": [[[]] * 60_000] * 60}})
