@@ -14,7 +14,9 @@ per core), and a per-phase breakdown of one learner step, measured on an in-proc
 whose trajectories are the recorded batch replayed through Redis (no generation competes with
 it): collect (Redis read, decode, issuing prompts), batch building, forward/backward, metrics,
 publish, checkpoint, acknowledge. (a), (b) and (c) run with one torch thread, alternately, and
-report medians. `--flame` adds a py-spy profile of the in-process learner, summarised as the
+report medians. The host's speed drifts by 10% and more within minutes here, so (a) and (c) are
+measured again after the whole-system runs and the ideal uses the medians of both rounds: it
+spans the same minutes as (d). `--flame` adds a py-spy profile of the in-process learner, summarised as the
 functions with the most samples (inclusive and self), when py-spy is installed.
 
     .venv/bin/python scripts/bench_pipeline.py [--model models/tiny] [--steps 20] [--repeats 7]
@@ -110,8 +112,9 @@ def bare_step(model, optimizer, micro, temperature: float) -> None:
     optimizer.step()
 
 
-def learner_loops(cfg: Config, groups: list[Trajectory], repeats: int) -> dict[str, float]:
-    """Median seconds of (a) the bare loop and (b) train_step on the same batch, alternating."""
+def learner_loops(cfg: Config, groups: list[Trajectory], repeats: int) -> dict[str, list[float]]:
+    """Seconds of each round of (a) the bare loop and (b) train_step on the same batch,
+    alternating."""
     base, _ = load_policy(cfg)
     models = {"a": base, "b": copy.deepcopy(base)}
     optims = {
@@ -129,7 +132,7 @@ def learner_loops(cfg: Config, groups: list[Trajectory], repeats: int) -> dict[s
                 train_step(models[key], optims[key], groups, cfg, AlgoModels())
             if i:  # the first round warms up
                 times[key].append(time.perf_counter() - started)
-    return {k: statistics.median(v) for k, v in times.items()}
+    return times
 
 
 def system_throughput(cfg: Config, ratio: float, steps: int) -> dict[str, float]:
@@ -145,11 +148,17 @@ def system_throughput(cfg: Config, ratio: float, steps: int) -> dict[str, float]
     arrivals: dict[int, float] = {}
     done = threading.Event()
 
-    def watch() -> None:
+    def watch() -> None:  # reads only what was appended: re-reading the file cost a core's 5%
+        offset = 0
         while not done.is_set():
-            n = len(metrics.read_text().splitlines()) if metrics.exists() else 0
-            for k in range(len(arrivals) + 1, n + 1):
-                arrivals[k] = time.monotonic()
+            if metrics.exists():
+                with open(metrics, "rb") as f:
+                    f.seek(offset)
+                    new = f.read()
+                complete = new[: new.rfind(b"\n") + 1]
+                offset += len(complete)
+                for _ in range(complete.count(b"\n")):
+                    arrivals[len(arrivals) + 1] = time.monotonic()
             time.sleep(0.02)
 
     watcher = threading.Thread(target=watch, daemon=True)
@@ -175,7 +184,7 @@ def system_throughput(cfg: Config, ratio: float, steps: int) -> dict[str, float]
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="models/tiny")
-    p.add_argument("--steps", type=int, default=20, help="learner steps of each whole-system run")
+    p.add_argument("--steps", type=int, default=60, help="learner steps of each whole-system run")
     p.add_argument(
         "--phase-steps",
         type=int,
@@ -193,18 +202,17 @@ def main() -> None:
     engine = HFEngine(cfg.model.path)
     groups, _ = record_step(cfg, engine)
     torch.manual_seed(0)
-    gen = statistics.median(generation_time(cfg, engine) for _ in range(args.repeats))
-    loops = learner_loops(cfg, groups, args.repeats)
-    samples = cfg.trainer.rollout_batch_size * cfg.rollout.num_return_sequences
-    ideal = samples / max(loops["a"], gen)
-    out = {
+    rounds: dict[str, list[float]] = collections.defaultdict(list)
+
+    def measure_loops() -> None:
+        rounds["c"] += [generation_time(cfg, engine) for _ in range(args.repeats)]
+        for key, times in learner_loops(cfg, groups, args.repeats).items():
+            rounds[key] += times
+
+    measure_loops()
+    out: dict[str, object] = {
         "workload": f"B={cfg.trainer.rollout_batch_size} n={cfg.rollout.num_return_sequences} "
         f"max_new_tokens={cfg.rollout.max_new_tokens} micro={cfg.trainer.micro_batch_size}",
-        "a_bare_s": round(loops["a"], 4),
-        "b_train_step_s": round(loops["b"], 4),
-        "b_over_a": round(loops["b"] / loops["a"], 3),
-        "c_generate_s": round(gen, 4),
-        "ideal_samples_per_s": round(ideal, 1),
     }
     if args.phase_steps > 1:
         with EmbeddedRedis(Path(tmp) / "redis") as server:
@@ -214,11 +222,26 @@ def main() -> None:
             )
         if flame:
             out["flame"] = flame
-    for ratio in [float(r) for r in args.ratios.split(",") if r]:
-        d = system_throughput(cfg, ratio, args.steps)
+    systems = {
+        f"system_a{ratio:g}": system_throughput(cfg, ratio, args.steps)
+        for ratio in [float(r) for r in args.ratios.split(",") if r]
+    }
+    if systems:
+        measure_loops()  # the second round, after the system runs
+    a, b, c = (statistics.median(rounds[k]) for k in "abc")
+    samples = cfg.trainer.rollout_batch_size * cfg.rollout.num_return_sequences
+    ideal = samples / max(a, c)
+    out.update(
+        a_bare_s=round(a, 4),
+        b_train_step_s=round(b, 4),
+        b_over_a=round(b / a, 3),
+        c_generate_s=round(c, 4),
+        ideal_samples_per_s=round(ideal, 1),
+    )
+    for name, d in systems.items():
         if "samples_per_s" in d:
             d["of_ideal"] = round(d["samples_per_s"] / ideal, 3)
-        out[f"system_a{ratio:g}"] = d
+        out[name] = d
     shutil.rmtree(tmp, ignore_errors=True)
     print(json.dumps(out))
 
