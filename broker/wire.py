@@ -81,7 +81,7 @@ class BodyReader:
             )
         self.limits = limits
         self.objects = 0
-        self._what = "body"  # what a mapping decoded whole belongs to (its errors name it)
+        self._what = "body"  # what is being read (a repeated key's error names it)
         self._u = msgpack.Unpacker(
             raw=False,
             strict_map_key=True,
@@ -119,6 +119,7 @@ class BodyReader:
     def _read(self, read: Callable[[], Any], what: str, expected: str) -> Any:
         """`read()` from the unpacker; a msgpack failure becomes a `corrupt` WireError (a
         WireError raised by the counting hooks passes through as it is)."""
+        self._what = what  # a repeated key in what `read` decodes whole is named after it
         try:
             return read()
         except WireError:
@@ -163,7 +164,6 @@ class BodyReader:
 
     def mapping(self, what: str) -> dict[Any, Any]:
         """The next object, which must be a mapping, decoded whole (see the module docstring)."""
-        self._what = what
         value = self._read(self._u.unpack, what, "a mapping")
         if value.__class__ is not dict:
             raise WireError(f"corrupt msgpack: {what} is not a mapping", "corrupt")
@@ -208,6 +208,8 @@ def known_keys(value: dict[Any, Any], what: str, allowed: frozenset[str]) -> Non
 def array_from(value: dict[Any, Any], what: str, dtype: str, ndim: int, max_dim: int) -> np.ndarray:
     """A decoded packed array {dtype, shape, data} of `dtype` with exactly `ndim` dimensions, each
     at most `max_dim`, as a zero-copy view of its bytes."""
+    if value.__class__ is not dict:
+        raise WireError(f"corrupt msgpack: {what} is not a mapping", "corrupt")
     shape, data, item = value.get("shape"), value.get("data"), DTYPES[dtype].itemsize
     if (  # a well-formed vector: the common case, decided in one expression
         ndim == 1

@@ -95,6 +95,11 @@ CRAFTED = {
     ),
     "unknown top-level key": (lambda b: b.__setitem__("extra", 1), "unknown_key"),
     "unknown sample key": (lambda b: b["samples"][0].__setitem__("extra", 1), "unknown_key"),
+    "array that is not a mapping": (
+        lambda b: b["samples"][0].__setitem__("logprobs", [-0.5, -1.0]),
+        "corrupt",
+    ),
+    "sample that is not a mapping": (lambda b: b["samples"].__setitem__(0, 7), "corrupt"),
     "too many samples": (lambda b: b.__setitem__("samples", b["samples"] * 3), "out_of_range"),
     "nested lists in a known field": (
         lambda b: b["samples"][0].__setitem__("text", [[[]] * 1000] * 1000),
