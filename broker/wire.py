@@ -226,7 +226,7 @@ def array_from(value: dict[Any, Any], what: str, dtype: str, ndim: int, max_dim:
     known_keys(value, what, _ARRAY_KEYS)
     if len(value) != 3 or typed(value["dtype"], what, str, ".dtype") != dtype:
         raise WireError(f"{what}: expected a {dtype} array", "bad_type")
-    typed(data, what, bytes, ".data")
+    data = typed(value["data"], what, bytes, ".data")
     if shape.__class__ is not list:
         raise WireError(f"corrupt msgpack: {what} is not an array", "corrupt")
     if len(shape) > MAX_DIMS:

@@ -228,22 +228,31 @@ def main() -> None:
     }
     if systems:
         measure_loops()  # the second round, after the system runs
-    a, b, c = (statistics.median(rounds[k]) for k in "abc")
     samples = cfg.trainer.rollout_batch_size * cfg.rollout.num_return_sequences
+    out.update(against_ideal(rounds, samples, systems))
+    shutil.rmtree(tmp, ignore_errors=True)
+    print(json.dumps(out))
+
+
+def against_ideal(
+    rounds: dict[str, list[float]], samples: int, systems: dict[str, dict[str, float]]
+) -> dict[str, object]:
+    """The medians of (a), (b) and (c) over every round, the ideal pipeline samples / max(a, c),
+    and each system run with its share of the ideal."""
+    a, b, c = (statistics.median(rounds[k]) for k in "abc")
     ideal = samples / max(a, c)
-    out.update(
-        a_bare_s=round(a, 4),
-        b_train_step_s=round(b, 4),
-        b_over_a=round(b / a, 3),
-        c_generate_s=round(c, 4),
-        ideal_samples_per_s=round(ideal, 1),
-    )
+    out: dict[str, object] = {
+        "a_bare_s": round(a, 4),
+        "b_train_step_s": round(b, 4),
+        "b_over_a": round(b / a, 3),
+        "c_generate_s": round(c, 4),
+        "ideal_samples_per_s": round(ideal, 1),
+    }
     for name, d in systems.items():
         if "samples_per_s" in d:
             d["of_ideal"] = round(d["samples_per_s"] / ideal, 3)
         out[name] = d
-    shutil.rmtree(tmp, ignore_errors=True)
-    print(json.dumps(out))
+    return out
 
 
 if __name__ == "__main__":
