@@ -67,10 +67,10 @@ class FileDigest:
 
 class ChunkHasher:
     """Hashes a byte stream handed over piece by piece: each full chunk goes to a thread pool as
-    soon as more bytes follow it, so hashing overlaps with whatever the caller does next (writing the pieces).
-    The pieces are referenced, not copied: they must stay unchanged until `result()`. A stream of
-    one chunk (a small model's weights) is hashed in the calling thread at `result()`: a pool
-    would only add the cost of starting a thread."""
+    soon as more bytes follow it, so hashing overlaps with whatever the caller does next (writing
+    the pieces). The pieces are referenced, not copied: they must stay unchanged until `result()`.
+    A stream of one chunk (a small model's weights) is hashed in the calling thread at `result()`:
+    a pool would only add the cost of starting a thread."""
 
     def __init__(self, chunk_bytes: int = CHUNK_BYTES, threads: int | None = None):
         if chunk_bytes <= 0:
