@@ -162,14 +162,16 @@ def test_grpo_against_the_reward_model_improves_the_ground_truth(
 ):
     summary, metrics = _rl(tmp_path, warm_model_dir, correct_rm[0], STEPS_RL)
     assert summary["steps"] == STEPS_RL and summary["stopped_by_guard"] is None
-    # Measured gains with this reward model (0.898 pairwise): +0.265, +0.355, +0.28, +0.325. Weaker
+    # Measured gains with this reward model (0.898 pairwise): +0.265, +0.355, +0.28, +0.325, then
+    # +0.225, +0.265, +0.235, +0.315, +0.245, +0.32 and, once, +0.135 in a CI run under load. Weaker
     # ones are exploited: at 0.864 pairwise (500 steps) six runs gained +0.07 to +0.205, and at 0.84
     # RL gave 0.525, 0.305 and 0.30 (README). Margin: 30 of 200 problems.
     assert summary["heldout_acc_after"] >= summary["heldout_acc_before"] + 0.15, summary
     # healthy run: every guard was computed every step, and none fired on two steps in a row
     # (what stop_on_guard with patience 2 would act on). The documented 100-step run was quiet
-    # throughout; in these 30-step CI runs a single step's warning was seen once (a 16-group
-    # batch is a noisy sample).
+    # throughout; in these 30-step CI runs kl_rise peaks at steps 6-8 (0.27-0.55 over seven runs,
+    # against kl_max_rise 0.5: the policy leaving the reference faster than the adaptive kl_coef
+    # follows), so a single step's warning is common and two in a row were seen once.
     fired = [m["step"] for m in metrics if m["guard/fired"]]
     assert not any(b == a + 1 for a, b in zip(fired, fired[1:])), fired
     assert len(fired) <= 2, fired
