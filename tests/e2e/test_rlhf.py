@@ -169,7 +169,7 @@ def test_grpo_against_the_reward_model_improves_the_ground_truth(
     assert summary["heldout_acc_after"] >= summary["heldout_acc_before"] + 0.15, summary
     # healthy run: every guard was computed every step, and none fired on two steps in a row
     # (what stop_on_guard with patience 2 would act on). The documented 100-step run was quiet
-    # throughout; in these 30-step CI runs kl_rise peaks at steps 6-8 (0.27-0.55 over seven runs,
+    # throughout; in these 30-step CI runs kl_rise peaks at steps 6-8 (0.27-0.55 over six runs,
     # against kl_max_rise 0.5: the policy leaving the reference faster than the adaptive kl_coef
     # follows), so a single step's warning is common and two in a row were seen once.
     fired = [m["step"] for m in metrics if m["guard/fired"]]
