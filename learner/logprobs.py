@@ -56,7 +56,7 @@ def logprobs_from_logits(
     slice, kept for the backward pass."""
     b, width = input_ids.shape[0], input_ids.shape[1] - 1
     targets = input_ids[:, 1:]
-    upcast = b * width * logits.shape[-1] * torch.empty((), dtype=dtype).element_size()
+    upcast = b * width * logits.shape[-1] * dtype.itemsize
     step = max(1, chunk // max(b, 1)) if chunk > 0 and upcast > UNSLICED_BYTES else width
     if step >= width:
         logp, ent = _slice_logprobs(logits[:, :-1], targets, temperature, dtype, with_entropy)
