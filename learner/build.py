@@ -31,6 +31,7 @@ from rollflash.learner.admission import Admission
 from rollflash.learner.checkpoint import CheckpointStore, LearnerState, RankProgress, restore_rng
 from rollflash.learner.checkpoint_io import Trainables
 from rollflash.learner.collect import Collector
+from rollflash.learner.device import adamw
 from rollflash.learner.dist import Dist, init_dist, is_sharded, wrap_model
 from rollflash.learner.evaluate import heldout_accuracy, sampled_eval
 from rollflash.learner.filters import drop_reason
@@ -232,9 +233,7 @@ def build_optim(cfg: Config, models: Models) -> Optim:
     """AdamW on the policy's trainable (float32, possibly sharded) parameters, all of them or
     a LoRA policy's adapters, with the warm-up/decay schedule (learner/schedule.py)."""
     t = cfg.trainer
-    optimizer = torch.optim.AdamW(
-        trainable_parameters(models.model), lr=t.actor_lr, weight_decay=t.weight_decay
-    )
+    optimizer = adamw(trainable_parameters(models.model), t.actor_lr, t.weight_decay)
     schedule = warmup_decay(t.lr_warmup_steps, t.total_steps, t.lr_schedule)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
     return Optim(optimizer, scheduler)

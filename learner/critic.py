@@ -20,6 +20,7 @@ from transformers import AutoConfig, AutoModel
 
 from rollflash.broker.config import Config
 from rollflash.broker.model_dir import model_directory
+from rollflash.learner.device import adamw
 from rollflash.learner.dist import Dist, wrap_model
 from rollflash.learner.load import place
 from rollflash.learner.packing import forward_packed, pack, unpack
@@ -93,7 +94,5 @@ def build_critic(cfg: Config, dist: Dist = Dist()) -> tuple[torch.nn.Module, tor
         wrap,
         fsdp,
     )
-    optimizer = torch.optim.AdamW(
-        critic.parameters(), lr=cfg.algo.critic_lr, weight_decay=cfg.trainer.weight_decay
-    )
+    optimizer = adamw(critic.parameters(), cfg.algo.critic_lr, cfg.trainer.weight_decay)
     return critic, optimizer

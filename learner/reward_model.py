@@ -41,7 +41,7 @@ from rollflash.broker.config import Config
 from rollflash.broker.model_dir import model_directory
 from rollflash.broker.process import setup_process
 from rollflash.broker.rm_input import reward_model_input_ids
-from rollflash.learner.device import autocast, to_device
+from rollflash.learner.device import adamw, autocast, to_device
 from rollflash.learner.dist import Dist, init_dist
 from rollflash.learner.preferences import (
     PreferenceFileError,
@@ -243,9 +243,7 @@ def _optimise(
     """Every optimiser step of the run, logged to `sink` (rank 0); returns the number of steps."""
     rm, inner = cfg.rm, getattr(model, "module", model)
     total = _total_steps(train, cfg)
-    optimizer = torch.optim.AdamW(
-        model.parameters(), lr=rm.learning_rate, weight_decay=rm.weight_decay
-    )
+    optimizer = adamw(model.parameters(), rm.learning_rate, rm.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_schedule(total))
     for step, batch in _batches(train, cfg, dist, total):
         metrics = _train_step(model, optimizer, tokenizer, batch, cfg)
