@@ -14,7 +14,8 @@ from __future__ import annotations
 import json
 import os
 import struct
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -62,8 +63,8 @@ def write_safetensors(
     """Write `tensors` (host tensors) to `path`, fsynced; returns its size and chunked digest.
 
     Each piece (the header, then every tensor's bytes as a view of its memory: no copy) goes to
-    the hashing threads before it is written, so the chunks hash while the file is written and
-    fsynced; only the digest of the last chunks is waited for."""
+    the hashing threads before it is written, so the chunks hash while the file is written; the
+    last chunks hash while the file is fsynced."""
     ordered = {name: tensors[name].contiguous() for name in sorted(tensors)}
     hasher = ChunkHasher(chunk_bytes)
     try:
@@ -73,11 +74,34 @@ def write_safetensors(
                 for start in range(0, len(piece), SLICE):
                     f.write(piece[start : start + SLICE])
             f.flush()
-            os.fsync(f.fileno())
+            return _fsync_during(f.fileno(), hasher.result)
     except BaseException:
         hasher.close()
         raise
-    return hasher.result()
+
+
+def _fsync_during(fd: int, work: Callable[[], FileDigest]) -> FileDigest:
+    """`work()` (the last chunks' sha256) while another thread fsyncs `fd`: the disk's wait and
+    the hashing overlap (both release the GIL); returns once both are done, raising the fsync's
+    error first."""
+    synced: list[BaseException | None] = []
+
+    def fsync() -> None:
+        try:
+            os.fsync(fd)
+            synced.append(None)
+        except BaseException as e:  # handed to the caller below
+            synced.append(e)
+
+    thread = threading.Thread(target=fsync, name="fsync", daemon=True)
+    thread.start()
+    try:
+        digest = work()
+    finally:
+        thread.join()
+    if synced[0] is not None:
+        raise synced[0]
+    return digest
 
 
 def _pieces(
