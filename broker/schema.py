@@ -276,8 +276,8 @@ def _decode_trajectory(fields: dict[bytes, bytes], limits: WireLimits) -> Trajec
         if key == "prompt_ids":
             parts[key] = body.array("prompt_ids", "<i4", 1, limits.max_tokens)
         elif key == "samples":
-            count = body.items("trajectory.samples", limits.max_samples)
-            parts[key] = [_decode_sample(body, f"samples[{i}]") for i in range(count)]
+            raw = body.mappings("trajectory.samples", limits.max_samples)
+            parts[key] = [_decode_sample(s, f"samples[{i}]", limits) for i, s in enumerate(raw)]
         elif key == "issued_version":
             parts[key] = body.typed("trajectory.issued_version", int)
         else:
@@ -314,11 +314,26 @@ def _decode_trajectory(fields: dict[bytes, bytes], limits: WireLimits) -> Trajec
     )
 
 
-def _decode_sample(body: BodyReader, what: str) -> Sample:
-    """One sample's fields, decoded whole (broker/wire.py `mapping`); their values' ranges are
-    checked over the whole trajectory (`_check_samples`), so a bad value in one sample refuses the
-    whole entry as before."""
-    limits, fields, parts = body.limits, body.mapping(what), dict[str, Any]()
+def _decode_sample(fields: dict[Any, Any], what: str, limits: WireLimits) -> Sample:
+    """One sample from its fields, decoded whole (broker/wire.py `mappings`); their values'
+    ranges are checked over the whole trajectory (`_check_samples`), so a bad value in one sample
+    refuses the whole entry as before."""
+    if fields.keys() == _SINGLE_TURN:  # the common case: every field decided in one pass
+        reward, finished, text = fields["reward"], fields["finished"], fields["text"]
+        most = limits.max_tokens
+        ids = array_from(fields["response_ids"], f"{what}.response_ids", "<i4", 1, most)
+        logprobs = array_from(fields["logprobs"], f"{what}.logprobs", "<f4", 1, most)
+        versions = array_from(fields["token_versions"], f"{what}.token_versions", "<i4", 1, most)
+        if (
+            (reward.__class__ is float or reward.__class__ is int)
+            and math.isfinite(reward)
+            and finished.__class__ is bool
+            and text.__class__ is str
+            and ids.shape == logprobs.shape == versions.shape
+        ):
+            return Sample(ids, logprobs, versions, float(reward), finished, text)
+        # otherwise the checks below say what is wrong
+    parts = dict[str, Any]()
     known_keys(fields, what, _SAMPLE_BODY)
     for key, value in fields.items():
         if key in _SAMPLE_ARRAYS:
@@ -366,4 +381,5 @@ _SAMPLE_ARRAYS = {
     "token_versions": ("<i4", 1),
     **{name: (dtype, 1) for name, dtype in _TURN_FIELDS},
 }
+_SINGLE_TURN = {"response_ids", "logprobs", "token_versions", "reward", "finished", "text"}
 _SAMPLE_REQUIRED = _SAMPLE_BODY - set(_TURN_NAMES) - {"env_errors", "reward_failure"}

@@ -106,7 +106,9 @@ class BodyReader:
         return value
 
     def _count_map(self, pairs: list[tuple[Any, Any]]) -> dict:
-        self._count(1 + 2 * len(pairs))
+        self.objects += 1 + 2 * len(pairs)  # `_count`, inlined: this runs for every mapping
+        if self.objects > self.limits.max_objects:
+            raise WireError(f"more than {self.limits.max_objects} msgpack objects", "too_large")
         value = dict(pairs)
         if len(value) != len(pairs):
             seen: set[Any] = set()
@@ -147,13 +149,19 @@ class BodyReader:
             seen.add(key)
             yield key
 
-    def items(self, what: str, max_len: int) -> int:
-        """The length of the next array (its items are then read one by one)."""
+    def mappings(self, what: str, max_len: int) -> list[dict[Any, Any]]:
+        """The next array, of at most `max_len` mappings, each decoded whole (`mapping`); the
+        length is checked before any item is decoded."""
         n = self._read(self._u.read_array_header, what, "an array")
         if n > max_len:
             raise WireError(f"{what}: {n} items, more than {max_len}", "out_of_range")
         self._count(1 + n)
-        return n
+        unpack = self._u.unpack
+        items = self._read(lambda: [unpack() for _ in range(n)], what, "an array of mappings")
+        for item in items:
+            if item.__class__ is not dict:
+                raise WireError(f"corrupt msgpack: an item of {what} is not a mapping", "corrupt")
+        return items
 
     def typed(self, what: str, kind: type | tuple[type, ...], suffix: str = "") -> Any:
         """The next object, which must be a scalar of `kind` (bool is not an int here); errors

@@ -65,6 +65,21 @@ def test_a_valid_entry_decodes():
     assert (t.traj_id, t.behavior_version, len(t.samples)) == ("g", 3, 2)
 
 
+def test_a_sample_decodes_the_same_with_or_without_optional_keys():
+    """A single-turn sample takes the one-pass path; with an optional key (here env_errors: 0,
+    which is also the default) it takes the full one, and both give the same sample."""
+    plain = decode_trajectory(_valid(), LIMITS).samples[0]
+    fuller = decode_trajectory(
+        _with_body(_valid(), lambda b: b["samples"][0].__setitem__("env_errors", 0)), LIMITS
+    ).samples[0]
+    for name, value in vars(plain).items():
+        other = getattr(fuller, name)
+        if isinstance(value, np.ndarray):
+            assert value.dtype == other.dtype and np.array_equal(value, other), name
+        else:
+            assert value == other and type(value) is type(other), name
+
+
 # Each crafted entry names the attack and the reason code it must be dead-lettered with.
 CRAFTED = {
     # numpy's reshape raised a plain ValueError for this, which escaped the reader
@@ -101,6 +116,18 @@ CRAFTED = {
     ),
     "sample that is not a mapping": (lambda b: b["samples"].__setitem__(0, 7), "corrupt"),
     "too many samples": (lambda b: b.__setitem__("samples", b["samples"] * 3), "out_of_range"),
+    # a single-turn sample is decided in one pass; anything odd in it gets the full checks
+    "reward that is a bool": (lambda b: b["samples"][0].__setitem__("reward", True), "bad_type"),
+    "reward that is NaN": (
+        lambda b: b["samples"][0].__setitem__("reward", float("nan")),
+        "out_of_range",
+    ),  # fmt: skip
+    "finished that is an int": (lambda b: b["samples"][0].__setitem__("finished", 1), "bad_type"),
+    "text that is bytes": (lambda b: b["samples"][0].__setitem__("text", b"ab"), "bad_type"),
+    "logprobs shorter than the ids": (
+        lambda b: b["samples"][0].__setitem__("logprobs", _array("<f4", [1], b"\0\0\0\xbf")),
+        "bad_shape",
+    ),
     "nested lists in a known field": (
         lambda b: b["samples"][0].__setitem__("text", [[[]] * 1000] * 1000),
         "too_large",
