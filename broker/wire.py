@@ -6,9 +6,10 @@ entry goes through `BodyReader`, which reads a msgpack body one object at a time
 - a body's mapping is read key by key and a key outside the declared set is refused *before*
   its value is decoded, so no unknown field costs memory;
 - the small mappings read for every sample (a sample's fields, an array's dtype, shape and data)
-  are decoded whole by msgpack's C decoder (`mapping`) and their keys checked afterwards: reading
-  them key by key cost several times more, and what an unknown key's value can cost is capped by
-  the byte and object limits either way;
+  are decoded whole by msgpack's C decoder (`mapping`; a trajectory's samples at once with
+  `mappings`) and their keys checked afterwards: reading them key by key cost several times
+  more, and what an unknown key's value can cost is capped by the byte and object limits either
+  way;
 - every decoded container counts towards `WireLimits.max_objects`, so nested lists cannot turn a
   few megabytes into gigabytes of Python objects, and a mapping decoded whole may not repeat a
   key;
