@@ -29,7 +29,7 @@ import redis
 from rollflash.broker.config import Config, ConfigError
 from rollflash.broker.connection import BrokerUnavailable, connect
 from rollflash.broker.generator_side import GeneratorBroker
-from rollflash.broker.process import setup_process
+from rollflash.broker.process import freeze_heap, setup_process
 from rollflash.broker.redis_io import is_oom
 from rollflash.broker.retry import retry_until
 from rollflash.broker.schema import PromptWork, Sample, Trajectory
@@ -336,6 +336,7 @@ def run(cfg: Config, generator_id: str) -> None:
     )
     stop = _Stop()
     gen = Generator(cfg, generator_id)
+    freeze_heap()  # the engine and the model stay: full collections then skip them
     log.info("generator %s ready (engine %s)", generator_id, cfg.rollout.engine)
 
     def turn() -> bool:

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from rollflash.broker.config import Config
-from rollflash.broker.process import setup_process
+from rollflash.broker.process import freeze_heap, setup_process
 from rollflash.broker.schema import Trajectory
 from rollflash.learner.build import Learner, start
 from rollflash.learner.collect import Collected
@@ -63,6 +63,7 @@ def step_metrics(c: Collected, train: dict[str, float], wall: dict[str, float]) 
         **reward_breakdown(c.groups),
         "perf/wait_frac": c.wait_s / step_s,
         "perf/step_s": step_s,
+        "perf/train_s": wall["train_s"],
         "perf/publish_s": wall["publish_s"],
         "perf/checkpoint_s": wall["checkpoint_s"],
         "perf/samples_per_s": len(rewards) / step_s,
@@ -117,14 +118,21 @@ def learner_step(ln: Learner) -> dict[str, float]:
     state, t0 = ln.state, time.monotonic()
     batch = ln.collector.collect(state.step, state.version)
     pause_point("after_read", state.step + 1)
+    trained = time.monotonic()
     stats = train(ln, batch)
+    train_s = time.monotonic() - trained
     state.step += 1
     state.version += 1
     publish_s = publish(ln, state.version, state.step)
     record(ln, batch)
     pause_point("after_update", state.step)
     checkpoint_s = make_durable(ln)
-    wall = {"step_s": time.monotonic() - t0, "publish_s": publish_s, "checkpoint_s": checkpoint_s}
+    wall = {
+        "step_s": time.monotonic() - t0,
+        "train_s": train_s,
+        "publish_s": publish_s,
+        "checkpoint_s": checkpoint_s,
+    }
     metrics = merged_metrics(ln, batch, stats, wall)
     if ln.cfg.eval.every and state.step % ln.cfg.eval.every == 0:
         metrics["eval/heldout_acc"] = ln.evaluate()
@@ -293,6 +301,7 @@ def run(
     ln = start(cfg, resume)
     started = time.monotonic()
     sampled_before = begin(ln)
+    freeze_heap()  # what start-up built stays: full collections then skip it
     history = History()
     for _ in range(ln.state.step, cfg.trainer.total_steps):
         metrics = learner_step(ln)

@@ -2,7 +2,8 @@
 
 On the demo model and task (configs/demo.yaml, models/tiny) it measures in one run:
   (a) the bare learner loop on a recorded batch: forward, log-prob gather, backward, AdamW step
-      on the same micro-batches `train_step` builds (prepared once, outside the timing);
+      on the same micro-batches `train_step` builds (prepared once, outside the timing), with
+      the learner's own optimiser (fused AdamW);
   (b) the project's `train_step` (learner/train.py) on the same batch;
   (c) bare generation of one step's B x n samples with the HF engine, in pulls of
       `rollout.prompts_per_pull` prompts as a generator makes them;
@@ -58,6 +59,7 @@ from rollflash.generators.hf_engine import HFEngine  # noqa: E402
 from rollflash.generators.rollout import to_trajectory  # noqa: E402
 from rollflash.generators.sampling import SamplingParams  # noqa: E402
 from rollflash.learner.build import load_policy  # noqa: E402
+from rollflash.learner.device import adamw  # noqa: E402
 from rollflash.learner.prepare import AlgoModels, prepare_batch  # noqa: E402
 from rollflash.learner.train import train_step  # noqa: E402
 
@@ -117,9 +119,8 @@ def learner_loops(cfg: Config, groups: list[Trajectory], repeats: int) -> dict[s
     alternating."""
     base, _ = load_policy(cfg)
     models = {"a": base, "b": copy.deepcopy(base)}
-    optims = {
-        k: torch.optim.AdamW(m.parameters(), lr=cfg.trainer.actor_lr) for k, m in models.items()
-    }
+    t = cfg.trainer  # both with the learner's own optimiser (learner/device.py `adamw`)
+    optims = {k: adamw(m.parameters(), t.actor_lr, t.weight_decay) for k, m in models.items()}
     micro = prepare_batch(groups, cfg, AlgoModels()).micro_batches
     times = collections.defaultdict(list)
     for i in range(repeats + 1):
@@ -174,11 +175,20 @@ def system_throughput(cfg: Config, ratio: float, steps: int) -> dict[str, float]
         return {"error": f"rollctl run exited with {rc} after {len(arrivals)} steps"}
     samples = cfg.trainer.rollout_batch_size * cfg.rollout.num_return_sequences
     wall = arrivals[steps] - arrivals[2]
+    step_s, train_s = (statistics.median(r[k] for r in rows[2:]) for k in PERF)
     return {
         "samples_per_s": round(samples * (steps - 2) / wall, 1),
         "learner_wait_frac": round(statistics.mean(r["perf/wait_frac"] for r in rows[2:]), 3),
         "max_staleness": max(r["async/staleness_max"] for r in rows),
+        # the learner's step in this run, and the part of it that is train_step: measured in the
+        # same minutes, so the host's drift does not enter their difference
+        "step_ms": round(1000 * step_s, 1),
+        "train_ms": round(1000 * train_s, 1),
+        "besides_train_ms": round(1000 * (step_s - train_s), 1),
     }
+
+
+PERF = ("perf/step_s", "perf/train_s")  # medians over the steps after the second
 
 
 def main() -> None:
