@@ -119,8 +119,9 @@ class TrainerGpuKeys(Section):
     publish_dtype: Literal["auto", "float32", "bfloat16"] = Field(
         "auto", description="dtype of published weights (auto: model.dtype)"
     )
-    background_publish: StrictBool = Field(
+    background_publish: StrictBool | Literal["process"] = Field(
         False,
-        description="write a version in a thread while the next step collects; it is "
-        "announced only once its manifest is durable",
+        description="write a version while the next step collects and trains: true in a "
+        "thread, process in a helper process (the learner only copies the weights to shared "
+        "memory); it is announced only once its manifest is durable",
     )

@@ -103,6 +103,9 @@ class LearnerBroker:
     def announce_weights(self, version: int, path: str, sha256: str, zmq_endpoint: str) -> None:
         self._registry.announce_weights(version, path, sha256, zmq_endpoint)
 
+    def remember_announced(self, version: int, path: str, sha256: str, zmq_endpoint: str) -> None:
+        self._registry.remember_announced(version, path, sha256, zmq_endpoint)
+
     def loaded_versions(self) -> set[int]:
         return self._registry.loaded_versions()
 

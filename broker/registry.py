@@ -132,14 +132,15 @@ class RunRegistry:
     def announce_weights(self, version: int, path: str, sha256: str, zmq_endpoint: str) -> None:
         """Learner rank 0: record a published version in the `weights` hash."""
         with self._announcing:
-            self.announced = {
-                "version": version,
-                "path": path,
-                "sha256": sha256,
-                "published_at": time.time(),
-                "zmq_endpoint": zmq_endpoint,
-            }
+            self.announced = _announcement(version, path, sha256, zmq_endpoint)
             self._write_announced()
+
+    def remember_announced(self, version: int, path: str, sha256: str, zmq_endpoint: str) -> None:
+        """Keep an announcement another process of this learner made (its publishing process,
+        learner/publish_process.py), so that the audit makes it again if Redis forgets it."""
+        with self._announcing:
+            if self.announced is None or int(self.announced["version"]) < version:
+                self.announced = _announcement(version, path, sha256, zmq_endpoint)
 
     def announce_again(self) -> None:
         """Write the last announcement again (Redis forgot it); nothing if there was none."""
@@ -218,3 +219,14 @@ class RunRegistry:
             }
             for g in groups
         ]
+
+
+def _announcement(version: int, path: str, sha256: str, zmq_endpoint: str) -> Fields:
+    """The `weights` hash's fields for a published version."""
+    return {
+        "version": version,
+        "path": path,
+        "sha256": sha256,
+        "published_at": time.time(),
+        "zmq_endpoint": zmq_endpoint,
+    }

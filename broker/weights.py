@@ -117,14 +117,16 @@ def _fsync_dir(path: Path) -> None:
 
 
 def unique_tensors(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Drop names that alias storage already kept (tied embeddings), as save_pretrained does."""
-    seen: set[int] = set()
+    """Drop names whose tensor is memory already kept (tied embeddings: one tensor under two
+    names), as save_pretrained does. Distinct views of one storage are distinct tensors (the
+    publishing process's buffers are views of one shared block) and are all kept."""
+    seen: set[tuple[int, int]] = set()
     out = {}
     for name, t in state.items():
-        ptr = t.untyped_storage().data_ptr()
-        if ptr in seen:
+        memory = (t.data_ptr(), t.nbytes)
+        if memory in seen:
             continue
-        seen.add(ptr)
+        seen.add(memory)
         out[name] = t.detach().to("cpu").contiguous()
     return out
 

@@ -301,6 +301,8 @@ def run(
     ln = start(cfg, resume)
     started = time.monotonic()
     sampled_before = begin(ln)
+    if ln.publisher is not None:
+        ln.publisher.ready()  # a publishing process competes for the cores only while it starts
     freeze_heap()  # what start-up built stays: full collections then skip it
     history = History()
     for _ in range(ln.state.step, cfg.trainer.total_steps):

@@ -3,9 +3,11 @@
 - `publish`: rank 0 writes the policy to the weight store as a new version, records it in the
   run hash and announces it over zmq (every rank helps gather FSDP shards). The weights are cast
   to `trainer.publish_dtype` on the device, copied to the host once and hashed while written.
-  With `trainer.background_publish` the write runs in a thread while the next step collects and
-  trains; at most one version is in flight, and a version is announced (run hash, zmq) only once
-  its manifest is durable, so generators and stale-version rules never see a partial version.
+  With `trainer.background_publish` the write runs while the next step collects and trains: in
+  a thread (true), or in a helper process (`process`, learner/publish_process.py: the step only
+  copies the weights to shared memory, and the GIL is not shared); at most one version is in
+  flight, and a version is announced (run hash, zmq) only once its manifest is durable, so
+  generators and stale-version rules never see a partial version.
 - `checkpoint`: model, optimiser, counters and the entries trained since the previous checkpoint
   become durable (learner/checkpoint.py: sharded, each rank writes its own shard, nothing is
   gathered); only then are those entries acknowledged, so a crash re-delivers them.
@@ -32,13 +34,13 @@ import torch
 
 from rollflash.broker.config import Config
 from rollflash.broker.learner_side import LearnerBroker
-from rollflash.broker.notify import VersionPublisher
 from rollflash.broker.weights import WeightStore
 from rollflash.learner.checkpoint import RankProgress, rng_state
 from rollflash.learner.checkpoint_io import Trainables
 from rollflash.learner.device import DTYPES
 from rollflash.learner.dist import is_sharded
 from rollflash.learner.lora import published_weights
+from rollflash.learner.publish_process import PublishProcess, VersionWriter
 
 if TYPE_CHECKING:
     from rollflash.learner.build import Learner
@@ -48,9 +50,9 @@ log = logging.getLogger(__name__)
 
 
 class Publisher:
-    """Writes a version to the weight store, records it in Redis and announces it over zmq;
-    with `background` the writing and announcing run in one worker thread, one version at a
-    time, in order."""
+    """Publishes versions in order, one at a time: in the step (`trainer.background_publish`
+    false), in a worker thread (true) or in a helper process (`process`,
+    learner/publish_process.py)."""
 
     def __init__(self, cfg: Config, broker: LearnerBroker, resuming: bool):
         self.store = WeightStore(cfg.run.run_dir)
@@ -63,10 +65,11 @@ class Publisher:
         if removed:
             log.warning("removed %d partial weight versions left by an earlier crash", removed)
         self.broker = broker
-        self.keep = cfg.trainer.keep_versions
-        self.zmq = VersionPublisher()
-        self.background = cfg.trainer.background_publish
-        self._worker = ThreadPoolExecutor(1, "publish") if self.background else None
+        mode = cfg.trainer.background_publish
+        self.threaded = mode is True
+        self._process = PublishProcess(cfg) if mode == "process" else None
+        self._writer = None if self._process else VersionWriter(cfg, broker)
+        self._worker = ThreadPoolExecutor(1, "publish") if mode is True else None
         self._pending: Future | None = None
 
     def publish(
@@ -77,14 +80,17 @@ class Publisher:
         adapter_config: dict[str, Any] | None = None,
     ) -> float:
         """Write and announce `version`: full weights, or with `adapter_config` a LoRA adapter
-        (broker/weights.py); returns the seconds the caller waited (with `background`: for the
-        previous version to finish, not for this one)."""
+        (broker/weights.py); returns the seconds the caller waited (in the background: for the
+        previous version to finish, and for the copy to the helper process, not for this one)."""
         started = time.monotonic()
-        if self._worker is None:
-            self._write(weights, version, step, adapter_config)
-        else:
+        if self._process is not None:
+            self.wait()
+            self._process.submit(weights, version, step, adapter_config)
+        elif self._worker is not None:
             self.wait()
             self._pending = self._worker.submit(self._write, weights, version, step, adapter_config)
+        else:
+            self._write(weights, version, step, adapter_config)
         return time.monotonic() - started
 
     def _write(
@@ -94,13 +100,20 @@ class Publisher:
         step: int,
         adapter_config: dict[str, Any] | None = None,
     ) -> None:
-        info = self.store.publish(weights, version, step, adapter_config)  # manifest last
-        self.broker.announce_weights(version, info.path, info.sha256, self.zmq.endpoint)
-        self.zmq.announce(version, info.path, info.sha256)
-        self.store.retain(self.keep, in_use=self.broker.loaded_versions())
+        assert self._writer is not None
+        self._writer.write(weights, version, step, adapter_config)
+
+    def ready(self) -> None:
+        """Until the helper process is up (it starts while the learner does)."""
+        if self._process is not None:
+            self._process.ready()
 
     def wait(self) -> None:
         """Until the version in flight is announced (its error, if it failed, is raised here)."""
+        if self._process is not None:
+            announced = self._process.wait()
+            if announced is not None:  # the audit makes it again if Redis forgets it
+                self.broker.remember_announced(*announced)
         if self._pending is not None:
             pending, self._pending = self._pending, None
             pending.result()
@@ -111,7 +124,10 @@ class Publisher:
         finally:
             if self._worker is not None:
                 self._worker.shutdown()
-            self.zmq.close()
+            if self._process is not None:
+                self._process.close()
+            if self._writer is not None:
+                self._writer.zmq.close()
 
 
 def pause_point(name: str, step: int) -> None:
@@ -134,9 +150,11 @@ def publish(ln: Learner, version: int, step: int) -> float:
     if not (ln.dist.is_main or is_sharded(model)):
         return 0.0
     started = time.monotonic()
-    background = ln.publisher is not None and ln.publisher.background
+    # a thread writes them while the next step changes the parameters: it needs its own copy
+    # (the helper process gets one in shared memory, made in `publish`)
+    copy = ln.publisher is not None and ln.publisher.threaded
     # full weights (merged with LoRA), or the adapter and its config (learner/lora.py)
-    weights, adapter = published_weights(model, ln.cfg, publish_dtype(ln.cfg), copy=background)
+    weights, adapter = published_weights(model, ln.cfg, publish_dtype(ln.cfg), copy=copy)
     if ln.publisher is None:
         return 0.0
     ln.publisher.publish(weights, version, step, adapter)

@@ -27,6 +27,24 @@ def test_publish_then_load_round_trip(tmp_path):
     )
 
 
+def test_distinct_views_of_one_block_are_all_published(tmp_path):
+    """The publishing process hands the store views of one shared block: one storage, distinct
+    tensors, each of which is kept (only one tensor under two names is stored once)."""
+    block = torch.arange(8.0)
+    state = {"a": block[:4].view(2, 2), "b": block[4:], "a_tied": None}
+    state["a_tied"] = state["a"]
+    store = WeightStore(tmp_path)
+    store.publish(state, version=1, step=1)
+    loaded = load_file(str(store.verified_path(1)))
+    assert set(loaded) == {"a", "b"}
+    assert loaded["a"].tolist() == [[0.0, 1.0], [2.0, 3.0]] and loaded["b"].tolist() == [
+        4.0,
+        5.0,
+        6.0,
+        7.0,
+    ]
+
+
 def test_republishing_a_version_is_refused(tmp_path):
     store = WeightStore(tmp_path)
     store.publish(_state(1.0), 1, 1)

@@ -1,0 +1,242 @@
+"""Publishing in a process of its own (`trainer.background_publish: process`).
+
+The learner copies a version's tensors into views of one shared-memory block (allocated at the
+first publish, again only if the tensors' names, shapes or dtypes change) and hands the version to a helper
+process, which writes it to the weight store, announces it (the `weights` hash, then zmq: the
+helper binds the PUB socket) and applies retention, exactly as `Publisher._write` does in the
+learner. The learner's step is left with one copy of the weights; the writing, hashing, fsyncs
+and Redis round trips run on another core. A thread cannot do this on a busy host: its Python
+work holds the GIL the training step needs.
+
+Rules, the same as with a thread (learner/publish.py):
+- at most one version in flight: the next `submit` first waits for the previous version to be
+  announced, so the buffers are never overwritten while they are written out;
+- a version is announced only once its manifest is durable;
+- a failure in the helper reaches the learner at its next `submit` or `wait` as
+  `PublishFailed`, with the helper's one-line reason; a helper that died (killed, out of memory)
+  is reported the same way. The helper dies with the learner (PR_SET_PDEATHSIG), and what it
+  left half-written is removed by the next learner's `WeightStore.clean_temp`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import signal
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.multiprocessing as mp
+
+from rollflash.broker.learner_side import LearnerBroker
+from rollflash.broker.notify import VersionPublisher
+from rollflash.broker.weights import VersionInfo, WeightStore
+
+if TYPE_CHECKING:
+    from multiprocessing.connection import Connection
+
+    from rollflash.broker.config import Config
+
+log = logging.getLogger(__name__)
+
+START_TIMEOUT_S = 120.0  # the helper imports torch and connects to Redis
+
+
+class VersionWriter:
+    """Writes a version to the weight store, records it in Redis and announces it over zmq, then
+    applies retention: the work of one publish, wherever it runs (the learner, its thread, or
+    the helper process of learner/publish_process.py)."""
+
+    def __init__(self, cfg: Config, broker: LearnerBroker):
+        self.store = WeightStore(cfg.run.run_dir)
+        self.broker = broker
+        self.keep = cfg.trainer.keep_versions
+        self.zmq = VersionPublisher()
+
+    def write(
+        self,
+        weights: dict[str, torch.Tensor],
+        version: int,
+        step: int,
+        adapter_config: dict[str, Any] | None = None,
+    ) -> VersionInfo:
+        info = self.store.publish(weights, version, step, adapter_config)  # manifest last
+        self.broker.announce_weights(version, info.path, info.sha256, self.zmq.endpoint)
+        self.zmq.announce(version, info.path, info.sha256)
+        self.store.retain(self.keep, in_use=self.broker.loaded_versions())
+        return info
+
+
+class PublishFailed(RuntimeError):
+    """The helper process could not publish a version (or died)."""
+
+
+class PublishProcess:
+    """The learner's end: `submit` a version, `wait` for it, `close`."""
+
+    def __init__(self, cfg: Config):
+        ctx = mp.get_context("spawn")
+        self._conn, child = ctx.Pipe()
+        self._proc = ctx.Process(target=_serve, args=(cfg, child), name="publish", daemon=True)
+        self._proc.start()
+        child.close()
+        self._buffers: dict[str, torch.Tensor] = {}
+        self._in_flight = False
+        self._started = False  # the helper starts while the learner does: checked at first use
+
+    def submit(
+        self,
+        weights: dict[str, torch.Tensor],
+        version: int,
+        step: int,
+        adapter_config: dict[str, Any] | None = None,
+    ) -> None:
+        """Copy `weights` into the shared buffers and hand the version to the helper; the
+        previous version must be announced (`wait`) first."""
+        assert not self._in_flight, "one version at a time"
+        self.ready()
+        layout = _layout(weights)
+        if layout != _layout(self._buffers):
+            self._buffers = _shared_buffers(layout, self._send)
+        for name, t in weights.items():
+            self._buffers[name].copy_(t)
+        self._send(("publish", version, step, adapter_config))
+        self._in_flight = True
+
+    def ready(self) -> None:
+        """Until the helper is up (it imports torch and connects to Redis meanwhile)."""
+        if not self._started:
+            self._receive("started", START_TIMEOUT_S)
+            self._started = True
+
+    def _send(self, message: tuple) -> None:
+        try:
+            self._conn.send(message)
+        except OSError:  # a broken pipe: the helper is gone
+            raise self._died() from None
+
+    def _died(self) -> PublishFailed:
+        self._proc.join(timeout=5)
+        return PublishFailed(f"the publishing process died (exit code {self._proc.exitcode})")
+
+    def wait(self) -> tuple[int, str, str, str] | None:
+        """Until the version in flight is announced; returns its announcement (version, path,
+        sha256, zmq endpoint), None if there was none in flight; its failure is raised here."""
+        if not self._in_flight:
+            return None
+        self._in_flight = False
+        return self._receive("published", None)
+
+    def _receive(self, expected: str, timeout_s: float | None) -> Any:
+        if not self._conn.poll(timeout_s):
+            raise PublishFailed(f"the publishing process did not answer in {timeout_s:.0f}s")
+        try:
+            kind, value = self._conn.recv()
+        except (EOFError, OSError):
+            raise self._died() from None
+        if kind == "error":
+            raise PublishFailed(f"publishing failed: {value}")
+        assert kind == expected, (kind, expected)
+        return value
+
+    def close(self) -> None:
+        try:
+            self.wait()
+        finally:
+            try:
+                self._conn.send(("stop",))
+            except OSError:  # it is gone already
+                pass
+            self._proc.join(timeout=10)
+            if self._proc.is_alive():
+                self._proc.kill()
+            self._conn.close()
+
+
+Layout = list[tuple[str, tuple[int, ...], torch.dtype]]
+ALIGN = 64  # bytes: each tensor's view starts on a cache line
+
+
+def _layout(weights: dict[str, torch.Tensor]) -> Layout:
+    return [(n, tuple(t.shape), t.dtype) for n, t in weights.items()]
+
+
+def _shared_buffers(layout: Layout, send: Callable[[tuple], None]) -> dict[str, torch.Tensor]:
+    """One shared-memory block holding a view per tensor of `layout` (one file descriptor, however
+    many tensors), handed to the helper with the layout so that it builds the same views."""
+    size = sum(_offsets(layout)[-1:]) or 1
+    try:
+        block = torch.empty(size, dtype=torch.uint8).share_memory_()
+    except RuntimeError as e:
+        raise PublishFailed(
+            f"trainer.background_publish: process needs {size / 2**20:.0f} MiB of shared memory "
+            f"(/dev/shm) and could not get it ({e!s:.80}); use background_publish: true"
+        ) from None
+    send(("buffers", block, layout))
+    return _views(block, layout)
+
+
+def _offsets(layout: Layout) -> list[int]:
+    """Where each tensor starts in the block, and (last) the block's size."""
+    out, at = [], 0
+    for _, shape, dtype in layout:
+        out.append(at)
+        at += -(-math.prod(shape) * dtype.itemsize // ALIGN) * ALIGN
+    return [*out, at]
+
+
+def _views(block: torch.Tensor, layout: Layout) -> dict[str, torch.Tensor]:
+    starts = _offsets(layout)
+    return {
+        name: block[at : at + math.prod(shape) * dtype.itemsize].view(dtype).view(shape)
+        for (name, shape, dtype), at in zip(layout, starts)
+    }
+
+
+def _serve(cfg: Config, conn: Connection) -> None:
+    """The helper: publish each version handed over, answer ("published", version) or
+    ("error", reason)."""
+    from rollflash.broker.redis_server import die_with_parent
+
+    die_with_parent(signal.SIGKILL)
+    torch.set_num_threads(1)
+    try:
+        writer = _writer(cfg)
+    except Exception as e:  # e.g. Redis unreachable: the learner reports it
+        conn.send(("error", f"{e.__class__.__name__}: {e}"))
+        return
+    conn.send(("started", None))
+    buffers: dict[str, torch.Tensor] = {}
+    while True:
+        try:
+            message = conn.recv()
+        except EOFError:  # the learner is gone
+            break
+        if message[0] == "stop":
+            break
+        if message[0] == "buffers":
+            buffers = _views(message[1], message[2])
+            continue
+        _, version, step, adapter_config = message
+        try:
+            info = writer.write(buffers, version, step, adapter_config)
+        except Exception as e:
+            conn.send(("error", f"v{version}: {e.__class__.__name__}: {e}"))
+            continue
+        conn.send(("published", (version, info.path, info.sha256, writer.zmq.endpoint)))
+    writer.zmq.close()
+    os._exit(0)  # nothing is left to flush, and tearing down torch's interpreter took ~0.5 s
+
+
+def _writer(cfg: Config) -> VersionWriter:
+    """The helper's writer, with a broker of its own (the learner's password is in `cfg`)."""
+    from rollflash.broker.connection import connect
+
+    broker = LearnerBroker(
+        connect(cfg.redis.url, cfg.redis.connect_timeout_s),
+        cfg.run.run_id,
+        cfg.redis.max_payload_bytes,
+    )
+    return VersionWriter(cfg, broker)

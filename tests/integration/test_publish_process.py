@@ -1,0 +1,107 @@
+"""learner/publish_process.py (`trainer.background_publish: process`) with a real helper process
+and a real redis-server:
+
+- each version holds the weights of the step that published it, although the parameters change
+  in place as soon as `publish` returns: the same bytes and digests as publishing in the step;
+- versions are announced in order (the `weights` hash names the helper's zmq endpoint), and the
+  learner keeps each announcement for the audit;
+- a version the helper cannot write is never announced, and the learner hears of it (one line)
+  at its next publish; a helper killed with SIGKILL is reported the same way."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+import torch
+
+from rollflash.broker.config import load_config
+from rollflash.broker.weights import MODEL_FILE, WeightStore
+from rollflash.learner.publish import Publisher
+from rollflash.learner.publish_process import PublishFailed
+
+
+def _publisher(tmp_path, redis_url, run_id, broker, mode) -> Publisher:
+    cfg = load_config(
+        None,
+        [
+            f"run.run_dir={tmp_path}",
+            f"run.run_id={run_id}",
+            f"redis.url={redis_url}",
+            f"trainer.background_publish={mode}",
+        ],
+    )
+    return Publisher(cfg, broker, resuming=False)
+
+
+def _steps(publisher: Publisher, steps: int) -> None:
+    """Publish versions 1..steps of a model whose parameters an optimiser changes in place
+    right after each publish."""
+    model = torch.nn.Linear(3, 2)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.zero_()
+    for step in range(1, steps + 1):
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(1.0)
+        publisher.publish(dict(model.state_dict()), step, step)
+        with torch.no_grad():  # changed in place while the helper may still be writing
+            for p in model.parameters():
+                p.add_(1000.0)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.sub_(1000.0)
+
+
+def test_the_helper_publishes_what_the_step_publishes(tmp_path, redis_url, run_id, learner_broker):
+    runs, endpoints = {}, {}
+    for mode in ("false", "process"):
+        learner_broker._registry.announced = None  # what this learner announced, or kept
+        publisher = _publisher(tmp_path / mode, redis_url, run_id, learner_broker, mode)
+        _steps(publisher, 3)
+        publisher.close()
+        store = WeightStore(tmp_path / mode)
+        assert store.versions() == [1, 2, 3] and store.latest() == 3
+        assert [store.verified_files(v)[0] for v in (1, 2, 3)] == ["full"] * 3  # intact
+        runs[mode] = [(store.version_dir(v) / MODEL_FILE).read_bytes() for v in (1, 2, 3)]
+        announced = learner_broker._registry.weights()
+        assert announced["version"] == "3" and announced["path"] == str(store.version_dir(3))
+        endpoints[mode] = announced["zmq_endpoint"]
+    assert runs["process"] == runs["false"]  # the same bytes, so the same digests
+    # the helper announced on its own socket, and the learner remembers its announcement
+    assert endpoints["process"] != endpoints["false"]
+    assert learner_broker._registry.announced["version"] == 3
+
+
+def test_a_version_the_helper_cannot_write_is_reported_and_never_announced(
+    tmp_path, redis_url, run_id, learner_broker
+):
+    publisher = _publisher(tmp_path, redis_url, run_id, learner_broker, "process")
+    publisher.publish({"w": torch.zeros(4)}, 1, 1)
+    publisher.wait()
+    WeightStore(tmp_path).version_dir(2).mkdir()  # v2's place is taken: its write fails
+    publisher.publish({"w": torch.ones(4)}, 2, 2)
+    with pytest.raises(PublishFailed, match="v2: FileExistsError"):
+        publisher.publish({"w": torch.ones(4)}, 3, 3)
+    assert learner_broker._registry.weights()["version"] == "1"
+    publisher.publish({"w": torch.ones(4)}, 3, 3)  # the helper goes on with the next version
+    publisher.close()
+    assert learner_broker._registry.weights()["version"] == "3"
+
+
+def test_a_killed_helper_is_reported_at_the_next_publish(
+    tmp_path, redis_url, run_id, learner_broker
+):
+    publisher = _publisher(tmp_path, redis_url, run_id, learner_broker, "process")
+    publisher.publish({"w": torch.zeros(4)}, 1, 1)
+    publisher.wait()
+    helper = publisher._process._proc
+    os.kill(helper.pid, signal.SIGKILL)
+    helper.join(30)
+    with pytest.raises(PublishFailed, match="died"):
+        publisher.publish({"w": torch.ones(4)}, 2, 2)
+        publisher.wait()
+    publisher.close()
+    assert learner_broker._registry.weights()["version"] == "1"
