@@ -8,7 +8,9 @@ On the demo model and task (configs/demo.yaml, models/tiny) it measures in one r
   (c) bare generation of one step's B x n samples with the HF engine, in pulls of
       `rollout.prompts_per_pull` prompts as a generator makes them;
   (d) the whole `rollctl run` (embedded Redis, learner, generators) at async ratio 0 and 1, in
-      samples/s between the learner's second and last step;
+      samples/s between the learner's second and last step, with the learner's median step and
+      train_step in that run and their difference: what the learner does besides training,
+      measured in the same minutes (the host's speed drifts from one run to the next);
 and reports b/a (the learner's overhead), d against the ideal pipeline B*n / max(a, c) (one core
 trains while another generates: what an asynchronous system can reach at best with one process
 per core), and a per-phase breakdown of one learner step, measured on an in-process learner
