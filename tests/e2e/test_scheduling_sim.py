@@ -184,8 +184,10 @@ def test_continuous_batching_at_ratio_0_is_on_policy(tmp_path, redis_url, run_id
             assert set(versions.tolist()) == {issued}
     assert by_version == {0: 4, 1: 4, 2: 4, 3: 4}  # step s trained the 4 prompts issued for it
     store = WeightStore(tmp_path / "run")
-    kept = store.versions()  # the last trainer.keep_versions = 3
-    assert kept == [2, 3, 4] and store.latest() == 4
+    # the last trainer.keep_versions = 3, and an older one while a generator's heartbeat (sent
+    # every second) still names it as loaded: retention spares what a generator may be using
+    kept = store.versions()
+    assert kept[-3:] == [2, 3, 4] and set(kept) <= {1, 2, 3, 4} and store.latest() == 4
     for v in kept:  # the simulated policy adds 1 to its weight per update: version v holds v
         weights = load_file(str(store.verified_path(v)))
         assert weights["weight"].tolist() == [float(v)] * 4

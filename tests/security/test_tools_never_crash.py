@@ -144,7 +144,7 @@ def test_env_errors_reach_the_learner_metric():
         rejected=0,
         wait_s=0.0,
     )
-    wall = {"step_s": 1.0, "publish_s": 0.0, "checkpoint_s": 0.0}
+    wall = {"step_s": 1.0, "train_s": 0.5, "publish_s": 0.0, "checkpoint_s": 0.0}
     metrics = step_metrics(collected, {}, wall)
     assert metrics["env/errors"] == 1
     # two ranks: 1 + 1 = 2 (a count, summed, not averaged)
