@@ -1,16 +1,17 @@
 """Publishing in a process of its own (`trainer.background_publish: process`).
 
 The learner copies a version's tensors into views of one shared-memory block (allocated at the
-first publish, again only if the tensors' names, shapes or dtypes change) and hands the version to a helper
-process, which writes it to the weight store, announces it (the `weights` hash, then zmq: the
-helper binds the PUB socket) and applies retention, exactly as `Publisher._write` does in the
-learner. The learner's step is left with one copy of the weights; the writing, hashing, fsyncs
-and Redis round trips run on another core. A thread cannot do this on a busy host: its Python
-work holds the GIL the training step needs.
+first publish, again only if the tensors' names, shapes or dtypes change) and hands the version
+to a helper process, which writes it to the weight store, announces it (the `weights` hash, then
+zmq: the helper binds the PUB socket) and applies retention: `VersionWriter.write`, the same work
+a publish does in the learner. The learner's step is left with one copy of the weights; the
+writing, hashing, fsyncs and Redis round trips run on another core. A thread cannot do this on a
+busy host: its Python work holds the GIL the training step needs.
 
 Rules, the same as with a thread (learner/publish.py):
-- at most one version in flight: the next `submit` first waits for the previous version to be
-  announced, so the buffers are never overwritten while they are written out;
+- at most one version in flight: `Publisher.publish` waits for the previous version to be
+  announced before it submits the next, so the buffers are never overwritten while they are
+  written out;
 - a version is announced only once its manifest is durable;
 - a failure in the helper reaches the learner at its next `submit` or `wait` as
   `PublishFailed`, with the helper's one-line reason; a helper that died (killed, out of memory)
@@ -84,7 +85,7 @@ class PublishProcess:
         child.close()
         self._buffers: dict[str, torch.Tensor] = {}
         self._in_flight = False
-        self._started = False  # the helper starts while the learner does: checked at first use
+        self._started = False  # the helper starts while the learner does (`ready`)
 
     def submit(
         self,
