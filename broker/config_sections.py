@@ -361,7 +361,10 @@ class GuardsConfig(Section):
         5, gt=0, description="steps over which the rise of the KL to the reference is measured"
     )
     kl_max_rise: Number = Field(
-        0.5, ge=0, description="warn if KL(behaviour || reference) rose more than this in kl_window"
+        0.5,
+        ge=0,
+        description="warn if KL(behaviour || reference) rose more than this in kl_window "
+        "(counted from algo.kl_target when the KL was below it: reaching the target is no rise)",
     )
     score_std_min: Number = Field(
         1e-3, ge=0, description="warn if the batch's reward std falls below this (model rewards)"

@@ -4,8 +4,11 @@ A policy optimised against a learned reward finds the reward model's blind spots
 "Scaling Laws for Reward Model Overoptimization"; Skalse et al. 2022). The signs this module watches,
 once per learner step, from the step's samples and metrics:
 
-- `kl_rise`: KL(behaviour ‖ ref) now minus its minimum over the last `kl_window` steps
-  (`guard/kl_rise`); fires when > `kl_max_rise`.
+- `kl_rise`: KL(behaviour ‖ ref) now minus its minimum over the last `kl_window` steps, or minus
+  `algo.kl_target` when the adaptive controller aims higher than that minimum (`guard/kl_rise`);
+  fires when > `kl_max_rise`. A policy starts at KL 0 from its reference, and climbing to the KL
+  the run asks for is the intended departure, not a rise: measured from 0, a healthy 30-step
+  RLHF run's first steps warned on two or three steps in a row (tests/e2e/test_rlhf.py).
 - `score_collapse`: std of the batch's rewards (`guard/score_std`), only with `reward.type` model /
   mixed; fires when < `score_std_min`, or < `score_std_drop` x the first step's std.
 - `length_collapse`: mean response length in tokens, EOS included (`guard/length_mean`); fires
@@ -52,10 +55,13 @@ class GuardResult:
     )
 
 
-def kl_rise(kl_history: Sequence[float]) -> float:
-    """KL now (the last entry) minus the smallest KL before it in `kl_history` (0 with < 2 entries);
-    the caller keeps the last `kl_window` + 1 steps."""
-    return kl_history[-1] - min(kl_history[:-1]) if len(kl_history) >= 2 else 0.0
+def kl_rise(kl_history: Sequence[float], floor: float = 0.0) -> float:
+    """KL now (the last entry) minus the smallest KL before it in `kl_history`, or minus `floor`
+    (the KL target) if that is higher (0 with < 2 entries); the caller keeps the last
+    `kl_window` + 1 steps."""
+    if len(kl_history) < 2:
+        return 0.0
+    return kl_history[-1] - max(min(kl_history[:-1]), floor)
 
 
 def score_std(scores: Sequence[float]) -> float:
@@ -97,15 +103,16 @@ def evaluate_guards(
     g: GuardsConfig,
     model_reward: bool,
     first_score_std: float = 0.0,
+    kl_target: float | None = None,
 ) -> list[GuardResult]:
     """Compare one step's `guard_values` (and the KL history, when a reference model gives one)
     with the thresholds of `guards:`. `model_reward`: the rewards come from a reward model (the
     score-collapse guard applies only then: a verifier's rewards are all equal on a solved batch);
-    `first_score_std`: the first step's reward std, the scale a relative collapse is measured on."""
-    std_floor = max(g.score_std_min, g.score_std_drop * first_score_std)
-    out = []
+    `first_score_std`: the first step's reward std, the scale a relative collapse is measured on;
+    `kl_target`: `algo.kl_target`, below which the KL's climb is not counted as a rise."""
+    std_floor, out = max(g.score_std_min, g.score_std_drop * first_score_std), []
     if kl_history:
-        rise = kl_rise(kl_history)
+        rise = kl_rise(kl_history, kl_target or 0.0)
         out.append(
             GuardResult(
                 "kl_rise",
@@ -219,7 +226,12 @@ class GuardMonitor:
         if self.first_score_std is None and "guard/score_std" in metrics:
             self.first_score_std = metrics["guard/score_std"]
         results = evaluate_guards(
-            metrics, self.kl_history, g, self.cfg.reward.type != "rule", self.first_score_std or 0.0
+            metrics,
+            self.kl_history,
+            g,
+            self.cfg.reward.type != "rule",
+            self.first_score_std or 0.0,
+            a.kl_target,
         )
         fired = [r for r in results if r.fired]
         for r in results:

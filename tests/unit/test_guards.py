@@ -48,6 +48,9 @@ def test_statistics_by_hand():
     assert score_std([2.0]) == 0.0
     assert kl_rise([0.3, 0.1, 0.2, 0.9]) == pytest.approx(0.8)  # 0.9 - min(0.3, 0.1, 0.2)
     assert kl_rise([0.5]) == 0.0
+    # with a KL target, the climb from the reference (KL 0) up to it is not a rise
+    assert kl_rise([0.0, 0.1, 0.3, 0.6], floor=0.2) == pytest.approx(0.4)
+    assert kl_rise([0.3, 0.25, 0.9], floor=0.2) == pytest.approx(0.65)  # the minimum is above it
 
 
 def test_guard_values_of_a_batch():
@@ -66,6 +69,19 @@ def test_guard_values_of_a_batch():
 
 def _cfg(**guards):
     return config_from_dict({"guards": guards, "reward": {"type": "model", "model_path": "rm"}})
+
+
+def test_the_climb_to_the_kl_target_is_not_a_rise():
+    """KL 0 -> 0.6 in four steps (kl_max_rise 0.5): a rise without a target; with an adaptive
+    controller aiming at 0.2 it is 0.4 above the target, and 0.9 would be 0.7."""
+    g = _cfg().guards
+
+    def fired(history, target):
+        return [r.fired for r in evaluate_guards({}, history, g, False, kl_target=target)]
+
+    assert fired([0.0, 0.1, 0.3, 0.6], None) == [True]
+    assert fired([0.0, 0.1, 0.3, 0.6], 0.2) == [False]
+    assert fired([0.0, 0.1, 0.3, 0.9], 0.2) == [True]
 
 
 def test_thresholds_fire_and_stay_quiet():
