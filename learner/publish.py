@@ -83,25 +83,15 @@ class Publisher:
         (broker/weights.py); returns the seconds the caller waited (in the background: for the
         previous version to finish, and for the copy to the helper process, not for this one)."""
         started = time.monotonic()
+        self.wait()  # one version at a time, in order
+        args = (weights, version, step, adapter_config)
         if self._process is not None:
-            self.wait()
-            self._process.submit(weights, version, step, adapter_config)
+            self._process.submit(*args)
         elif self._worker is not None:
-            self.wait()
-            self._pending = self._worker.submit(self._write, weights, version, step, adapter_config)
+            self._pending = self._worker.submit(self._writer.write, *args)
         else:
-            self._write(weights, version, step, adapter_config)
+            self._writer.write(*args)
         return time.monotonic() - started
-
-    def _write(
-        self,
-        weights: dict[str, torch.Tensor],
-        version: int,
-        step: int,
-        adapter_config: dict[str, Any] | None = None,
-    ) -> None:
-        assert self._writer is not None
-        self._writer.write(weights, version, step, adapter_config)
 
     def ready(self) -> None:
         """Until the helper process is up (it starts while the learner does)."""
