@@ -39,3 +39,12 @@ def freeze_heap() -> None:
     only what was allocated since. Garbage made later is still collected."""
     gc.collect()
     gc.freeze()
+
+
+def thaw_heap() -> None:
+    """Undo `freeze_heap` before the process ends, so that the objects it froze are collected as
+    usual: a frozen cycle outlived the interpreter's last collection, and a process group's C++
+    threads were then torn down unjoined at exit (SIGABRT, "terminate called without an active
+    exception", seen once on an FSDP learner rank)."""
+    gc.unfreeze()
+    gc.collect()

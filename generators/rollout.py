@@ -29,7 +29,7 @@ import redis
 from rollflash.broker.config import Config, ConfigError
 from rollflash.broker.connection import BrokerUnavailable, connect
 from rollflash.broker.generator_side import GeneratorBroker
-from rollflash.broker.process import freeze_heap, setup_process
+from rollflash.broker.process import freeze_heap, setup_process, thaw_heap
 from rollflash.broker.redis_io import is_oom
 from rollflash.broker.retry import retry_until
 from rollflash.broker.schema import PromptWork, Sample, Trajectory
@@ -365,5 +365,6 @@ def run(cfg: Config, generator_id: str) -> None:
     ):
         pass
     gen.heartbeat("stopped")
+    thaw_heap()
     gen.follower.close()
     log.info("generator %s stopped: %s", generator_id, gen.counters.as_fields())

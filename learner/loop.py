@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from rollflash.broker.config import Config
-from rollflash.broker.process import freeze_heap, setup_process
+from rollflash.broker.process import freeze_heap, setup_process, thaw_heap
 from rollflash.broker.schema import Trajectory
 from rollflash.learner.build import Learner, start
 from rollflash.learner.collect import Collected
@@ -313,5 +313,6 @@ def run(
         if ln.guard.stop_requested:  # guards.stop_on_guard
             break
     summary = finish(ln, history, started, sampled_before)
+    thaw_heap()
     ln.close()
     return summary
