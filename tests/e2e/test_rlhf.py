@@ -169,7 +169,7 @@ def test_grpo_against_the_reward_model_improves_the_ground_truth(
     assert summary["heldout_acc_after"] >= summary["heldout_acc_before"] + 0.15, summary
     # healthy run: every guard was computed every step, and none fired on two steps in a row
     # (what stop_on_guard with patience 2 would act on). The documented 100-step run was quiet
-    # throughout. In these 30-step runs the KL climbs from 0 (the reference) past kl_target 0.2
+    # throughout. In these short runs the KL climbs from 0 (the reference) past kl_target 0.2
     # by steps 6-8: measured from 0 that rise peaked at 0.27-0.55 over six runs against
     # kl_max_rise 0.5, and fired on steps 6, 7 and 8 of a fresh-clone run; kl_rise now counts
     # only what lies above the target, which the run asks the policy to reach.
