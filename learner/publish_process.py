@@ -21,7 +21,6 @@ Rules, the same as with a thread (learner/publish.py):
 
 from __future__ import annotations
 
-import logging
 import math
 import os
 import signal
@@ -39,8 +38,6 @@ if TYPE_CHECKING:
     from multiprocessing.connection import Connection
 
     from rollflash.broker.config import Config
-
-log = logging.getLogger(__name__)
 
 START_TIMEOUT_S = 120.0  # the helper imports torch and connects to Redis
 
@@ -84,6 +81,7 @@ class PublishProcess:
         self._proc.start()
         child.close()
         self._buffers: dict[str, torch.Tensor] = {}
+        self._layout: Layout = []  # the buffers' names, shapes and dtypes
         self._in_flight = False
         self._started = False  # the helper starts while the learner does (`ready`)
 
@@ -99,8 +97,8 @@ class PublishProcess:
         assert not self._in_flight, "one version at a time"
         self.ready()
         layout = _layout(weights)
-        if layout != _layout(self._buffers):
-            self._buffers = _shared_buffers(layout, self._send)
+        if layout != self._layout:
+            self._buffers, self._layout = _shared_buffers(layout, self._send), layout
         for name, t in weights.items():
             self._buffers[name].copy_(t)
         self._send(("publish", version, step, adapter_config))
