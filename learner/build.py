@@ -28,6 +28,7 @@ from rollflash.broker.wire import WireLimits
 from rollflash.envs import Item, Task, is_multi_turn, task_from_config, train_stream
 from rollflash.envs.chat import PromptFormatter, format_task
 from rollflash.learner.admission import Admission
+from rollflash.learner.best import BestVersion
 from rollflash.learner.checkpoint import CheckpointStore, LearnerState, RankProgress, restore_rng
 from rollflash.learner.checkpoint_io import Trainables
 from rollflash.learner.collect import Collector
@@ -36,7 +37,7 @@ from rollflash.learner.dist import Dist, init_dist, is_sharded, wrap_model
 from rollflash.learner.evaluate import heldout_accuracy, sampled_eval
 from rollflash.learner.filters import drop_reason
 from rollflash.learner.guards import GuardMonitor
-from rollflash.learner.load import place
+from rollflash.learner.load import check_tied, place
 from rollflash.learner.lora import trainable_parameters, with_adapters
 from rollflash.learner.metrics import MetricsSink, open_sink
 from rollflash.learner.prepare import AlgoModels, build_algo_models
@@ -77,6 +78,7 @@ class Learner:
     publisher: Publisher | None  # rank 0 only
     sink: MetricsSink | None  # rank 0 only
     ledger: TextIO  # one JSON line per step: the trajectory ids trained or dropped
+    best: BestVersion | None = None  # rank 0 with eval.keep_best (learner/best.py)
     progress: RankProgress = field(default_factory=RankProgress)  # trained, not yet acknowledged
     domain_eval: dict[str, float] = field(default_factory=dict)  # a mixture's last evaluation
 
@@ -185,6 +187,7 @@ def load_policy(cfg: Config, dist: Dist = Dist()) -> tuple[torch.nn.Module, Any]
         wrap,
         sharded=t.strategy == "fsdp" and dist.world_size > 1,
     )
+    check_tied(model)
     return model, AutoTokenizer.from_pretrained(path, trust_remote_code=remote)
 
 
@@ -318,6 +321,7 @@ def start(cfg: Config, resume: bool | None = None) -> Learner:
         publisher=Publisher(cfg, broker, resuming=ckpt is not None) if main else None,
         sink=open_sink(cfg, state.trackers) if main else None,
         ledger=open(ledger, "a", buffering=1),  # line-buffered: a kill -9 loses no whole line
+        best=BestVersion(run_dir) if main and cfg.eval.keep_best else None,
     )
     ln.guard.load_state_dict(state.guards)  # adaptive kl_coef and guard streaks, resumed
     if ckpt is None:

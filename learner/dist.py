@@ -156,6 +156,15 @@ def is_sharded(model: torch.nn.Module) -> bool:
     return isinstance(model, FSDPModule)
 
 
+def tied_parameters(module: torch.nn.Module) -> list[list[str]]:
+    """Names of the parameters that are one object registered under several names (a tied
+    embedding: [['model.embed_tokens.weight', 'lm_head.weight']]), one list per object."""
+    names: dict[int, list[str]] = {}
+    for name, p in module.named_parameters(remove_duplicate=False):
+        names.setdefault(id(p), []).append(name)
+    return [n for n in names.values() if len(n) > 1]
+
+
 def full_state_dict(
     model: torch.nn.Module, dtype: torch.dtype | None = None, copy: bool = False
 ) -> dict[str, torch.Tensor]:
@@ -165,14 +174,19 @@ def full_state_dict(
     embed_tokens) are returned once, under the first name. `copy`: never return a tensor that
     shares memory with a parameter (needed when the weights are written while training goes on).
     """
-    sharded = is_sharded(model)
+    sharded, inner = is_sharded(model), getattr(model, "module", model)
     out: dict[str, torch.Tensor] = {}
+    # shards can be empty (data_ptr 0), so a tie is found by the parameter's identity there;
+    # every rank skips the same names, so the gathers stay in step
+    later = {name for names in tied_parameters(inner) for name in names[1:]} if sharded else set()
     seen: set[int] = set()
-    for name, t in getattr(model, "module", model).state_dict().items():
-        key = id(t) if sharded else t.untyped_storage().data_ptr()
-        if key in seen:
+    for name, t in inner.state_dict().items():
+        if name in later:
             continue
-        seen.add(key)
+        if not sharded:
+            if t.untyped_storage().data_ptr() in seen:
+                continue
+            seen.add(t.untyped_storage().data_ptr())
         t = t.detach().to(dtype or t.dtype)  # cast the shard: half the bytes to gather
         if sharded and hasattr(t, "full_tensor"):
             t = t.full_tensor()  # collective: every rank gathers this tensor

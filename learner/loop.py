@@ -136,11 +136,30 @@ def learner_step(ln: Learner) -> dict[str, float]:
     metrics = merged_metrics(ln, batch, stats, wall)
     if ln.cfg.eval.every and state.step % ln.cfg.eval.every == 0:
         metrics["eval/heldout_acc"] = ln.evaluate()
+        keep_if_best(ln, metrics["eval/heldout_acc"])
         metrics.update(ln.domain_eval)  # a mixture's eval/<domain>/heldout_acc
         metrics.update(ln.evaluate_sampled())
     if ln.dist.is_main:
         _report(ln, metrics, batch.groups)
     return metrics
+
+
+def keep_if_best(ln: Learner, accuracy: float) -> None:
+    """Offer the version just evaluated (the current one) to `eval.keep_best` (rank 0)."""
+    best = ln.best
+    if best is None or ln.simulated or ln.publisher is None:
+        return
+    if best.accuracy is not None and accuracy <= best.accuracy:
+        return
+    ln.publisher.wait()  # the version is on disk, manifest last, before it is linked
+    best.offer(ln.publisher.store, ln.state.version, ln.state.step, accuracy)
+
+
+def best_fields(ln: Learner) -> dict[str, Any]:
+    """The summary's record of the kept best version (rank 0 with eval.keep_best)."""
+    if ln.best is None or ln.best.record is None:
+        return {}
+    return {"best_version": ln.best.latest(), "best_heldout_acc": round(ln.best.accuracy, 4)}
 
 
 def merged_metrics(
@@ -240,6 +259,7 @@ def begin(ln: Learner) -> dict[str, float]:
     if ln.state.step == 0:
         ln.state.heldout_acc_before = ln.evaluate()
         log.info("held-out greedy accuracy before training: %.3f", ln.state.heldout_acc_before)
+        keep_if_best(ln, ln.state.heldout_acc_before)
         sampled = {f"{k.removeprefix('eval/')}_before": v for k, v in ln.evaluate_sampled().items()}
         sampled.update({f"{_flat(k)}_before": v for k, v in ln.domain_eval.items()})
     if ln.dist.is_main:
@@ -263,6 +283,7 @@ def finish(
     if ln.publisher is not None:
         ln.publisher.wait()  # the last version is announced before the run is done
     acc_after = ln.evaluate()
+    keep_if_best(ln, acc_after)
     by_domain = {_flat(k): v for k, v in ln.domain_eval.items()}
     after = ln.evaluate_sampled().items()
     sampled = {**sampled, **{f"{k.removeprefix('eval/')}_after": v for k, v in after}}
@@ -281,6 +302,7 @@ def finish(
         "prompts_issued": ln.collector.admission.issued,
         "learner_ranks": ln.dist.world_size,
         "stopped_by_guard": ln.guard.stop_reason,
+        **best_fields(ln),
         **{k: round(v, 4) for k, v in sampled.items()},
         **{f"{k}_after": round(v, 4) for k, v in by_domain.items()},
     }
