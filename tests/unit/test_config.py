@@ -136,7 +136,7 @@ def test_logging_is_learner_local_and_left_out_of_the_fingerprint():
         (None, [], "d2a1dbea22dd6688"),
         ("demo.yaml", [], "b765098737101a08"),  # run.torch_threads left to rollctl run
         ("ppo_gae.yaml", [], "75040b82a3012133"),
-        ("dapo.yaml", [], "22a0b1830554d51a"),
+        ("dapo.yaml", [], "f9fc9d5136ffbe45"),
         ("rlhf.yaml", [], "455d0787ffa561c1"),
         ("rm.yaml", [], "425ee1276448ac73"),
         ("agentic_gridworld.yaml", [], "6e52ea400acb2ed2"),
