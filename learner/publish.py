@@ -37,7 +37,7 @@ from rollflash.broker.learner_side import LearnerBroker
 from rollflash.broker.weights import WeightStore
 from rollflash.learner.checkpoint import RankProgress, rng_state
 from rollflash.learner.checkpoint_io import Trainables
-from rollflash.learner.device import DTYPES
+from rollflash.learner.device import DTYPES, resolved_dtype
 from rollflash.learner.dist import is_sharded
 from rollflash.learner.lora import published_weights
 from rollflash.learner.publish_process import PublishProcess, VersionWriter
@@ -127,11 +127,12 @@ def pause_point(name: str, step: int) -> None:
         os.kill(os.getpid(), signal.SIGSTOP)
 
 
-def publish_dtype(cfg: Config) -> torch.dtype:
-    """`trainer.publish_dtype`; auto is `model.dtype`, so a float32 run publishes exactly the
-    weights it trains (the generators' log-probs then match the learner's)."""
+def publish_dtype(cfg: Config, device: torch.device) -> torch.dtype:
+    """`trainer.publish_dtype`; auto is `model.dtype` on the learner's `device`, so a float32
+    run publishes exactly the weights it trains (the generators' log-probs then match the
+    learner's)."""
     name = cfg.trainer.publish_dtype
-    return DTYPES[cfg.model.dtype if name == "auto" else name]
+    return DTYPES[resolved_dtype(cfg.model.dtype, device) if name == "auto" else name]
 
 
 def publish(ln: Learner, version: int, step: int) -> float:
@@ -144,7 +145,9 @@ def publish(ln: Learner, version: int, step: int) -> float:
     # (the helper process gets one in shared memory, made in `publish`)
     copy = ln.publisher is not None and ln.publisher.threaded
     # full weights (merged with LoRA), or the adapter and its config (learner/lora.py)
-    weights, adapter = published_weights(model, ln.cfg, publish_dtype(ln.cfg), copy=copy)
+    weights, adapter = published_weights(
+        model, ln.cfg, publish_dtype(ln.cfg, ln.dist.device), copy=copy
+    )
     if ln.publisher is None:
         return 0.0
     ln.publisher.publish(weights, version, step, adapter)

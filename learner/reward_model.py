@@ -271,7 +271,7 @@ def train_reward_model(cfg: Config, dist: Dist | None = None) -> dict[str, Any]:
     ranks (default: join the process group torchrun describes, if any)."""
     from rollflash.learner.metrics import MetricsSink
 
-    rm, dist = cfg.rm, dist or init_dist(cfg.trainer.device)
+    rm, dist = cfg.rm, dist or init_dist(cfg.trainer.device, cfg.trainer.dist_timeout_s)
     if rm.train_batch_size % dist.world_size:
         raise ValueError(
             f"rm.train_batch_size: {rm.train_batch_size} does not split over "
@@ -345,7 +345,7 @@ def _save(model: torch.nn.Module, tokenizer: Any, cfg: Config, summary: dict[str
 
 def run(cfg: Config) -> dict[str, Any]:
     """Process entry point of `rollctl train-rm`."""
-    dist = init_dist(cfg.trainer.device)
+    dist = init_dist(cfg.trainer.device, cfg.trainer.dist_timeout_s)
     setup_process(f"rm:{dist.rank}", seed=cfg.run.seed, torch_threads=cfg.run.torch_threads)
     try:
         return train_reward_model(cfg, dist)

@@ -133,13 +133,13 @@ def test_logging_is_learner_local_and_left_out_of_the_fingerprint():
 @pytest.mark.parametrize(
     "name, overrides, expected",
     [
-        (None, [], "d2a1dbea22dd6688"),
-        ("demo.yaml", [], "b765098737101a08"),  # run.torch_threads left to rollctl run
-        ("ppo_gae.yaml", [], "75040b82a3012133"),
-        ("dapo.yaml", [], "f9fc9d5136ffbe45"),
-        ("rlhf.yaml", [], "455d0787ffa561c1"),
-        ("rm.yaml", [], "425ee1276448ac73"),
-        ("agentic_gridworld.yaml", [], "6e52ea400acb2ed2"),
+        (None, [], "499cc541e3c24d9c"),
+        ("demo.yaml", [], "bcd387004c498e7c"),  # run.torch_threads left to rollctl run
+        ("ppo_gae.yaml", [], "e7c2fc221760b472"),
+        ("dapo.yaml", [], "f0f5e02556d512c6"),
+        ("rlhf.yaml", [], "bcb793dd26f77025"),
+        ("rm.yaml", [], "16f4053fb479c78f"),
+        ("agentic_gridworld.yaml", [], "b7035c72a483c148"),
         (
             None,
             # ints given for floats are hashed as the floats they are stored as (1 -> 1.0)
@@ -151,7 +151,7 @@ def test_logging_is_learner_local_and_left_out_of_the_fingerprint():
                 "algo.kl_target=0.1",
                 "algo.kl_coef=1",
             ],
-            "c0b67fcec4414ff2",
+            "48da586512ad6f4b",
         ),
     ],
 )
@@ -174,11 +174,12 @@ def test_saved_yaml_has_every_section_and_key_in_declaration_order(tmp_path):
     # model +4 (chat_template, attn_implementation, trust_remote_code, lora), reward +6
     # (functions, weights, timeout_s, dtype, the code and judge sections), rollout +2 (device, the
     # vllm section), trainer +8 (the learner's device and precision keys, publish) and -1
-    # (eval_every moved to eval.every) and +2 (ppo_mini_batches, ppo_epochs), task -1 (eval_size
+    # (eval_every moved to eval.every) and +2 (ppo_mini_batches, ppo_epochs) and +4 (tf32,
+    # cuda_alloc_conf, dist_timeout_s, fsdp_reduce_scatter), task -1 (eval_size
     # moved to eval.size), and eval (7),
     # logging (8) and placement (4)
     assert {name: len(section) for name, section in saved.items()} == {
-        "run": 4, "redis": 4, "model": 6, "task": 2, "rollout": 16, "trainer": 25, "algo": 29,
+        "run": 4, "redis": 4, "model": 6, "task": 2, "rollout": 16, "trainer": 29, "algo": 29,
         "sim": 6, "reward": 13, "eval": 7, "rm": 14, "guards": 11, "logging": 8, "placement": 4,
     }  # fmt: skip
     assert len(saved["rollout"]["vllm"]) == 10
@@ -208,7 +209,7 @@ def test_saved_yaml_has_every_section_and_key_in_declaration_order(tmp_path):
         ),
         (
             {"model": {"dtype": "fp16"}},
-            "model.dtype: must be one of ['float32', 'bfloat16'], got 'fp16'",
+            "model.dtype: must be one of ['auto', 'float32', 'bfloat16'], got 'fp16'",
         ),
         ({"model": {"lora": {"rank": 0}}}, "model.lora.rank: must be in (0, 512], got 0"),
         (
