@@ -90,9 +90,10 @@ class Learner:
         return isinstance(self.models.policy, SimulatedPolicy)
 
     def evaluate(self) -> float:
-        """Greedy held-out accuracy, on rank 0 (with FSDP every rank generates: the shards are
-        gathered in every forward pass); rank 0 logs the generations."""
-        if self.simulated or not (self.dist.is_main or is_sharded(self.models.model)):
+        """Greedy held-out accuracy, on rank 0; with FSDP every rank generates for its share of
+        the items, in step (learner/evaluate.py). Rank 0 logs the generations."""
+        sharded = is_sharded(self.models.model)
+        if self.simulated or not (self.dist.is_main or sharded):
             return 0.0
         m, e, rows = self.models, self.cfg.eval, list[dict]()
         limit = e.max_new_tokens or self.cfg.rollout.max_new_tokens
@@ -109,6 +110,7 @@ class Learner:
                 domain_limit,
                 threshold=e.threshold,
                 record=rows,
+                dist=self.dist if sharded else None,
             )
             if name:
                 self.domain_eval[f"eval/{name}/heldout_acc"] = acc
