@@ -38,7 +38,7 @@ from rollflash.broker.weights import WeightStore
 from rollflash.envs import Item, Task, is_multi_turn, task_from_config
 from rollflash.envs.reward_functions import failure_of
 from rollflash.generators.continuous import ContinuousRollout
-from rollflash.generators.engine import Engine, make_engine
+from rollflash.generators.engine import Engine, check_engine, make_engine
 from rollflash.generators.episodes import rollout_episodes
 from rollflash.generators.reload import WeightFollower
 from rollflash.generators.reward_model import Rewarder, make_rewarder
@@ -207,6 +207,7 @@ class Generator:
 
     def __init__(self, cfg: Config, generator_id: str):
         self.cfg, self.id = cfg, generator_id
+        check_engine(cfg)  # before waiting for the run: a missing engine fails at once
         self.task = task_from_config(cfg)  # with reward.functions, if any
         if cfg.rollout.inflight_samples and is_multi_turn(self.task):  # before waiting on Redis
             raise ConfigError(

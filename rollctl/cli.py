@@ -76,11 +76,12 @@ def _expected_errors() -> tuple[type[BaseException], ...]:
 
 def _guarded(fn, *args):
     from rollflash.envs.reward_functions import RewardFunctionFailed
+    from rollflash.generators.engine import EngineUnavailable
     from rollflash.rollctl.local import EXIT_RUN_FATAL
 
     try:
         return fn(*args)
-    except RewardFunctionFailed as e:
+    except (RewardFunctionFailed, EngineUnavailable) as e:
         _fail(str(e), EXIT_RUN_FATAL)
     except _expected_errors() as e:
         _fail(str(e).splitlines()[0] if str(e) else e.__class__.__name__)

@@ -32,7 +32,8 @@ from rollflash.rollctl.progress import StepProgress, read_new_rows, terminal_pro
 log = logging.getLogger(__name__)
 
 # exit code of a generator whose failure every other generator would meet too (a reward
-# function failing on whole batches): `rollctl run` stops the run on it
+# function failing on whole batches, an engine that is not installed): `rollctl run` stops the
+# run on it
 EXIT_RUN_FATAL = 3
 
 

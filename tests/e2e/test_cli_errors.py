@@ -68,3 +68,25 @@ def test_generator_gives_up_on_unreachable_redis_with_a_clear_message(tmp_path):
 def test_learner_without_redis_url_says_so():
     out = _rollctl("start-learner")
     assert out.returncode == 2 and "redis.url: not set" in out.stderr
+
+
+def test_a_missing_engine_stops_rollctl_run_at_once_naming_the_install(tmp_path, tiny_model_dir):
+    # the main suite's .venv has no vLLM (it lives in .venv-vllm: make install-vllm)
+    import importlib.util
+
+    assert importlib.util.find_spec("vllm") is None, "this test needs a Python without vLLM"
+    # the learner would wait trainer.wait_timeout_s (600 s) for trajectories; the 120 s limit
+    # of _rollctl shows that the run stopped without waiting it out
+    out = _rollctl(
+        "run",
+        *("--engine", "vllm", "--generators", "1"),
+        *("--set", f"model.path={tiny_model_dir}", "--set", f"run.run_dir={tmp_path / 'run'}"),
+        timeout=120,
+    )
+    assert out.returncode == 3, out.stderr[-2000:]
+    (line,) = [ln for ln in out.stdout.splitlines() if ln.startswith("generator gen-0 exited")]
+    assert line.startswith(
+        "generator gen-0 exited with 3: rollctl: error: rollout.engine: vllm is not installed in "
+    )
+    assert 'pip install -e ".[vllm]"' in line and "make install-vllm" in line
+    assert out.stderr.strip().splitlines()[-1] == "stopping the run"
