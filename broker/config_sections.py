@@ -112,7 +112,10 @@ class RolloutConfig(Section):
         "or on a CPU from the cores and the model size)",
     )
     heartbeat_ttl_s: Number = Field(
-        30.0, gt=0, description="a generator's status hash expires this long after its last beat"
+        30.0,
+        gt=0,
+        description="a generator's status hash expires this long after its last beat; a "
+        "floor: raised to 3x the generator's measured turn (generators/liveness.py)",
     )
     interrupt: StrictBool = Field(
         False,
@@ -126,7 +129,8 @@ class RolloutConfig(Section):
         120.0,
         gt=0,
         description="take over prompts another generator claimed this long ago and never "
-        "finished (it probably died)",
+        "finished (it probably died); a floor: raised to 3x the measured hold, or learner "
+        "step + turn (generators/liveness.py)",
     )
     replicate_prompts: StrictBool = Field(
         False,

@@ -40,6 +40,7 @@ from rollflash.envs.reward_functions import failure_of
 from rollflash.generators.continuous import ContinuousRollout
 from rollflash.generators.engine import Engine, check_engine, make_engine
 from rollflash.generators.episodes import rollout_episodes
+from rollflash.generators.liveness import Liveness
 from rollflash.generators.reload import WeightFollower
 from rollflash.generators.reward_model import Rewarder, make_rewarder
 from rollflash.generators.sampling import GeneratedSample, SamplingParams
@@ -227,8 +228,10 @@ class Generator:
         self.follower = WeightFollower(self.broker, WeightStore(cfg.run.run_dir), self.engine)
         self.rewarder = make_rewarder(cfg, self.task)  # reward: rule | model | mixed
         self.counters = Counters()
+        self.liveness = Liveness(cfg.rollout)  # heartbeat TTL and reclaim time, scaled
 
     def heartbeat(self, state: str) -> None:
+        self.liveness.beat(self.follower.loaded_version)
         self.broker.heartbeat(
             self.id,
             {
@@ -243,7 +246,7 @@ class Generator:
                 or 0,
                 **self.counters.as_fields(),
             },
-            self.cfg.rollout.heartbeat_ttl_s,
+            self.liveness.heartbeat_ttl_s,
         )
 
     def claim(self) -> list[tuple[str, PromptWork]]:
@@ -254,7 +257,7 @@ class Generator:
         if own:
             return own
         reclaimed = self.broker.reclaim_prompts(
-            self.id, int(self.cfg.rollout.reclaim_idle_s * 1000), count
+            self.id, int(self.liveness.reclaim_idle_s * 1000), count
         )
         if reclaimed:
             log.warning("took over %d prompts abandoned by another generator", len(reclaimed))
@@ -287,6 +290,7 @@ class Generator:
             self.rewarder,
         )
         c.busy_s += time.monotonic() - started
+        self.liveness.held(time.monotonic() - waited)
         c.groups += len(claimed)
         c.samples += samples
         c.tokens += tokens
@@ -320,7 +324,7 @@ class Generator:
 
         ContinuousRollout(
             self.cfg, self.engine, self.follower, self.broker, self.id, stream, beat, c,
-            limit=lambda work: response_limit(self.task, work),
+            self.liveness, limit=lambda work: response_limit(self.task, work),
         ).run()  # fmt: skip
 
 
@@ -338,7 +342,12 @@ def run(cfg: Config, generator_id: str) -> None:
     stop = _Stop()
     gen = Generator(cfg, generator_id)
     freeze_heap()  # the engine and the model stay: full collections then skip them
-    log.info("generator %s ready (engine %s)", generator_id, cfg.rollout.engine)
+    log.info(
+        "generator %s ready (engine %s; %s)",
+        generator_id,
+        cfg.rollout.engine,
+        gen.liveness.describe(),
+    )
 
     def turn() -> bool:
         """One turn of the loop; True once the run is done or a stop was requested."""
