@@ -1,0 +1,108 @@
+"""The GPU check runs on the GPU test machine as it is (docs/gpu.md): in a virtual environment
+with only that machine's packages (tests/helpers/gpu_machine.py: no pydantic, redis, pyzmq or
+vLLM, the project not installed), plus the wheels `make gpu-wheels` carries (scripts/gpu_wheels.py,
+here for this Python) installed with the documented command, `scripts/gpu_check.py --dry-run`
+runs its parts on CPU and each passes its own checks. Without the wheels the check's imports
+fail, and its env part says which. The stall part's code is the CPU test
+tests/integration/test_dist_timeout.py's; it is left out here for time."""
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import gpu_machine
+
+ROOT = Path(__file__).resolve().parents[2]
+PARTS = "env,learner_1rank,learner_2ranks,bench_0.5b,generate"
+
+
+@pytest.fixture(scope="session")
+def machine(tmp_path_factory) -> tuple[Path, Path]:
+    """(the GPU machine's python, the carried wheels' site folder), built once per session."""
+    cache = os.environ.get("ROLLFLASH_TEST_MODELS")
+    # its site-packages links into this interpreter's: one per interpreter in a shared cache
+    name = f"gpu-machine-{hashlib.sha256(sys.prefix.encode()).hexdigest()[:8]}"
+    root = Path(cache) / name if cache else tmp_path_factory.mktemp("gpu-machine")
+    python = gpu_machine.build(root)
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    wheels = root / f"wheels-cp{version.replace('.', '')}"
+    site = root / "site"
+    if not (site / ".installed").is_file():
+        subprocess.run(
+            [sys.executable, str(ROOT / "scripts" / "gpu_wheels.py"), "--python-version",
+             version, "--dest", str(wheels)],
+            check=True, capture_output=True,
+        )  # fmt: skip
+        # docs/gpu.md's command, with this Python's pip (the venv has none)
+        subprocess.run(
+            [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps",
+             "--target", str(site), *map(str, sorted(wheels.glob("*.whl")))],
+            check=True, capture_output=True,
+        )  # fmt: skip
+        (site / ".installed").write_text("")
+    return python, site
+
+
+def _check(python: Path, out: Path, parts: str, pythonpath: str | None) -> list[dict]:
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(out), "OMP_NUM_THREADS": "1"}
+    if pythonpath:
+        env["PYTHONPATH"] = pythonpath
+    proc = subprocess.run(
+        [str(python), "scripts/gpu_check.py", "--dry-run", "--out", str(out), "--parts", parts,
+         "--budget-s", "1500"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=1600,
+    )  # fmt: skip
+    lines = [json.loads(ln) for ln in proc.stdout.splitlines()]
+    assert lines == [json.loads(ln) for ln in (out / "gpu_check.jsonl").read_text().splitlines()]
+    assert proc.returncode == (0 if lines[-1]["ok"] else 1)
+    return lines
+
+
+@pytest.mark.slow  # about a minute and a half: five parts, each a process
+def test_the_check_runs_with_the_machines_packages_and_the_carried_wheels(machine, tmp_path):
+    python, site = machine
+    parts = {p["part"]: p for p in _check(python, tmp_path, PARTS, str(site))}
+    assert parts["summary"]["ok"], {k: (v["ok"], v.get("error")) for k, v in parts.items()}
+    env = parts["env"]
+    assert env["import_failures"] == {} and not env["rollflash_installed"] and not env["vllm"]
+    one = parts["learner_1rank"]
+    assert set(one["cases"]) == {"fsdp", "fsdp-packed"}
+    assert 0 < one["bf16_vs_cpu_fp32"] <= 0.1 and one["packed_vs_padded"] <= 1e-4  # bf16 did run
+    for case in one["cases"].values():
+        assert case["tied"] and case["updates"] == [4.0, 4.0] and case["published_greedy_match"]
+        assert case["masters_fp32"] and case["resume_max_diff"] <= 1e-5
+    two = parts["learner_2ranks"]
+    assert two["world_size"] == 2 and set(two["cases"]) == {"ddp", "ddp-packed"}
+    assert two["cases"]["ddp"]["vs_one_rank_max_diff"] <= 1e-5
+    bench = parts["bench_0.5b"]
+    # a version holds every parameter once (the tie) in bf16: 2 bytes each
+    assert bench["bytes"] == 2 * bench["params"]
+    assert all(bench[k]["tokens_per_s"] > 0 for k in ("padded", "checkpointed", "packed"))
+    (tiny,) = parts["generate"]["models"].values()
+    assert tiny["logprob_abs_diff_max"] < 1e-4  # same model and dtype: float32 noise at most
+    assert set(tiny["tok_s"]) == {"1", "4"} and tiny["reload_s"] >= tiny["verify_copy_s"] >= 0
+
+
+def test_without_the_wheels_the_env_part_names_what_is_missing(machine, tmp_path):
+    python, _ = machine
+    env, summary = _check(python, tmp_path, "env", None)
+    assert not env["ok"] and not summary["ok"]
+    assert env["import_failures"]["rollflash.broker.config"] == (
+        "ModuleNotFoundError: No module named 'pydantic'"
+    )
+
+
+def test_cuda_without_a_gpu_is_refused_in_one_line(tmp_path):
+    for script in ("gpu_smoke.py", "gpu_bench.py", "gpu_smoke_generate.py"):
+        out = subprocess.run(
+            [sys.executable, str(ROOT / "scripts" / script)],
+            capture_output=True, text=True, cwd=tmp_path, timeout=120,
+            env={"CUDA_VISIBLE_DEVICES": "", "PATH": "/usr/bin:/bin"},
+        )  # fmt: skip
+        assert out.returncode == 2, (script, out.stderr[-2000:])
+        assert "--device cuda: torch sees no GPU" in out.stderr.strip().splitlines()[-1]
