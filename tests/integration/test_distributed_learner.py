@@ -6,37 +6,22 @@ every rank. Runs tests/integration/dist_worker.py as real processes, which build
 through learner/build.py as `rollctl start-learner` does."""
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
+from tests.helpers.ranks import run_ranks
 from tests.integration.dist_worker import STEPS
 
-ROOT = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).with_name("dist_worker.py")
 PPO = {"ppo_mini_batches": 2, "ppo_epochs": 2}
 LORA = {"rank": 4, "target_modules": ["q_proj", "v_proj"]}
 
 
 def _train(model_dir, out, groups, nproc, stages):
-    launch = (
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
-        if nproc > 1
-        else [sys.executable]
-    )
-    proc = subprocess.run(
-        [*launch, str(WORKER), str(model_dir), str(out), str(groups), json.dumps(stages)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=240,
-        env={"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"},
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_ranks(nproc, WORKER, str(model_dir), str(out), str(groups), json.dumps(stages))
     return [load_file(f"{out}.stage{i}") for i in range(len(stages))]
 
 

@@ -3,14 +3,12 @@ whose greedy generations stop at different lengths and who make different number
 calls finish, and their accuracy and records equal one process's over the same items."""
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 from rollflash.learner.dist import Dist
+from tests.helpers.ranks import run_ranks
 from tests.integration.eval_worker import evaluate
 
-ROOT = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).with_name("eval_worker.py")
 MAX_NEW = 12
 
@@ -27,18 +25,7 @@ def test_two_sharded_ranks_with_different_lengths_evaluate_as_one(tiny_model_dir
     indices = [short[0], long[0], short[1], long[1], short[2]]
     one = evaluate(str(tiny_model_dir), indices, MAX_NEW, Dist())
     out = tmp_path / "two.json"
-    proc = subprocess.run(
-        [
-            *[sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"],
-            *[str(WORKER), str(tiny_model_dir), str(out), json.dumps(indices), str(MAX_NEW)],
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=240,
-        env={"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"},
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_ranks(2, WORKER, str(tiny_model_dir), str(out), json.dumps(indices), str(MAX_NEW))
     two = json.loads(out.read_text())
     assert two == one
     assert [r["response"] for r in two["rows"]] == [probe[i]["response"] for i in indices]
