@@ -41,7 +41,7 @@ from rollflash.broker.config import Config
 from rollflash.broker.model_dir import model_directory
 from rollflash.broker.process import setup_process
 from rollflash.broker.rm_input import reward_model_input_ids
-from rollflash.learner.device import adamw, autocast, to_device
+from rollflash.learner.device import adamw, autocast, cuda_defaults, set_alloc_conf, to_device
 from rollflash.learner.dist import Dist, init_dist
 from rollflash.learner.preferences import (
     PreferenceFileError,
@@ -345,7 +345,9 @@ def _save(model: torch.nn.Module, tokenizer: Any, cfg: Config, summary: dict[str
 
 def run(cfg: Config) -> dict[str, Any]:
     """Process entry point of `rollctl train-rm`."""
+    set_alloc_conf(cfg.trainer.cuda_alloc_conf)  # the learner's GPU defaults (learner/device.py)
     dist = init_dist(cfg.trainer.device, cfg.trainer.dist_timeout_s)
+    cuda_defaults(dist.device, cfg.trainer.tf32)
     setup_process(f"rm:{dist.rank}", seed=cfg.run.seed, torch_threads=cfg.run.torch_threads)
     try:
         return train_reward_model(cfg, dist)
