@@ -134,7 +134,7 @@ def test_logging_is_learner_local_and_left_out_of_the_fingerprint():
     "name, overrides, expected",
     [
         (None, [], "d2a1dbea22dd6688"),
-        ("demo.yaml", [], "b765098737101a08"),  # run.torch_threads left to rollctl run
+        ("demo.yaml", [], "10f27c50d26bf660"),  # run.torch_threads left to rollctl run
         ("ppo_gae.yaml", [], "75040b82a3012133"),
         ("dapo.yaml", [], "f9fc9d5136ffbe45"),
         ("rlhf.yaml", [], "455d0787ffa561c1"),
