@@ -252,6 +252,7 @@ class CodeVerifier:
 
     batched = True
     own_deadline = True  # bounded by its per-test limits and per-sample budget, not timeout_s
+    needs_answer = False  # a row's tests decide, not its answer
 
     def __init__(self, limits: CodeLimits | None = None) -> None:
         require_sandbox()  # at load: one line if it cannot run; logs the per-call bound
