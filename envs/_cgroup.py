@@ -30,6 +30,7 @@ from __future__ import annotations
 import functools
 import itertools
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -241,12 +242,16 @@ class CallGroup:
 
 
 def _remove(d: Path) -> None:
-    """rmdir a per-call cgroup; it may take a moment to empty after its last process is reaped."""
-    for _ in range(50):
+    """rmdir a per-call cgroup: the kernel may take a few milliseconds to empty it after its
+    last process is reaped. One it cannot remove in 2 s is left to the sweep of a later start."""
+    deadline = time.monotonic() + 2.0
+    while True:
         try:
             d.rmdir()
             return
         except FileNotFoundError:
             return
         except OSError:
-            os.sched_yield()
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.0005)

@@ -46,7 +46,8 @@ one failure reason (`Scored.failure`, counted by the learner as `reward/<reason>
   without a traceback, or 0 without the harness's nonce);
 - `code_budget`: the sample's budget ran out before all its tests ran (or cut one short);
 - `code_sandbox`: the sandbox itself could not start (not the program's fault; logged);
-- `code_bad_tests`: the row's tests are malformed (the row's fault; logged).
+- `code_bad_tests`: the row's tests are malformed, e.g. a Python test that does not compile (the
+  row's fault; logged).
 A wrong answer (stdout differs, an assertion fails) is a failed test, not a failure reason. No
 failure raises: the verifier returns a score for every sample.
 """

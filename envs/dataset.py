@@ -109,7 +109,7 @@ def _blank(path: Path) -> bool:
         while chunk := f.read(1 << 16):
             if chunk.strip():
                 return False
-    return path.suffix.lower() != ".parquet"
+    return True
 
 
 def _label(source: str, split: str) -> str:
