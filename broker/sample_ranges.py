@@ -91,3 +91,10 @@ def check_reward_parts(value: Any, what: str, limits: WireLimits) -> dict[str, f
             raise WireError(f"{what}[{name!r}]: not a finite score within range", "out_of_range")
         out[name] = None if score is None else float(score)
     return out
+
+
+def check_count(value: int, what: str) -> int:
+    """A count that travels as a non-negative int32 (a sample's `env_errors`)."""
+    if not 0 <= value < 2**31:
+        raise WireError(f"{what}: not a count", "out_of_range")
+    return value

@@ -37,6 +37,7 @@ import msgpack
 import numpy as np
 
 from rollflash.broker.sample_ranges import MAX_VERSION as _MAX_VERSION
+from rollflash.broker.sample_ranges import check_count as _check_count
 from rollflash.broker.sample_ranges import check_ids as _check_ids
 from rollflash.broker.sample_ranges import check_reward_parts as _check_reward_parts
 from rollflash.broker.sample_ranges import check_samples as _check_samples
@@ -366,9 +367,7 @@ def _decode_sample(fields: dict[Any, Any], what: str, limits: WireLimits) -> Sam
         )
     if not math.isfinite(parts["reward"]):
         raise WireError(f"{what}.reward: not finite ({parts['reward']})", "out_of_range")
-    env_errors = parts.get("env_errors", 0)
-    if not 0 <= env_errors < 2**31:
-        raise WireError(f"{what}.env_errors: not a count", "out_of_range")
+    env_errors = _check_count(parts.get("env_errors", 0), f"{what}.env_errors")
     turns = {k: parts[k] for k in _TURN_NAMES if k in parts}
     return Sample(
         response_ids=ids,
@@ -379,7 +378,8 @@ def _decode_sample(fields: dict[Any, Any], what: str, limits: WireLimits) -> Sam
         text=parts["text"],
         **_check_turns(turns, ids.shape[0], what),
         env_errors=env_errors,
-        **{k: parts[k] for k in ("reward_failure", "reward_parts") if k in parts},
+        reward_failure=parts.get("reward_failure", ""),
+        reward_parts=parts.get("reward_parts"),
     )
 
 
