@@ -13,7 +13,7 @@ import uuid
 
 import pytest
 import redis
-from sandbox_harness import HOOK_OFF, SKIP_SANDBOX, host_processes_with
+from sandbox_harness import HOOK_OFF, RAW_SYSCALL, SKIP_SANDBOX, host_processes_with
 
 from rollflash.envs._seccomp import denied_syscalls, supported_machine
 
@@ -166,14 +166,10 @@ def test_no_network(run_hostile):
     space is in no namespace."""
     machine = supported_machine()
     socket_nr, socketpair_nr = {"x86_64": (41, 53), "aarch64": (198, 199)}[machine]
-    out = run_hostile(f"""
-import ctypes, socket
-libc = ctypes.CDLL(None, use_errno=True)
-libc.syscall.restype = ctypes.c_long
-def raw(nr, *args):
-    ctypes.set_errno(0)
-    r = libc.syscall(ctypes.c_long(nr), *[ctypes.c_long(a) for a in args])
-    return "ok" if r >= 0 else ctypes.get_errno()
+    out = run_hostile(
+        RAW_SYSCALL
+        + f"""
+import socket
 out = {{}}
 families = {{"inet": socket.AF_INET, "inet6": socket.AF_INET6, "packet": socket.AF_PACKET,
             "netlink": socket.AF_NETLINK, "vsock": socket.AF_VSOCK, "unix": socket.AF_UNIX}}
@@ -187,9 +183,9 @@ for name, family in families.items():
 a, b = socket.socketpair()
 a.sendall(b"ping")
 out["socketpair_unix"] = b.recv(4).decode()
-out["socketpair_inet"] = raw({socketpair_nr}, socket.AF_INET, socket.SOCK_STREAM, 0,
+out["socketpair_inet"] = call({socketpair_nr}, socket.AF_INET, socket.SOCK_STREAM, 0,
                              ctypes.addressof(ctypes.create_string_buffer(8)))
-out["vsock_high_word"] = raw({socket_nr}, (1 << 32) | socket.AF_VSOCK, socket.SOCK_STREAM, 0)
+out["vsock_high_word"] = call({socket_nr}, (1 << 32) | socket.AF_VSOCK, socket.SOCK_STREAM, 0)
 for name, addr in (("public_ip", ("1.1.1.1", 80)), ("dns", ("8.8.8.8", 53))):
     try:
         socket.create_connection(addr, timeout=2)
@@ -202,7 +198,8 @@ try:
 except OSError as e:
     out["resolve"] = type(e).__name__
 print(json.dumps(out))
-""")
+"""
+    )
     refused = 97  # EAFNOSUPPORT
     assert out == {
         **dict.fromkeys(["inet", "inet6", "packet", "netlink", "vsock"], refused),
@@ -240,14 +237,9 @@ def test_seccomp_refuses_ptrace_mount_keyctl_and_namespaces(run_hostile):
     machine = supported_machine()
     numbers = denied_syscalls(machine)
     clone_newuser = 0x10000000 | 17  # CLONE_NEWUSER | SIGCHLD
-    out = run_hostile(f"""
-import ctypes
-libc = ctypes.CDLL(None, use_errno=True)
-libc.syscall.restype = ctypes.c_long
-def call(nr, *args):
-    ctypes.set_errno(0)
-    r = libc.syscall(ctypes.c_long(nr), *[ctypes.c_long(a) for a in args])
-    return "ok" if r >= 0 else ctypes.get_errno()
+    out = run_hostile(
+        RAW_SYSCALL
+        + f"""
 n = {numbers!r}
 out = {{
     "ptrace_traceme": call(n["ptrace"], 0, 0, 0, 0),
@@ -264,7 +256,8 @@ out = {{
 out["deny_list"] = sorted({{call(nr, 0, 0, 0, 0, 0, 0) for name, nr in n.items()
                             if name not in ("reboot", "vhangup")}}, key=str)
 print(json.dumps(out))
-""")
+"""
+    )
     assert out == {
         "ptrace_traceme": 1,  # EPERM
         "unshare_user": 1,
