@@ -36,7 +36,7 @@ from rollflash.broker.schema import PromptWork, Sample, Trajectory
 from rollflash.broker.secrets import redact
 from rollflash.broker.weights import WeightStore
 from rollflash.envs import Item, Task, is_multi_turn, task_from_config
-from rollflash.envs.reward_functions import failure_of
+from rollflash.envs.reward_functions import failure_of, parts_of
 from rollflash.generators.continuous import ContinuousRollout
 from rollflash.generators.engine import Engine, make_engine
 from rollflash.generators.episodes import rollout_episodes
@@ -117,6 +117,7 @@ def to_trajectory(
                 finished=s.finished,
                 text=s.text,
                 reward_failure=failure_of(reward),  # e.g. code_timeout; "" if none
+                reward_parts=parts_of(reward),  # each function's score (2+ functions)
             )
         )
     return Trajectory.for_work(work, out, samples[0].prompt_ids, generator_id, version)

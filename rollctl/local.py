@@ -226,8 +226,9 @@ def run_local(cfg: Config, echo: bool = True) -> int:
     if echo and learner.returncode == 0 and summary.is_file():
         print(json.dumps(json.loads(summary.read_text())), flush=True)
     elif learner.returncode != 0:
-        print(
-            f"learner exited with {learner.returncode}; see {logs / 'learner.log'}",
+        print(  # its last line: a start-up error is one line (a bad row, a missing model)
+            f"learner exited with {learner.returncode}: {_tail(logs / 'learner.log', 1)}; "
+            f"see {logs / 'learner.log'}",
             file=sys.stderr,
             flush=True,
         )
