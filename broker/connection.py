@@ -30,13 +30,14 @@ from redis.retry import Retry
 
 from rollflash.broker.retry import retry_until
 from rollflash.broker.secrets import redact
+from rollflash.errors import RollflashError
 
 T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
 
-class BrokerUnavailable(RuntimeError):
+class BrokerUnavailable(RollflashError, RuntimeError):
     """Redis could not be reached (or refused writes) within the allowed time."""
 
 

@@ -20,8 +20,10 @@ from pathlib import Path
 
 import redis
 
+from rollflash.errors import RollflashError
 
-class RedisServerError(RuntimeError):
+
+class RedisServerError(RollflashError, RuntimeError):
     pass
 
 

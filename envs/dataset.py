@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from rollflash.envs.base import Item
+from rollflash.errors import BadInput
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +68,7 @@ def load_source(source: str, split: str, name: str | None = None, cache_dir: str
     elif path.is_file():
         builder = _BUILDERS.get("".join(path.suffixes[-1:]).lower())
         if builder is None:
-            raise ValueError(
+            raise BadInput(
                 f"task.params.path: {path} is not .jsonl, .json, .parquet or .csv "
                 "(or a directory written by save_to_disk)"
             )
@@ -83,7 +84,7 @@ def load_source(source: str, split: str, name: str | None = None, cache_dir: str
             raise _offline_hint(source, e) from None
     if isinstance(ds, datasets.DatasetDict):
         if split not in ds:
-            raise ValueError(
+            raise BadInput(
                 f"task.params.split: {source} has no split {split!r} (splits: {', '.join(ds)})"
             )
         ds = ds[split]
@@ -128,13 +129,13 @@ class DatasetTask:
         """Keys as in the module docstring; `name`: the dataset's configuration (e.g. "main"
         for gsm8k); `cache_dir`: where `datasets` keeps its Arrow files (None: its default)."""
         if not isinstance(path, str) or not path:
-            raise ValueError("task.params.path: a file, directory or hub dataset id is required")
+            raise BadInput("task.params.path: a file, directory or hub dataset id is required")
         if heldout_size < 0 or (heldout_size and (eval_split or eval_path)):
-            raise ValueError(
+            raise BadInput(
                 "task.params.heldout_size: must be >= 0, and 0 with eval_split or eval_path"
             )
         if max_prompt_tokens is not None and max_prompt_tokens <= 0:
-            raise ValueError(f"task.params.max_prompt_tokens: must be > 0, got {max_prompt_tokens}")
+            raise BadInput(f"task.params.max_prompt_tokens: must be > 0, got {max_prompt_tokens}")
         self.path, self.source_name, self.split = path, name, split
         self.prompt_key, self.messages_key = prompt_key, messages_key
         self.answer_key, self.id_key = answer_key, id_key
@@ -163,7 +164,7 @@ class DatasetTask:
         keys += [("extra_keys", k) for k in self.extra_keys or []]
         for param, key in keys:
             if key is not None and key not in columns:
-                raise ValueError(
+                raise BadInput(
                     f"task.params.{param}: no column {key!r} in {where} "
                     f"(columns: {', '.join(columns)})"
                 )
@@ -179,7 +180,7 @@ class DatasetTask:
         if self.max_prompt_tokens is None:
             return np.ones(len(ds), dtype=bool)
         if self.formatter is None or self.formatter.tokenizer is None:
-            raise ValueError("task.params.max_prompt_tokens: needs the model's tokenizer")
+            raise BadInput("task.params.max_prompt_tokens: needs the model's tokenizer")
         from rollflash.envs.chat import encode_prompts
 
         column = self.messages_key or self.prompt_key
@@ -214,7 +215,7 @@ class DatasetTask:
             self._heldout = (ds, held, self.split)
             train_rows = np.flatnonzero(fits)
         if len(train_rows) == 0:
-            raise ValueError(f"task.params.path: no training rows left in {self.path}")
+            raise BadInput(f"task.params.path: no training rows left in {self.path}")
         self._train = (ds, train_rows)
         if any(self.filtered.values()):
             log.warning(
@@ -238,7 +239,7 @@ class DatasetTask:
         elif isinstance(raw, str):
             prompt = f"{self.system_prompt}\n\n{raw}" if self.system_prompt else raw
         else:
-            raise ValueError("task.params.messages_key: chat rows need the model's chat template")
+            raise BadInput("task.params.messages_key: chat rows need the model's chat template")
         answer = "" if self.answer_key is None else row[self.answer_key]
         item_id = str(row[self.id_key]) if self.id_key else f"{prefix}-{index:07d}"
         extra = {k: _plain(row.get(k)) for k in self._extra}
@@ -274,7 +275,7 @@ class DatasetTask:
         return [self._item(ds[int(i)], int(i), prefix) for i in rows]
 
     def score(self, item: Item, response: str) -> float:
-        raise ValueError(
+        raise BadInput(
             "reward.functions: task 'dataset' has no verifier of its own; name one or more "
             "reward functions (e.g. [math])"
         )

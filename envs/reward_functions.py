@@ -49,15 +49,16 @@ from typing import Any
 
 from rollflash.envs.base import Item, Task
 from rollflash.envs.verifiers import VERIFIERS
+from rollflash.errors import RollflashError
 
 log = logging.getLogger(__name__)
 
 
-class RewardFunctionError(ValueError):
+class RewardFunctionError(RollflashError, ValueError):
     """A reward function that cannot be loaded (a config error: one line, exit code 2)."""
 
 
-class RewardFunctionFailed(ValueError):
+class RewardFunctionFailed(RollflashError, ValueError):
     """A reward function failed on every sample of a batch: the run cannot go on."""
 
 

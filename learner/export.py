@@ -22,13 +22,14 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from rollflash.broker.config import Config
 from rollflash.broker.model_dir import model_directory
 from rollflash.broker.weights import ADAPTER_CONFIG, ADAPTER_FILE, MODEL_FILE, WeightStore
+from rollflash.errors import MissingFile
 
 
 def export_version(cfg: Config, version: int | None, out: Path, merge: bool = False) -> Path:
     store = WeightStore(cfg.run.run_dir)
     version = store.latest() if version is None else version
     if version is None:
-        raise FileNotFoundError(f"run.run_dir: no published weights in {store.root}")
+        raise MissingFile(f"run.run_dir: no published weights in {store.root}")
     kind, files = store.verified_files(version)
     out.mkdir(parents=True, exist_ok=True)
     if kind == "full":

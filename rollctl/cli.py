@@ -1,13 +1,16 @@
 """`rollctl`: the command line. Each command parses, sets up, and calls one function.
 
 Heavy imports (torch, transformers) happen inside the commands so that `rollctl --help` is instant.
-Every expected failure (bad config, unreachable Redis, missing model) ends with one line on stderr
-naming the cause, and exit code 2.
+Every expected failure (bad config, unreachable Redis, missing model: the project's own errors,
+rollflash/errors.py) ends with one line on stderr naming the cause, and exit code 2; anything else
+prints its traceback, and `rollctl --debug ...` prints the traceback of every error.
 """
 
 from __future__ import annotations
 
+import os
 import sys
+import traceback
 from pathlib import Path
 
 import typer
@@ -28,11 +31,27 @@ RedisOpt = typer.Option(
 )
 
 
+# set by `rollctl --debug`; the processes a command starts inherit it
+DEBUG_ENV = "ROLLFLASH_DEBUG"
+
 config_app = typer.Typer(
     no_args_is_help=True,
     help="The config reference: every key with its type, default and one-line doc.",
 )
 app.add_typer(config_app, name="config")
+
+
+@app.callback()
+def _options(
+    debug: bool = typer.Option(
+        False,
+        "--debug",
+        help="Print the traceback of every error, the project's own too (also in the processes "
+        "a command starts: it sets ROLLFLASH_DEBUG=1).",
+    ),
+) -> None:
+    if debug:
+        os.environ[DEBUG_ENV] = "1"
 
 
 def _fail(message: str, code: int = 2) -> None:
@@ -52,38 +71,21 @@ def _load(config: Path | None, overrides: list[str] | None, redis_url: str | Non
         _fail(str(e))
 
 
-def _expected_errors() -> tuple[type[BaseException], ...]:
-    from rollflash.broker.connection import BrokerUnavailable
-    from rollflash.broker.redis_io import RunMismatch
-    from rollflash.broker.redis_server import RedisServerError
-    from rollflash.broker.weights import CorruptWeights
-    from rollflash.envs.sandbox import SandboxUnavailable
-    from rollflash.learner.trackers import TrackerUnavailable
-
-    return (
-        BrokerUnavailable,
-        SandboxUnavailable,
-        TrackerUnavailable,
-        RunMismatch,
-        RedisServerError,
-        CorruptWeights,
-        FileNotFoundError,
-        FileExistsError,
-        TimeoutError,
-        ValueError,
-    )
-
-
 def _guarded(fn, *args):
+    """Run a command's function. The project's own errors (rollflash/errors.py) end the command
+    with their one-line message; any other exception propagates with its traceback, and
+    `--debug` prints the traceback of the project's errors too."""
     from rollflash.envs.reward_functions import RewardFunctionFailed
+    from rollflash.errors import RollflashError
     from rollflash.rollctl.local import EXIT_RUN_FATAL
 
     try:
         return fn(*args)
-    except RewardFunctionFailed as e:
-        _fail(str(e), EXIT_RUN_FATAL)
-    except _expected_errors() as e:
-        _fail(str(e).splitlines()[0] if str(e) else e.__class__.__name__)
+    except RollflashError as e:
+        if os.environ.get(DEBUG_ENV):
+            traceback.print_exc()
+        code = EXIT_RUN_FATAL if isinstance(e, RewardFunctionFailed) else 2
+        _fail(str(e).splitlines()[0] if str(e) else e.__class__.__name__, code)
     except KeyboardInterrupt:
         typer.echo("rollctl: interrupted", err=True)
         raise typer.Exit(130) from None
@@ -119,7 +121,6 @@ def start_learner(
     ),
 ) -> None:
     """Run the learner: train, publish weights, checkpoint, write metrics and summary.json."""
-    import os
 
     cfg = _load(config, set_, redis_url)
     _need_redis(cfg)
@@ -157,7 +158,6 @@ def start_generator(
     ),
 ) -> None:
     """Run one generator: claim prompts, sample, score, stream trajectories."""
-    import os
     import socket
 
     cfg = _load(config, (set_ or []) + ([f"rollout.engine={engine}"] if engine else []), redis_url)
