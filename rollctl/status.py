@@ -27,7 +27,7 @@ def collect_status(cfg: Config) -> dict:
         gens[gid] = {**f, "last_seen_s": round(now - float(f.get("heartbeat_at", now)), 1)}
     return {
         "run": cfg.run.run_id,
-        "learner": registry.fields(),
+        "learner": {k: v for k, v in registry.fields().items() if k != "fingerprint_keys"},
         "weights": registry.weights(),
         "streams": registry.stream_status(),
         "generators": gens,

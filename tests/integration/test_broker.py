@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import redis
 
+from rollflash.broker.config import load_config
 from rollflash.broker.connection import BrokerUnavailable, connect
 from rollflash.broker.keys import GEN_GROUP, LEARNER_GROUP, RunKeys
 from rollflash.broker.learner_side import LearnerBroker
@@ -115,12 +116,18 @@ def test_poison_prompt_is_dead_lettered_by_the_generator(generator_broker, raw):
     assert r.hget(keys.run, "replaced") is None  # only the learner's rejections are replaced
 
 
-def test_a_process_with_another_config_is_refused(redis_url, run_id):
+def test_a_process_with_another_config_is_refused_naming_the_keys(redis_url, run_id):
     a = LearnerBroker(connect(redis_url, 5), run_id, 1000)
-    a.register_run("aaaa")
-    a.register_run("aaaa")  # the same config joins
-    with pytest.raises(RunMismatch, match="fingerprint"):
-        LearnerBroker(connect(redis_url, 5), run_id, 1000).register_run("bbbb")
+    a.register_run(load_config(None).fingerprint())
+    a.register_run(load_config(None, ["trainer.total_steps=300"]).fingerprint())  # may differ
+    other = load_config(None, ["rollout.temperature=0.7", "model.path=models/other"])
+    with pytest.raises(RunMismatch) as e:
+        LearnerBroker(connect(redis_url, 5), run_id, 1000).register_run(other.fingerprint())
+    assert str(e.value).startswith(
+        f"run rl:{run_id}: was started with another config; keys every process must agree on "
+        'differ: model.path (the run: "models/tiny", this process: "models/other"); '
+        "rollout.temperature (the run: 1.0, this process: 0.7). Use the run's config"
+    )
 
 
 def test_heartbeats_expire(learner_broker, generator_broker, redis_url, run_id):
