@@ -16,6 +16,7 @@ through a server of their own (`snapshot_reader`): a private socket, nothing wri
 from __future__ import annotations
 
 import ctypes
+import os
 import shutil
 import signal
 import subprocess
@@ -40,6 +41,14 @@ def die_with_parent(sig: int = signal.SIGTERM) -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, sig)  # 1 = PR_SET_PDEATHSIG
     except OSError:
         pass
+
+
+def _own_group_dying_with_parent() -> None:
+    """preexec_fn of the server: a process group of its own, so that a terminal's Ctrl-C (SIGINT
+    to the foreground group) leaves it to its owner, who stops it last and, with `snapshot`,
+    saves it first; and SIGTERM when the owner dies."""
+    os.setpgid(0, 0)
+    die_with_parent()
 
 
 SNAPSHOT = "dump.rdb"  # what a server with `snapshot=True` writes at a clean stop
@@ -102,7 +111,7 @@ class EmbeddedRedis:
             stdout=log_file,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
-            preexec_fn=die_with_parent,
+            preexec_fn=_own_group_dying_with_parent,
         )
         log_file.close()
         deadline = time.monotonic() + timeout_s
