@@ -115,7 +115,7 @@ def prompt_view(fields: dict[bytes, bytes], d: Decoder, current: int | None) -> 
 def dlq_view(fields: dict[bytes, bytes], d: Decoder, current: int | None) -> dict:
     """A dead letter: its reason, and the original entry as far as it decodes (it did not)."""
     get = {k.decode(errors="replace"): v for k, v in fields.items()}
-    original = {k[5:].encode(): v for k, v in fields.items() if k.startswith(b"orig_")}
+    original = {k[5:]: v for k, v in fields.items() if k.startswith(b"orig_")}
     source = _cut(get.get("source", b""))
     view = trajectory_view if source.endswith("trajectories") else prompt_view
     return {
