@@ -255,8 +255,9 @@ class RewardConfig(Section):
     )
     functions: list[StrictStr] = Field(
         default_factory=list,
-        description="rule reward as reward functions: 'pkg.module:fn' or a built-in (math, "
-        "exact, regex, json_schema, code, judge); empty = the task's own verifier",
+        description="rule reward as reward functions: 'pkg.module:fn', a built-in (math, "
+        "exact, regex, json_schema, code, judge) or, from rollflash.Run, a Python callable "
+        "(saved as 'python:NAME'); empty = the task's own verifier",
     )
     weights: list[Number] | None = Field(
         None, description="one weight per reward function (null = all 1.0)"
