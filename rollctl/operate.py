@@ -1,7 +1,8 @@
 """The commands a person runs beside a run, or after it: `status`, `inspect` and `redis-cli`.
 
 Each finds the run (rollctl/find.py): `--run-dir DIR`, `--run RUN_ID` (or a directory), nothing
-(the newest run under ./runs), or `--config FILE` with `--redis-url` as every other command takes;
+(the newest run under ./runs), or `--config FILE` and `--redis-url` as every other command takes
+them (`--redis-url` alone: the default config with `--set`'s keys, `run.run_id` among them);
 then the run's Redis, which for a run `rollctl run` started and has stopped is the snapshot its
 embedded server left.
 """
@@ -33,8 +34,9 @@ def run_config(
     overrides: list[str] | None,
     redis_url: str | None,
 ):
-    """The config of the run the options name: `--config` as given, else the run's own."""
-    if config is not None:
+    """The config of the run the options name: `--config` as given; the defaults with `--set`
+    when only `--redis-url` says where the run is; else the run's own."""
+    if config is not None or (redis_url and run is None and run_dir is None):
         return load(config, overrides, redis_url)
     from rollflash.rollctl.find import config_file, find_run_dir
 
