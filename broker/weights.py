@@ -43,6 +43,7 @@ import torch
 
 from rollflash.broker.digest import file_digest, tree_digest
 from rollflash.broker.safetensors_stream import write_safetensors
+from rollflash.errors import RollflashError
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +54,7 @@ ADAPTER_CONFIG = "adapter_config.json"
 KIND_FILES = {"full": (MODEL_FILE,), "adapter": (ADAPTER_FILE, ADAPTER_CONFIG)}
 
 
-class CorruptWeights(RuntimeError):
+class CorruptWeights(RollflashError, RuntimeError):
     """A version whose files do not match its manifest (or that has no manifest)."""
 
 

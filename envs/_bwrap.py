@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rollflash.envs._seccomp import seccomp_filter, supported_machine
+from rollflash.errors import RollflashError
 
 SANDBOX_UID = 65534  # "nobody": owns nothing on the host
 SCRATCH = "/scratch"
@@ -49,7 +50,7 @@ _CHILD = Path(__file__).with_name("_sandbox_child.py")
 _UNNEEDED = ("_tkinter", "readline", "_curses", "nis")
 
 
-class SandboxUnavailable(RuntimeError):
+class SandboxUnavailable(RollflashError, RuntimeError):
     """The isolation the sandbox needs is missing here; the message says what and how to fix it."""
 
 

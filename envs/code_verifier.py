@@ -72,6 +72,7 @@ from rollflash.envs.sandbox import (
     SandboxResult,
     require_sandbox,
 )
+from rollflash.errors import BadInput
 
 log = logging.getLogger(__name__)
 
@@ -292,7 +293,7 @@ class CodeVerifier:
         **columns: Any,
     ) -> list[Scored]:
         if tests is None:
-            raise ValueError("code: the rows have no `tests` column")
+            raise BadInput("code: the rows have no `tests` column")
         if self._pool is None:
             self._pool = ThreadPoolExecutor(self.limits.max_workers, "code-reward")
         # a group's samples often write the same program: each distinct (program, tests) runs once

@@ -46,6 +46,7 @@ from typing import Any
 
 from rollflash.envs.base import Item
 from rollflash.envs.rows import ANSWER, ID, MESSAGES, TEXT, find_bad_rows, locate, unreadable
+from rollflash.errors import BadInput
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +56,7 @@ _BATCH = 1024  # rows per batch while measuring prompt lengths
 
 
 def _offline_hint(source: str, e: Exception) -> ValueError:
-    return ValueError(
+    return BadInput(
         f"task.params.path: {source!r} is not a local file or directory and no copy of that hub "
         f"dataset is in the Hugging Face cache ({e.__class__.__name__}); on a machine with "
         f"network run `python -c \"import datasets; datasets.load_dataset('{source}')\"` (or "
@@ -75,12 +76,12 @@ def load_source(source: str, split: str, name: str | None = None, cache_dir: str
     elif path.is_file():
         builder = _BUILDERS.get("".join(path.suffixes[-1:]).lower())
         if builder is None:
-            raise ValueError(
+            raise BadInput(
                 f"task.params.path: {path} is not .jsonl, .json, .parquet or .csv "
                 "(or a directory written by save_to_disk)"
             )
         if _blank(path):
-            raise ValueError(f"{source}: empty, no rows")
+            raise BadInput(f"{source}: empty, no rows")
         try:
             return datasets.load_dataset(
                 builder, data_files=str(path), split="train", cache_dir=cache_dir
@@ -96,7 +97,7 @@ def load_source(source: str, split: str, name: str | None = None, cache_dir: str
             raise _offline_hint(source, e) from None
     if isinstance(ds, datasets.DatasetDict):
         if split not in ds:
-            raise ValueError(
+            raise BadInput(
                 f"task.params.split: {source} has no split {split!r} (splits: {', '.join(ds)})"
             )
         ds = ds[split]
@@ -157,15 +158,15 @@ class DatasetTask:
         for gsm8k); `cache_dir`: where `datasets` keeps its Arrow files (None: its default);
         `on_bad_row`: "error" (one line naming the first bad row) or "skip" (leave them out)."""
         if not isinstance(path, str) or not path:
-            raise ValueError("task.params.path: a file, directory or hub dataset id is required")
+            raise BadInput("task.params.path: a file, directory or hub dataset id is required")
         if heldout_size < 0 or (heldout_size and (eval_split or eval_path)):
-            raise ValueError(
+            raise BadInput(
                 "task.params.heldout_size: must be >= 0, and 0 with eval_split or eval_path"
             )
         if max_prompt_tokens is not None and max_prompt_tokens <= 0:
-            raise ValueError(f"task.params.max_prompt_tokens: must be > 0, got {max_prompt_tokens}")
+            raise BadInput(f"task.params.max_prompt_tokens: must be > 0, got {max_prompt_tokens}")
         if on_bad_row not in ("error", "skip"):
-            raise ValueError(f"task.params.on_bad_row: {on_bad_row!r} is not error or skip")
+            raise BadInput(f"task.params.on_bad_row: {on_bad_row!r} is not error or skip")
         self.on_bad_row = on_bad_row
         self.needs_answer = False  # set by the reward functions that score the rows
         self.path, self.source_name, self.split = path, name, split
@@ -201,7 +202,7 @@ class DatasetTask:
         keys += [("extra_keys", k) for k in self.extra_keys or []]
         for param, key in keys:
             if key is not None and key not in columns:
-                raise ValueError(
+                raise BadInput(
                     f"task.params.{param}: no column {key!r} in {where} "
                     f"(columns: {', '.join(columns)})"
                 )
@@ -215,7 +216,7 @@ class DatasetTask:
         one line naming the first with on_bad_row: error."""
         label = _label(source, split)
         if len(ds) == 0:
-            raise ValueError(f"{label}: no rows")
+            raise BadInput(f"{label}: no rows")
         columns = [(self.messages_key, MESSAGES) if self.messages_key else (self.prompt_key, TEXT)]
         if self.answer_key is not None and self.needs_answer:
             columns.append((self.answer_key, ANSWER))
@@ -227,7 +228,7 @@ class DatasetTask:
         where = locate(label, Path(source), bad.first.values())
         if self.on_bad_row == "error":
             problem, row = min(bad.first.items(), key=lambda kv: kv[1])
-            raise ValueError(f"{where[row]}: {problem}")
+            raise BadInput(f"{where[row]}: {problem}")
         log.warning(
             "dataset %s: on_bad_row: skip leaves out %d of %d rows: %s",
             label,
@@ -244,7 +245,7 @@ class DatasetTask:
         if self.max_prompt_tokens is None:
             return keep.copy()
         if self.formatter is None or self.formatter.tokenizer is None:
-            raise ValueError("task.params.max_prompt_tokens: needs the model's tokenizer")
+            raise BadInput("task.params.max_prompt_tokens: needs the model's tokenizer")
         from rollflash.envs.chat import encode_prompts
 
         column = self.messages_key or self.prompt_key
@@ -288,7 +289,7 @@ class DatasetTask:
             self._heldout = (ds, held, self.split)
             train_rows = np.flatnonzero(fits)
         if len(train_rows) == 0:
-            raise ValueError(f"task.params.path: no training rows left in {self.path}")
+            raise BadInput(f"task.params.path: no training rows left in {self.path}")
         self._train = (ds, train_rows)
         if any(self.filtered.values()):
             log.warning(
@@ -312,7 +313,7 @@ class DatasetTask:
         elif isinstance(raw, str):
             prompt = f"{self.system_prompt}\n\n{raw}" if self.system_prompt else raw
         else:
-            raise ValueError("task.params.messages_key: chat rows need the model's chat template")
+            raise BadInput("task.params.messages_key: chat rows need the model's chat template")
         answer = None if self.answer_key is None else row[self.answer_key]
         item_id = str(row[self.id_key]) if self.id_key else f"{prefix}-{index:07d}"
         extra = {k: _plain(row.get(k)) for k in self._extra}
@@ -350,7 +351,7 @@ class DatasetTask:
         return [self._item(ds[int(i)], int(i), prefix) for i in rows]
 
     def score(self, item: Item, response: str) -> float:
-        raise ValueError(
+        raise BadInput(
             "reward.functions: task 'dataset' has no verifier of its own; name one or more "
             "reward functions (e.g. [math])"
         )

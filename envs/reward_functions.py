@@ -11,8 +11,9 @@ each column a list) and returns one float per sample: one call per scoring batch
 that amortise a model or a process. The reward is sum_i weights[i] * fn_i (weights default to 1).
 
 A spec is "package.module:function" (imported, so the package must be importable in every
-generator and in the learner) or the name of a built-in verifier (envs/verifiers.py: math, exact,
-regex, json_schema).
+generator and in the learner), the name of a built-in verifier (envs/verifiers.py: math, exact,
+regex, json_schema), or "python:NAME", a Python function given to `rollflash.Run`, which the
+caller's process serves to the processes Run starts (envs/remote_rewards.py).
 
 Guarantees:
 - Import problems fail at load, one line: `reward.functions[0]: cannot import my_pkg.rewards:f
@@ -58,17 +59,19 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from rollflash.envs import remote_rewards
 from rollflash.envs.base import Item, Task
 from rollflash.envs.verifiers import VERIFIERS
+from rollflash.errors import RollflashError
 
 log = logging.getLogger(__name__)
 
 
-class RewardFunctionError(ValueError):
+class RewardFunctionError(RollflashError, ValueError):
     """A reward function that cannot be loaded (a config error: one line, exit code 2)."""
 
 
-class RewardFunctionFailed(ValueError):
+class RewardFunctionFailed(RollflashError, ValueError):
     """A reward function failed on every sample of a batch: the run cannot go on."""
 
 
@@ -143,6 +146,15 @@ def load_function(spec: str, index: int, options: Any = None) -> Callable[..., A
     """The callable `spec` names; RewardFunctionError (one line) if it cannot be imported.
     `options`: the `reward:` section, which configures the built-ins that take options."""
     where = f"reward.functions[{index}]"
+    if spec.startswith(remote_rewards.PREFIX):
+        try:
+            return remote_rewards.remote_function(spec)
+        except (OSError, LookupError, ValueError) as e:
+            raise RewardFunctionError(
+                f"{where}: {spec} is a Python function given to rollflash.Run, which only the "
+                f"processes Run starts can call ({e}); name it by an import string "
+                "('package.module:function') to start processes otherwise"
+            ) from None
     if ":" not in spec:
         if spec in CONFIGURED:
             return CONFIGURED[spec](options)

@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rollflash.errors import BadInput
+
 TEXT, MESSAGES, ANSWER, ID = "text", "messages", "answer", "id"
 _BATCH = 4096
 
@@ -174,11 +176,11 @@ def unreadable(label: str, path: Path, e: Exception) -> ValueError:
                 except ValueError as bad:
                     if n == 1 and line.lstrip().startswith("["):
                         break  # one JSON list: not lines
-                    return ValueError(f"{label}:{n}: not valid JSON ({bad})")
+                    return BadInput(f"{label}:{n}: not valid JSON ({bad})")
                 if not isinstance(row, dict):
-                    return ValueError(f"{label}:{n}: not a JSON object")
+                    return BadInput(f"{label}:{n}: not a JSON object")
     message = str(e).splitlines()[0] if str(e) else ""
     cause = e.__cause__ or e.__context__
     if cause is not None and str(cause):
         message = f"{message}: {str(cause).splitlines()[0]}" if message else str(cause)
-    return ValueError(f"{label}: cannot be read ({e.__class__.__name__}: {message[:200]})")
+    return BadInput(f"{label}: cannot be read ({e.__class__.__name__}: {message[:200]})")

@@ -227,6 +227,23 @@ class Generator:
         self.follower = WeightFollower(self.broker, WeightStore(cfg.run.run_dir), self.engine)
         self.rewarder = make_rewarder(cfg, self.task)  # reward: rule | model | mixed
         self.counters = Counters()
+        self._wait_while_done(cfg.trainer.wait_timeout_s)
+
+    def _wait_while_done(self, timeout_s: float) -> None:
+        """A run whose learner finished says `done` until a learner resuming it (with a larger
+        `trainer.total_steps`) starts training: a generator started beside that learner waits
+        for it (up to `timeout_s`) instead of stopping at once. A resumed learner publishes a
+        new version before it trains, so a new version also ends the wait (a learner with no
+        step left may say `done` again before this looks)."""
+        if not self.finished():
+            return
+        log.info("the run is done; waiting up to %.0fs for a learner to extend it", timeout_s)
+        deadline = time.monotonic() + timeout_s
+        version = self.broker.weights().get("version")
+        while self.finished() and time.monotonic() < deadline:
+            if self.broker.weights().get("version") != version:
+                return
+            time.sleep(0.5)
 
     def heartbeat(self, state: str) -> None:
         self.broker.heartbeat(

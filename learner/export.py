@@ -23,6 +23,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from rollflash.broker.config import Config
 from rollflash.broker.model_dir import model_directory
 from rollflash.broker.weights import ADAPTER_CONFIG, ADAPTER_FILE, MODEL_FILE, WeightStore
+from rollflash.errors import MissingFile
 from rollflash.learner.best import BestVersion
 
 
@@ -35,7 +36,7 @@ def export_version(
         store = BestVersion(cfg.run.run_dir).store
         kept = store.versions()
         if not kept:
-            raise FileNotFoundError(
+            raise MissingFile(
                 f"--best: no best version in {store.root} (eval.keep_best keeps one once the "
                 "learner has evaluated)"
             )
@@ -44,7 +45,7 @@ def export_version(
         store = WeightStore(cfg.run.run_dir)
         version = store.latest() if version is None else version
     if version is None:
-        raise FileNotFoundError(f"run.run_dir: no published weights in {store.root}")
+        raise MissingFile(f"run.run_dir: no published weights in {store.root}")
     kind, files = store.verified_files(version)
     out.mkdir(parents=True, exist_ok=True)
     if kind == "full":
