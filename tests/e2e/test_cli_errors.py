@@ -32,8 +32,9 @@ def test_unknown_key_names_the_key(tmp_path):
         "rollctl: error: trainer.actor_lrr: unknown key (known: actor_lr, async_ratio, "
         "background_publish, checkpoint_every, compile, device, gradient_checkpointing, "
         "keep_versions, logprob_chunk, logprob_dtype, lr_schedule, lr_warmup_steps, "
-        "max_grad_norm, micro_batch_size, num_trainer_workers, publish, publish_dtype, "
-        "rollout_batch_size, strategy, token_budget, total_steps, wait_timeout_s, weight_decay)"
+        "max_grad_norm, micro_batch_size, num_trainer_workers, ppo_epochs, ppo_mini_batches, "
+        "publish, publish_dtype, rollout_batch_size, strategy, token_budget, total_steps, "
+        "wait_timeout_s, weight_decay)"
     ]
 
 
