@@ -44,6 +44,7 @@ from rollflash.broker.config_sections import (
     TaskConfig,
     TrainerConfig,
 )
+from rollflash.broker.config_weights import WeightsConfig
 from rollflash.broker.secrets import make_private_dir, without_password, write_private
 
 __all__ = [
@@ -64,6 +65,7 @@ __all__ = [
     "TaskConfig",
     "TrainerConfig",
     "VLLMConfig",
+    "WeightsConfig",
     "apply_override",
     "config_from_dict",
     "load_config",
@@ -96,6 +98,9 @@ class Config(BaseModel):
     )
     placement: PlacementConfig = Field(
         default_factory=PlacementConfig, description="GPUs of the processes `rollctl run` starts"
+    )
+    weights: WeightsConfig = Field(
+        default_factory=WeightsConfig, description="how weight versions reach the generators"
     )
 
     @property
@@ -130,7 +135,8 @@ class Config(BaseModel):
         """sha256 of the fields every process must agree on: not run-local paths or counts, nor
         `logging:` (only the learner reads it) or `placement:` and the rollout's device and vLLM
         options, the learner's device and precision keys (trainer: TrainerGpuKeys,
-        model.attn_implementation): how one process runs, so another host may use other values."""
+        model.attn_implementation, `weights:` but its transport): how one process runs, so
+        another host may use other values."""
         shared = {
             k: v for k, v in self.to_dict().items() if k not in ("redis", "logging", "placement")
         }
@@ -145,6 +151,7 @@ class Config(BaseModel):
             if k != "num_trainer_workers" and k not in TrainerGpuKeys.model_fields
         }
         shared["model"] = {k: v for k, v in shared["model"].items() if k != "attn_implementation"}
+        shared["weights"] = {"transport": self.weights.transport}
         blob = json.dumps(shared, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
 
@@ -215,6 +222,15 @@ class Config(BaseModel):
                 "rollout.inflight_samples: continuous batching needs rollout.engine "
                 "vllm or sim (transformers' generate runs a batch to its end); set it "
                 "to 0 (pulls of rollout.prompts_per_pull)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _http_is_served_by_the_publishing_process(self) -> Config:
+        if self.weights.transport == "http" and self.trainer.background_publish != "process":
+            raise ConfigError(
+                "weights.transport: http is served by the learner's publishing process; set "
+                "trainer.background_publish: process"
             )
         return self
 

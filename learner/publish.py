@@ -38,7 +38,7 @@ from rollflash.broker.weights import WeightStore
 from rollflash.learner.checkpoint import RankProgress, rng_state
 from rollflash.learner.checkpoint_io import Trainables
 from rollflash.learner.device import DTYPES
-from rollflash.learner.dist import is_sharded
+from rollflash.learner.dist import Destination, is_sharded
 from rollflash.learner.lora import published_weights
 from rollflash.learner.publish_process import PublishProcess, VersionWriter
 
@@ -98,6 +98,14 @@ class Publisher:
         if self._process is not None:
             self._process.ready()
 
+    def buffers(self) -> Destination | None:
+        """Where the next version's tensors go straight from the device: the helper process's
+        shared memory (None in the other modes). Waits for the version in flight first."""
+        if self._process is None:
+            return None
+        self.wait()
+        return self._process.buffers
+
     def wait(self) -> None:
         """Until the version in flight is announced (its error, if it failed, is raised here)."""
         if self._process is not None:
@@ -117,7 +125,7 @@ class Publisher:
             if self._process is not None:
                 self._process.close()
             if self._writer is not None:
-                self._writer.zmq.close()
+                self._writer.close()
 
 
 def pause_point(name: str, step: int) -> None:
@@ -140,11 +148,12 @@ def publish(ln: Learner, version: int, step: int) -> float:
     if not (ln.dist.is_main or is_sharded(model)):
         return 0.0
     started = time.monotonic()
-    # a thread writes them while the next step changes the parameters: it needs its own copy
-    # (the helper process gets one in shared memory, made in `publish`)
+    # a thread writes them while the next step changes the parameters: it needs its own copy;
+    # the helper process gets one in its shared memory, copied there straight from the device
     copy = ln.publisher is not None and ln.publisher.threaded
+    into = ln.publisher.buffers() if ln.publisher is not None and ln.dist.is_main else None
     # full weights (merged with LoRA), or the adapter and its config (learner/lora.py)
-    weights, adapter = published_weights(model, ln.cfg, publish_dtype(ln.cfg), copy=copy)
+    weights, adapter = published_weights(model, ln.cfg, publish_dtype(ln.cfg), copy, into)
     if ln.publisher is None:
         return 0.0
     ln.publisher.publish(weights, version, step, adapter)
