@@ -10,8 +10,8 @@ import msgpack
 import numpy as np
 import pytest
 import redis
-from safetensors.torch import load_file
 
+from rollflash.broker.weight_stream import verified_tensors
 from rollflash.broker.weights import WeightStore
 
 N = 4
@@ -189,7 +189,7 @@ def test_continuous_batching_at_ratio_0_is_on_policy(tmp_path, redis_url, run_id
     kept = store.versions()
     assert kept[-3:] == [2, 3, 4] and set(kept) <= {1, 2, 3, 4} and store.latest() == 4
     for v in kept:  # the simulated policy adds 1 to its weight per update: version v holds v
-        weights = load_file(str(store.verified_path(v)))
+        weights = verified_tensors(store, v)
         assert weights["weight"].tolist() == [float(v)] * 4
 
 

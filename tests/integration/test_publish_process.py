@@ -64,7 +64,7 @@ def test_the_helper_publishes_what_the_step_publishes(tmp_path, redis_url, run_i
         publisher.close()
         store = WeightStore(tmp_path / mode)
         assert store.versions() == [1, 2, 3] and store.latest() == 3
-        assert [store.verified_files(v)[0] for v in (1, 2, 3)] == ["full"] * 3  # intact
+        assert [store.open_version(v).manifest.kind for v in (1, 2, 3)] == ["full"] * 3
         runs[mode] = [(store.version_dir(v) / MODEL_FILE).read_bytes() for v in (1, 2, 3)]
         announced = learner_broker._registry.weights()
         assert announced["version"] == "3" and announced["path"] == str(store.version_dir(3))
