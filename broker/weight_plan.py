@@ -6,10 +6,10 @@ many generators fetch it (the fan-out of INTELLECT-2's SHARDCAST and of relay wo
 - every generator that asks, and offers a relay, becomes a holder of that version from then on
   (a relay serves a chunk as soon as it has verified it, so a holder that has only begun its own
   fetch is already a source);
-- a generator is sent to the least-loaded live holder among those that asked before it (ties:
-  the earliest), as long as that holder serves fewer than `fanout` generators; only when none
-  has room is it sent to the learner. So the holders form a tree rooted at the learner, and a
-  generator never fetches from one that fetches from it;
+- a generator is sent to the earliest live holder, among those that asked before it, that
+  serves fewer than `fanout` generators; only when none has room is it sent to the learner. So
+  the holders fill a breadth-first fan-out tree rooted at the learner (depth about
+  log_fanout(N) for N generators), and a generator never fetches from one that fetches from it;
 - a generator whose source failed names it (`failed`): that holder is dropped for the version,
   and the generator is sent elsewhere by the same rule, the learner if no earlier holder is left.
 Only the newest `keep` versions are remembered. A holder cannot hand out bytes that are not the
@@ -56,7 +56,7 @@ class SourcePlanner:
         if not earlier:
             plan.learner_load += 1
             return self.learner_url
-        chosen = min(earlier, key=lambda h: h.load)  # min keeps the first of equal loads
+        chosen = earlier[0]
         chosen.load += 1
         assert chosen.url is not None
         return chosen.url

@@ -26,6 +26,7 @@ import torch
 
 from rollflash.broker.acl import generator_acl, learner_acl
 from rollflash.broker.connection import BrokerUnavailable, connect
+from tests.helpers.certs import make_certs
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -36,62 +37,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _certs(d: Path) -> None:
-    def ssl(*args):
-        subprocess.run(["openssl", *args], check=True, capture_output=True, cwd=d)
-
-    ssl(
-        "req",
-        "-x509",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-days",
-        "1",
-        "-subj",
-        "/CN=test-ca",
-        "-keyout",
-        "ca.key",
-        "-out",
-        "ca.pem",
-    )
-    ssl(
-        "req",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-subj",
-        "/CN=127.0.0.1",
-        "-keyout",
-        "server.key",
-        "-out",
-        "server.csr",
-    )
-    (d / "ext.cnf").write_text("subjectAltName=IP:127.0.0.1\n")
-    ssl(
-        "x509",
-        "-req",
-        "-in",
-        "server.csr",
-        "-CA",
-        "ca.pem",
-        "-CAkey",
-        "ca.key",
-        "-CAcreateserial",
-        "-days",
-        "1",
-        "-extfile",
-        "ext.cnf",
-        "-out",
-        "server.pem",
-    )
-
-
 @pytest.fixture
 def tls_redis(tmp_path):
     if shutil.which("openssl") is None:
         pytest.skip("openssl is not installed: cannot make test certificates")
-    _certs(tmp_path)
+    make_certs(tmp_path)
     port = _free_port()
     proc = subprocess.Popen(
         [
