@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -25,7 +26,7 @@ from pathlib import Path
 from rollflash.broker.config import Config
 from rollflash.broker.placement import plan_layout
 from rollflash.broker.redis_server import EmbeddedRedis, die_with_parent
-from rollflash.broker.secrets import PASSWORD_ENV, url_password
+from rollflash.broker.secrets import PASSWORD_ENV, TOKEN_ENV, url_password
 from rollflash.rollctl.cpu_layout import cpu_layout, omp_threads, usable_cores
 from rollflash.rollctl.progress import StepProgress, read_new_rows, terminal_progress
 
@@ -193,6 +194,8 @@ def run_local(cfg: Config, echo: bool = True) -> int:
     password = url_password(cfg.redis.url)
     if password:
         env[PASSWORD_ENV] = password
+    if cfg.weights.transport == "http" and not cfg.weights.token_file and TOKEN_ENV not in env:
+        env[TOKEN_ENV] = secrets.token_urlsafe(32)  # the weights' token, for this run's processes
     procs = [_spawn(c.args, logs / f"{c.name}.log", child_env(env, c)) for c in children]
     learner, gens = procs[0], procs[1:]
     bar = terminal_progress(cfg.trainer.total_steps, sys.stdout) if echo else None
