@@ -195,10 +195,17 @@ class HttpSource:
             got.manifest.kind,
             tensors=tensors.result() if tensors is not None else None,
             path=path / MODEL_FILE if got.manifest.kind == "full" else path,
-            source=", ".join(f"{n / 2**20:.1f} MiB from {url}" for url, n in got.received.items())
+            source=", ".join(f"{_size(n)} from {url}" for url, n in got.received.items())
             + (f"; failed over from {', '.join(got.failed)}" if got.failed else ""),
         )
 
     def close(self) -> None:
         if self.server is not None:
             self.server.close()
+
+
+def _size(n: int) -> str:
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift:
+            return f"{n / (1 << shift):.1f} {unit}"
+    return f"{n} B"
