@@ -2,8 +2,8 @@
 
 A reader holds the version's manifest (broker/manifest.py), already checked against the digest
 the learner announced, so the manifest's sha256 of every chunk authenticates that chunk. Chunks
-are read into a few reused buffers (`READERS` of them: all the extra memory a read takes,
-whatever the version's size), each is hashed from its buffer and compared with the manifest, and
+are read into a few reused buffers (one per core, at most `READERS`: all the extra memory a read
+takes, whatever the version's size), each is hashed from its buffer and compared with the manifest, and
 only then are the same bytes handed to the sinks:
 - `TensorSink` places them into the tensors an engine allocated for the version (on its device),
   so the tensors an engine swaps in are exactly the bytes that were hashed;
@@ -34,13 +34,14 @@ from typing import TYPE_CHECKING, Protocol
 
 import torch
 
+from rollflash.broker.digest import hash_threads
 from rollflash.broker.manifest import MODEL_FILE, CorruptWeights, FileSpec, Manifest
 from rollflash.broker.safetensors_stream import BadHeader, TensorEntry, header_end, parse_header
 
 if TYPE_CHECKING:
     from rollflash.broker.weights import WeightStore
 
-READERS = 4  # chunks read and hashed at once
+READERS = 4  # at most this many chunks read and hashed at once (and no more than the cores)
 
 Layout = list[tuple[str, tuple[int, ...], torch.dtype]]
 Allocate = Callable[[Layout], dict[str, torch.Tensor]]
@@ -240,9 +241,11 @@ def read_version(
     manifest: Manifest,
     fds: dict[str, int],
     sinks: list[Sink],
-    readers: int = READERS,
+    readers: int | None = None,
 ) -> None:
-    """Read every chunk of the open files `fds` once, check it, and hand it to `sinks`."""
+    """Read every chunk of the open files `fds` once, check it, and hand it to `sinks`, with
+    `readers` threads (None: as many as the cores, at most READERS)."""
+    readers = readers or min(READERS, hash_threads())
     largest = max((min(f.chunk_bytes, f.size) for f in manifest.files.values()), default=0)
     buffers = ChunkBuffers(max(1, largest), readers)
     check = ChunkCheck(manifest, sinks)

@@ -6,11 +6,12 @@ values. Each repetition publishes the policy twice through the learner's own pat
 (`learner/lora.py` `published_weights` + `WeightStore.publish`): as a full version (the merged
 weights, what `trainer.publish: full` writes) and as an adapter version; then a generator's
 `WeightFollower` reloads each into an HF engine (the streamed, verified read, then `swap_weights`,
-or a verified private copy and `load_adapter`). Times are medians of `--repeats`; bytes are what one version puts on the shared
-filesystem. The ratios full / adapter are the numbers to read. `*_train_state_bytes` is the
-learner's training state after one AdamW step, full fine-tuning against LoRA: parameters,
-gradients and optimiser moments (activations excluded; they depend on the batch). `--model DIR`
-measures an existing model (the demo's) instead of a random one. Prints one JSON line.
+or a verified private copy and `load_adapter`). Times are medians of `--repeats`; bytes are what
+one version puts on the shared filesystem. The ratios full / adapter are the numbers to read.
+`*_train_state_bytes` is the learner's training state after one AdamW step, full fine-tuning
+against LoRA: parameters, gradients and optimiser moments (activations excluded; they depend on
+the batch). `--model DIR` measures an existing model (the demo's) instead of a random one.
+Prints one JSON line.
 
     python scripts/bench_publish_lora.py [--hidden 512] [--layers 8] [--vocab 32000] [--rank 16]
 """

@@ -152,7 +152,7 @@ PEAK = textwrap.dedent("""
 def test_reading_a_version_holds_a_few_chunks_not_a_copy(tmp_path):
     """The generator's side of the benchmark's RSS figure, loosely: loading a 512 MiB version
     for an engine that keeps its weights off the host (the sim engine, like a GPU's) raises the
-    process's peak RSS by its chunk buffers (4 x 32 MiB = 128 MiB), far below the version."""
+    process's peak RSS by its chunk buffers (at most 4 x 32 MiB = 128 MiB), far below it."""
     store = WeightStore(tmp_path / "run")
     info = store.publish({"w": torch.zeros(128 << 20)}, 1, 1)  # 512 MiB
     out = subprocess.run(
