@@ -102,15 +102,13 @@ def pause_child(model_dir: str, run_dir: str, sha: str, repeats: int) -> None:
     # warm-up: the model's parameters come mmapped from its file; the first write into them
     # faults in every page, which a generator pays once, at its first reload
     engine.model.load_state_dict(tensors, strict=False)
-    pauses = []
-    for i in range(repeats):
+    pauses, bare = [], []
+    for i in range(repeats):  # alternately, so that other load on the machine hits both alike
         source = SharedStoreSource(store, Path(run_dir) / f"copies-{i}")
         follower = WeightFollower(Hash(), source, engine, poll_interval_s=0.01, attempts=1)
         follower.wait_for(1, timeout_s=600)
         pauses.append(follower.reload_pause_s)
         follower.close()
-    bare = []
-    for _ in range(repeats):
         started = time.perf_counter()
         engine.model.load_state_dict(tensors, strict=False)
         bare.append(time.perf_counter() - started)
@@ -252,7 +250,7 @@ def measure(args: argparse.Namespace, tmp: Path) -> dict:
         "cores": os.cpu_count(),
     }
     try:
-        for transport in args.transports.split(","):
+        for transport in [t for t in args.transports.split(",") if t]:
             for n in (int(x) for x in args.generators.split(",")):
                 for key, value in sync_run(ctx, transport, n).items():
                     out[f"{transport}_{n}_{key}"] = value
