@@ -99,11 +99,22 @@ class HFEngine:
         return {n: torch.empty(s, dtype=d, device=self.device) for n, s, d in layout}
 
     def swap_weights(self, weights: dict[str, torch.Tensor], version: int) -> None:
-        """Copy the verified tensors into the model (`load_state_dict`). A LoRA adapter loaded
-        before is removed: a full version holds every weight."""
+        """Make the verified tensors the model's. They were allocated for it (`new_weights`: on
+        its device), so a tensor of the model's dtype becomes the parameter's storage (no copy:
+        the pause is a pointer per tensor, and the old weights are freed); one of another dtype
+        is copied into it, as `load_state_dict` would. A LoRA adapter loaded before is removed:
+        a full version holds every weight."""
         if self._adapter is not None:
             self.model, self._adapter = self.model.unload(), None
-        self.model.load_state_dict(weights, strict=False)
+        targets = dict(self.model.named_parameters(remove_duplicate=False))
+        targets |= dict(self.model.named_buffers())
+        with torch.no_grad():
+            for name, t in weights.items():
+                target = targets[name]
+                if t.dtype == target.dtype and t.device == target.device:
+                    target.data = t
+                else:
+                    target.copy_(t)
         self.model.tie_weights()
 
     def load_adapter(self, adapter_dir: Path, version: int) -> None:

@@ -4,8 +4,9 @@
   run hash and announces it over zmq (every rank helps gather FSDP shards). The weights are cast
   to `trainer.publish_dtype` on the device, copied to the host once and hashed while written.
   With `trainer.background_publish` the write runs while the next step collects and trains: in
-  a thread (true), or in a helper process (`process`, learner/publish_process.py: the step only
-  copies the weights to shared memory, and the GIL is not shared); at most one version is in
+  a helper process (`process`, the default, learner/publish_process.py: the weights are copied
+  once, from the device straight into its shared memory, and the GIL is not shared), or in a
+  thread (true); at most one version is in
   flight, and a version is announced (run hash, zmq) only once its manifest is durable, so
   generators and stale-version rules never see a partial version.
 - `checkpoint`: model, optimiser, counters and the entries trained since the previous checkpoint

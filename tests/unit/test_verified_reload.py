@@ -253,17 +253,23 @@ def test_hf_engine_refuses_weights_that_do_not_fit_before_touching_a_weight(tiny
 
 
 def test_hf_engine_swaps_in_the_verified_tensors(tiny_model_dir, tmp_path):
+    """float32 tensors become the parameters themselves; bfloat16 ones (trainer.publish_dtype)
+    are copied into the float32 parameters; a tied head follows its embedding either way."""
     from rollflash.generators.hf_engine import HFEngine
 
     engine = HFEngine(str(tiny_model_dir))
-    state = {k: v + 1.0 for k, v in engine.model.state_dict().items()}
     store, hash_ = WeightStore(tmp_path / "run"), _Hash()
     follower = _follower(store, hash_, engine)
     try:
-        _publish_state = store.publish(state, 1, 1)
-        hash_.announce(1, _publish_state.sha256)
-        follower.wait_for(1, timeout_s=60)
+        for version, dtype in ((1, torch.float32), (2, torch.bfloat16)):
+            state = {k: (v + version).to(dtype) for k, v in engine.model.state_dict().items()}
+            hash_.announce(version, store.publish(state, version, version).sha256)
+            follower.wait_for(version, timeout_s=60)
+            for k, v in engine.model.state_dict().items():
+                assert v.dtype == torch.float32
+                torch.testing.assert_close(v, state[k].float(), atol=0, rtol=0)
+            if engine.model.config.tie_word_embeddings:
+                head, embed = engine.model.lm_head.weight, engine.model.model.embed_tokens.weight
+                assert head.data_ptr() == embed.data_ptr()
     finally:
         follower.close()
-    for k, v in engine.model.state_dict().items():
-        torch.testing.assert_close(v, state[k], atol=0, rtol=0)
