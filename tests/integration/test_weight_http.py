@@ -13,6 +13,7 @@ import shutil
 import threading
 import urllib.error
 import urllib.request
+from contextlib import contextmanager
 
 import pytest
 import torch
@@ -64,6 +65,19 @@ def _fetch(source: HttpSource, announced: Announced) -> torch.Tensor:
     return staged.tensors["w"]
 
 
+@contextmanager
+def _hosts(tmp_path, learner_broker, n: int, *extra: str):
+    """The learner's writer with v1 announced, and `n` generators' sources; all closed after."""
+    writer, announced = _learner(tmp_path, learner_broker)
+    sources = [HttpSource(_cfg(tmp_path, f"g{i}", *extra), f"g{i}") for i in range(n)]
+    try:
+        yield writer, announced, sources
+    finally:
+        for s in sources:
+            s.close()
+        writer.close()
+
+
 def _size(writer: VersionWriter) -> int:
     return writer.store.manifest(1).files[MODEL_FILE].size
 
@@ -71,10 +85,8 @@ def _size(writer: VersionWriter) -> int:
 def test_two_generators_fetch_a_version_and_the_learner_sends_it_once(
     env, tmp_path, learner_broker
 ):
-    writer, announced = _learner(tmp_path, learner_broker)
-    sources = [HttpSource(_cfg(tmp_path, f"gen-{i}"), f"gen-{i}") for i in range(2)]
     got: dict[int, torch.Tensor] = {}
-    try:
+    with _hosts(tmp_path, learner_broker, 2) as (writer, announced, sources):
         threads = [
             threading.Thread(target=lambda i=i: got.update({i: _fetch(sources[i], announced)}))
             for i in range(2)
@@ -91,46 +103,28 @@ def test_two_generators_fetch_a_version_and_the_learner_sends_it_once(
         # whichever asked second was sent to the first one's relay: one copy left the learner
         assert _served(writer) == _size(writer)
         assert sum(s.server.served[1] for s in sources) == _size(writer)
-    finally:
-        for s in sources:
-            s.close()
-        writer.close()
 
 
 def test_with_relay_off_every_generator_fetches_from_the_learner(env, tmp_path, learner_broker):
-    writer, announced = _learner(tmp_path, learner_broker)
-    sources = [HttpSource(_cfg(tmp_path, f"g{i}", "weights.relay=false"), f"g{i}") for i in (0, 1)]
-    try:
-        for s in sources:
+    with _hosts(tmp_path, learner_broker, 2, "weights.relay=false") as (writer, announced, gens):
+        for s in gens:
             assert s.server is None
             _fetch(s, announced)
         assert _served(writer) == 2 * _size(writer)
-    finally:
-        for s in sources:
-            s.close()
-        writer.close()
 
 
 def test_a_relay_that_is_gone_is_replaced_by_the_learner(env, tmp_path, learner_broker):
-    writer, announced = _learner(tmp_path, learner_broker)
-    first, second = (HttpSource(_cfg(tmp_path, f"g{i}"), f"g{i}") for i in (0, 1))
-    try:
+    with _hosts(tmp_path, learner_broker, 2) as (writer, announced, (first, second)):
         _fetch(first, announced)
         first.server.close()  # the relay's host went away
         torch.testing.assert_close(
             _fetch(second, announced)[-1], torch.arange(1024.0) + (ROWS - 1) * 1024
         )
         assert _served(writer) == 2 * _size(writer)  # the second copy came from the learner
-    finally:
-        first.close()
-        second.close()
-        writer.close()
 
 
 def test_a_relay_serving_other_bytes_is_caught_and_replaced(env, tmp_path, learner_broker):
-    writer, announced = _learner(tmp_path, learner_broker)
-    first, second = (HttpSource(_cfg(tmp_path, f"g{i}"), f"g{i}") for i in (0, 1))
-    try:
+    with _hosts(tmp_path, learner_broker, 2) as (writer, announced, (first, second)):
         _fetch(first, announced)
         kept = first.store.version_dir(1) / MODEL_FILE
         raw = bytearray(kept.read_bytes())
@@ -140,10 +134,6 @@ def test_a_relay_serving_other_bytes_is_caught_and_replaced(env, tmp_path, learn
         torch.testing.assert_close(w, torch.arange(ROWS * 1024.0).view(ROWS, 1024), atol=0, rtol=0)
         # chunk 0 came from the relay, chunk 1 was refused there and fetched from the learner
         assert _served(writer) == _size(writer) + (_size(writer) - CHUNK_BYTES)
-    finally:
-        first.close()
-        second.close()
-        writer.close()
 
 
 def _get(url: str, token: str | None, context=None) -> int:

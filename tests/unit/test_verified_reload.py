@@ -12,6 +12,7 @@ import os
 import shutil
 import threading
 import time
+from contextlib import contextmanager
 from types import SimpleNamespace
 
 import pytest
@@ -77,6 +78,16 @@ def _until(predicate, what: str, timeout_s: float = 60.0) -> None:
 def _follower(store, hash_, engine, attempts: int = 3) -> WeightFollower:
     source = SharedStoreSource(store, store.root.parent / "copies")
     return WeightFollower(hash_, source, engine, poll_interval_s=0.01, attempts=attempts)
+
+
+@contextmanager
+def _following(tmp_path, attempts: int, engine: _Recording | None = None):
+    store, hash_, engine = WeightStore(tmp_path / "run"), _Hash(), engine or _Recording()
+    follower = _follower(store, hash_, engine, attempts)
+    try:
+        yield store, hash_, engine, follower
+    finally:
+        follower.close()
 
 
 @pytest.fixture
@@ -147,9 +158,7 @@ def test_a_file_swapped_after_hashing_is_never_loaded(setup, monkeypatch):
 
 
 def test_a_symlinked_weights_file_is_refused(tmp_path):
-    store, hash_, engine = WeightStore(tmp_path / "run"), _Hash(), _Recording()
-    follower = _follower(store, hash_, engine, attempts=1)
-    try:
+    with _following(tmp_path, 1) as (store, hash_, engine, follower):
         _publish(store, hash_, 1, 1.0)
         model = store.version_dir(1) / MODEL_FILE
         outside = tmp_path / "outside.safetensors"
@@ -158,14 +167,10 @@ def test_a_symlinked_weights_file_is_refused(tmp_path):
         model.symlink_to(outside)
         _until(lambda: follower.reload_refused == 1, "the refusal")
         assert follower.loaded_version == 0 and engine.swapped == []
-    finally:
-        follower.close()
 
 
 def test_a_version_directory_linked_outside_the_store_is_refused(tmp_path):
-    store, hash_, engine = WeightStore(tmp_path / "run"), _Hash(), _Recording()
-    follower = _follower(store, hash_, engine, attempts=1)
-    try:
+    with _following(tmp_path, 1) as (store, hash_, engine, follower):
         info = store.publish(_state(1.0), 1, 1)
         elsewhere = tmp_path / "elsewhere"
         shutil.move(store.version_dir(1), elsewhere)
@@ -173,8 +178,6 @@ def test_a_version_directory_linked_outside_the_store_is_refused(tmp_path):
         hash_.announce(1, info.sha256)
         _until(lambda: follower.reload_refused == 1, "the refusal")
         assert follower.loaded_version == 0 and engine.swapped == []
-    finally:
-        follower.close()
 
 
 def _break(store: WeightStore, version: int) -> bytes:
@@ -188,9 +191,7 @@ def _break(store: WeightStore, version: int) -> bytes:
 def test_a_refused_version_is_tried_again_and_loads_once_it_verifies(tmp_path):
     """A hiccup of the shared filesystem: the first attempt reads a damaged file; it is
     repaired before the attempts (10 here: about 26 s of backoff) run out, and loads."""
-    store, hash_, engine = WeightStore(tmp_path / "run"), _Hash(), _Recording()
-    follower = _follower(store, hash_, engine, attempts=10)
-    try:
+    with _following(tmp_path, 10) as (store, hash_, engine, follower):
         info = store.publish(_state(1.0), 1, 1)
         good = _break(store, 1)
         hash_.announce(1, info.sha256)
@@ -198,14 +199,10 @@ def test_a_refused_version_is_tried_again_and_loads_once_it_verifies(tmp_path):
         (store.version_dir(1) / MODEL_FILE).write_bytes(good)
         follower.wait_for(1, timeout_s=60)
         assert follower.reload_refused == 0 and [v for v, _ in engine.swapped] == [1]
-    finally:
-        follower.close()
 
 
 def test_with_one_attempt_a_failed_version_is_skipped_and_a_newer_one_loads(tmp_path):
-    store, hash_, engine = WeightStore(tmp_path / "run"), _Hash(), _Recording()
-    follower = _follower(store, hash_, engine, attempts=1)
-    try:
+    with _following(tmp_path, 1) as (store, hash_, engine, follower):
         info = store.publish(_state(1.0), 1, 1)
         good = _break(store, 1)
         hash_.announce(1, info.sha256)
@@ -216,14 +213,10 @@ def test_with_one_attempt_a_failed_version_is_skipped_and_a_newer_one_loads(tmp_
         _publish(store, hash_, 2, 2.0)
         follower.wait_for(2, timeout_s=60)
         assert [v for v, _ in engine.swapped] == [2]
-    finally:
-        follower.close()
 
 
 def test_a_loader_error_keeps_the_old_weights_and_is_counted_once(tmp_path):
-    store, hash_, engine = WeightStore(tmp_path / "run"), _Hash(), _Recording(fail={2})
-    follower = _follower(store, hash_, engine, attempts=2)
-    try:
+    with _following(tmp_path, 2, _Recording(fail={2})) as (store, hash_, engine, follower):
         _publish(store, hash_, 1, 1.0)
         follower.wait_for(1, timeout_s=60)
         _publish(store, hash_, 2, 2.0)
@@ -234,8 +227,6 @@ def test_a_loader_error_keeps_the_old_weights_and_is_counted_once(tmp_path):
         _publish(store, hash_, 3, 3.0)
         follower.wait_for(3, timeout_s=60)  # a newer version loads as usual
         assert [v for v, _ in engine.swapped] == [1, 3] and follower.reloads == 2
-    finally:
-        follower.close()
 
 
 def test_hf_engine_refuses_weights_that_do_not_fit_before_touching_a_weight(tiny_model_dir):
