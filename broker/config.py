@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -33,11 +34,11 @@ from rollflash.broker.config_eval import EvalConfig, refuse_moved_keys
 from rollflash.broker.config_gpu import PlacementConfig, TrainerGpuKeys, VLLMConfig
 from rollflash.broker.config_logging import LoggingConfig
 from rollflash.broker.config_model import ModelConfig
+from rollflash.broker.config_rm import RewardModelTrainConfig
 from rollflash.broker.config_sections import (
     GuardsConfig,
     RedisConfig,
     RewardConfig,
-    RewardModelTrainConfig,
     RolloutConfig,
     RunConfig,
     SimConfig,
@@ -252,6 +253,24 @@ class Config(BaseModel):
         return self
 
 
+class _Loader(yaml.SafeLoader):
+    """PyYAML reads YAML 1.1, where a float needs a dot: `1e-4` would be the string '1e-4'.
+    YAML 1.2, and the configs people bring, read `1e-4`, `5E-6` and `-1e3` as floats, so they
+    are floats here too; anything else keeps YAML 1.1's reading."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"),
+)
+
+
+def yaml_load(text: str) -> Any:
+    """Parse config YAML (the files and every `--set` value) with `_Loader`."""
+    return yaml.load(text, Loader=_Loader)
+
+
 def apply_override(data: dict, assignment: str) -> None:
     """Apply one `section.key=value` override in place; the value is parsed as YAML."""
     if "=" not in assignment:
@@ -263,7 +282,7 @@ def apply_override(data: dict, assignment: str) -> None:
         node = node.setdefault(part, {})
         if not isinstance(node, dict):
             raise ConfigError(f"{dotted}: {part} is not a section")
-    node[parts[-1]] = yaml.safe_load(raw)
+    node[parts[-1]] = yaml_load(raw)
 
 
 def config_from_dict(data: dict) -> Config:
@@ -283,7 +302,7 @@ def load_config(path: str | Path | None, overrides: Sequence[str] = ()) -> Confi
         if not path.is_file():
             raise ConfigError(f"config: file not found: {path}")
         try:
-            data = yaml.safe_load(path.read_text()) or {}
+            data = yaml_load(path.read_text()) or {}
         except yaml.YAMLError as e:
             raise ConfigError(f"config: {path} is not valid YAML ({e.__class__.__name__})") from e
     for assignment in overrides:

@@ -95,6 +95,7 @@ class Collected:
     filtered_ids: list[str] = field(default_factory=list)  # groups dropped by a DAPO filter
     filtered: Counter = field(default_factory=Counter)  # filter reason -> dropped groups
     rejected: int = 0
+    issued: int = 0  # prompts rank 0 issued while collecting this step (admission top-ups)
     wait_s: float = 0.0
     staleness: Counter = field(default_factory=Counter)  # steps of lag -> accepted groups
 
@@ -159,7 +160,7 @@ class Collector:
         have = sum(self.dist.gather(len(self.ready)))
         while True:
             if self.dist.is_main:
-                self.admission.top_up(self.broker, step, version)
+                out.issued += self.admission.top_up(self.broker, step, version)
             # the ranks share what is missing, so that few groups are left over for the next step
             share = -(-(want - have) // self.dist.world_size)
             entries, rejected = self._read(share)  # rejected groups: replaced already

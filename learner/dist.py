@@ -161,6 +161,15 @@ Layout = list[tuple[str, tuple[int, ...], torch.dtype]]
 Destination = Callable[[Layout], dict[str, torch.Tensor]]
 
 
+def tied_parameters(module: torch.nn.Module) -> list[list[str]]:
+    """Names of the parameters that are one object registered under several names (a tied
+    embedding: [['model.embed_tokens.weight', 'lm_head.weight']]), one list per object."""
+    names: dict[int, list[str]] = {}
+    for name, p in module.named_parameters(remove_duplicate=False):
+        names.setdefault(id(p), []).append(name)
+    return [n for n in names.values() if len(n) > 1]
+
+
 def full_state_dict(
     model: torch.nn.Module,
     dtype: torch.dtype | None = None,
@@ -171,15 +180,21 @@ def full_state_dict(
     every rank must call this (one tensor gathered at a time); rank 0 gets the tensors, the others
     an empty dict. Tied tensors (lm_head = embed_tokens) are returned once, under the first name.
     `copy`: never return a tensor that shares memory with a parameter (needed when the weights
-    are written while training goes on)."""
-    sharded = is_sharded(model)
+    are written while training goes on); `into`: see `host_copies`."""
+    sharded, inner = is_sharded(model), getattr(model, "module", model)
+    # shards can be empty (data_ptr 0), so a tie is found by the parameter's identity there;
+    # every rank skips the same names, so the gathers stay in step
+    later = {name for names in tied_parameters(inner) for name in names[1:]} if sharded else set()
     seen: set[int] = set()
     entries = []
-    for name, t in getattr(model, "module", model).state_dict().items():
-        key = id(t) if sharded else t.untyped_storage().data_ptr()
-        if key not in seen:
-            seen.add(key)
-            entries.append((name, t))
+    for name, t in inner.state_dict().items():
+        if name in later:
+            continue
+        if not sharded:
+            if t.untyped_storage().data_ptr() in seen:
+                continue
+            seen.add(t.untyped_storage().data_ptr())
+        entries.append((name, t))
     return host_copies(entries, dtype, copy, into, sharded)
 
 

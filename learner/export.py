@@ -5,7 +5,8 @@ model's config and tokenizer from `model.path`, so `AutoModelForCausalLM.from_pr
 `AutoTokenizer.from_pretrained(DIR)` load it anywhere. An adapter version (LoRA) is exported as a
 PEFT adapter directory (`PeftModel.from_pretrained(base, DIR)`, or peft's
 `AutoPeftModelForCausalLM.from_pretrained(DIR)`, which finds the base at `model.path`), or with
-`merge` as the merged model (`rollctl export --merge`). The version is verified against its
+`merge` as the merged model (`rollctl export --merge`). `rollctl export --best` exports the version
+with the best held-out accuracy (`eval.keep_best`, learner/best.py). The version is verified against its
 manifest first, and what is exported is the verified bytes: a corrupt version is never exported.
 """
 
@@ -23,11 +24,26 @@ from rollflash.broker.config import Config
 from rollflash.broker.model_dir import model_directory
 from rollflash.broker.weight_stream import copy_verified, verified_tensors
 from rollflash.broker.weights import ADAPTER_CONFIG, WeightStore
+from rollflash.learner.best import BestVersion
 
 
-def export_version(cfg: Config, version: int | None, out: Path, merge: bool = False) -> Path:
-    store = WeightStore(cfg.run.run_dir)
-    version = store.latest() if version is None else version
+def export_version(
+    cfg: Config, version: int | None, out: Path, merge: bool = False, best: bool = False
+) -> Path:
+    """`version` (default: the latest) of the run's weight store, or with `best` the version
+    `eval.keep_best` kept (learner/best.py)."""
+    if best:
+        store = BestVersion(cfg.run.run_dir).store
+        kept = store.versions()
+        if not kept:
+            raise FileNotFoundError(
+                f"--best: no best version in {store.root} (eval.keep_best keeps one once the "
+                "learner has evaluated)"
+            )
+        version = kept[-1]
+    else:
+        store = WeightStore(cfg.run.run_dir)
+        version = store.latest() if version is None else version
     if version is None:
         raise FileNotFoundError(f"run.run_dir: no published weights in {store.root}")
     out.mkdir(parents=True, exist_ok=True)

@@ -163,6 +163,7 @@ _SUMMED = (
     "async/dropped_stale",
     "async/duplicates",
     "async/late_samples",
+    "async/prompts_issued",
     "async/rejected",
     "async/retried",
     "async/staleness_hist/",

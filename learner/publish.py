@@ -179,6 +179,7 @@ def checkpoint(ln: Learner) -> float:
         state.rng = {p[0]: p[5] for p in parts}  # every rank's own generators
         state.scheduler = ln.optim.scheduler.state_dict()
         state.guards = ln.guard.state_dict()
+        state.history = ln.history.to_json()
     ln.checkpoints.save(state, Trainables.of(ln.models, ln.optim), dist)  # collective
     if dist.is_main:
         ln.broker.set_run_fields(checkpoint_step=state.step)

@@ -281,12 +281,18 @@ def export(
     merge: bool = typer.Option(
         False, "--merge", help="LoRA adapter versions: write the merged model, not the adapter."
     ),
+    best: bool = typer.Option(
+        False, "--best", help="The version with the best held-out accuracy (eval.keep_best)."
+    ),
 ) -> None:
     """Write a published weight version as a Hugging Face model (or PEFT adapter) directory."""
     cfg = _load(config, set_, None)
+    if best and version is not None:
+        typer.echo("--best and --version name two versions; give one", err=True)
+        raise typer.Exit(2)
     from rollflash.learner.export import export_version
 
-    path = _guarded(export_version, cfg, version, out, merge)
+    path = _guarded(export_version, cfg, version, out, merge, best)
     typer.echo(f"exported to {path}")
 
 

@@ -70,6 +70,21 @@ def test_dotted_overrides_parse_yaml_values(tmp_path):
     assert cfg.algo.dual_clip_c is None
 
 
+def test_exponent_numbers_are_floats_in_files_and_overrides(tmp_path):
+    # YAML 1.1 (PyYAML) needs a dot in a float; `1e-4` as people write it is a float here too
+    path = tmp_path / "run.yaml"
+    path.write_text("trainer:\n  actor_lr: 1e-4\nalgo:\n  critic_lr: 5E-6\n  kl_coef: 2e-2\n")
+    cfg = load_config(path, ["algo.clip_high=3e-1", "reward.max_abs_reward=+1e3"])
+    assert (cfg.trainer.actor_lr, cfg.algo.critic_lr, cfg.algo.kl_coef) == (1e-4, 5e-6, 0.02)
+    assert (cfg.algo.clip_high, cfg.reward.max_abs_reward) == (0.3, 1000.0)
+    with pytest.raises(ConfigError, match="^algo.clip_high: .*-1000"):
+        load_config(None, ["algo.clip_high=-1e3"])  # a float, refused by the bound, not the type
+    # strings that are not numbers keep the message they had
+    for bad in ("1e", "e-4", "1e-4x", "'1e-4'"):
+        with pytest.raises(ConfigError, match="^trainer.actor_lr: expected a number, got"):
+            load_config(None, [f"trainer.actor_lr={bad}"])
+
+
 def test_override_of_unknown_key_fails():
     with pytest.raises(ConfigError, match="^algo.clip_hihg: unknown key"):
         load_config(None, ["algo.clip_hihg=0.3"])
@@ -109,7 +124,8 @@ def test_logging_is_learner_local_and_left_out_of_the_fingerprint():
 # the same files, then updated for each key added since (reward.max_abs_reward, reward.dtype;
 # model.chat_template, reward.functions / weights / timeout_s and the eval section;
 # reward.code and reward.judge; model.trust_remote_code, trainer.eval_every and
-# task.eval_size moved to eval.every and eval.size; model.lora and trainer.publish; the
+# task.eval_size moved to eval.every and eval.size; model.lora and trainer.publish;
+# trainer.ppo_mini_batches, trainer.ppo_epochs and eval.keep_best; the
 # logging section and the GPU keys rollout.device, rollout.vllm and placement are not
 # hashed): processes of one run compare them, so the config's representation may not
 # change them. A new field or default
@@ -117,13 +133,13 @@ def test_logging_is_learner_local_and_left_out_of_the_fingerprint():
 @pytest.mark.parametrize(
     "name, overrides, expected",
     [
-        (None, [], "855ef61d08ca8fdf"),
-        ("demo.yaml", [], "3cad688252ce1656"),  # run.torch_threads left to rollctl run
-        ("ppo_gae.yaml", [], "bd0bcd135d43f3d9"),
-        ("dapo.yaml", [], "b8490314345762d0"),
-        ("rlhf.yaml", [], "3c9b143d83fbdf3b"),
-        ("rm.yaml", [], "dfb0f2891384e043"),
-        ("agentic_gridworld.yaml", [], "dba3531342893d26"),
+        (None, [], "d2a1dbea22dd6688"),
+        ("demo.yaml", [], "b765098737101a08"),  # run.torch_threads left to rollctl run
+        ("ppo_gae.yaml", [], "75040b82a3012133"),
+        ("dapo.yaml", [], "f9fc9d5136ffbe45"),
+        ("rlhf.yaml", [], "455d0787ffa561c1"),
+        ("rm.yaml", [], "425ee1276448ac73"),
+        ("agentic_gridworld.yaml", [], "6e52ea400acb2ed2"),
         (
             None,
             # ints given for floats are hashed as the floats they are stored as (1 -> 1.0)
@@ -135,7 +151,7 @@ def test_logging_is_learner_local_and_left_out_of_the_fingerprint():
                 "algo.kl_target=0.1",
                 "algo.kl_coef=1",
             ],
-            "c34804edb81d1326",
+            "c0b67fcec4414ff2",
         ),
     ],
 )
@@ -158,11 +174,12 @@ def test_saved_yaml_has_every_section_and_key_in_declaration_order(tmp_path):
     # model +4 (chat_template, attn_implementation, trust_remote_code, lora), reward +6
     # (functions, weights, timeout_s, dtype, the code and judge sections), rollout +2 (device, the
     # vllm section), trainer +8 (the learner's device and precision keys, publish) and -1
-    # (eval_every moved to eval.every), task -1 (eval_size moved to eval.size), and eval (6),
+    # (eval_every moved to eval.every) and +2 (ppo_mini_batches, ppo_epochs), task -1 (eval_size
+    # moved to eval.size), and eval (7),
     # logging (8) and placement (4)
     assert {name: len(section) for name, section in saved.items()} == {
-        "run": 4, "redis": 4, "model": 6, "task": 2, "rollout": 16, "trainer": 23, "algo": 29,
-        "sim": 6, "reward": 13, "eval": 6, "rm": 14, "guards": 11, "logging": 8, "placement": 4,
+        "run": 4, "redis": 4, "model": 6, "task": 2, "rollout": 16, "trainer": 25, "algo": 29,
+        "sim": 6, "reward": 13, "eval": 7, "rm": 14, "guards": 11, "logging": 8, "placement": 4,
     }  # fmt: skip
     assert len(saved["rollout"]["vllm"]) == 10
     assert (len(saved["reward"]["code"]), len(saved["reward"]["judge"])) == (6, 7)
