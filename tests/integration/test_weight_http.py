@@ -201,3 +201,51 @@ def test_tls_with_the_weights_certificates_or_the_ca_of_redis_url(env, tmp_path,
         assert stats["served"]["1"] == 2 * _size(writer)
     finally:
         writer.close()
+
+
+@pytest.mark.parametrize("fanout, served", [(1, [1, 1, 0]), (2, [2, 0, 0])])
+def test_fanout_shapes_the_tree_and_local_dir_holds_each_generators_store(
+    env, tmp_path, learner_broker, fanout, served
+):
+    """Three generators fetch one after another: with fanout 1 they form a chain (g1 from g0,
+    g2 from g1), with 2 a star under g0; the learner sends one copy either way. Each keeps its
+    store under weights.local_dir."""
+    writer, announced = _learner(tmp_path, learner_broker, f"weights.fanout={fanout}")
+    local = tmp_path / "elsewhere"
+    sources = [
+        HttpSource(_cfg(tmp_path, f"g{i}", f"weights.local_dir={local}"), f"g{i}") for i in range(3)
+    ]
+    try:
+        for s in sources:
+            _fetch(s, announced)
+        assert _served(writer) == _size(writer)
+        assert [s.server.served[1] // _size(writer) for s in sources] == served
+        assert all(s.store.root == local / f"g{i}" / "weights" for i, s in enumerate(sources))
+    finally:
+        for s in sources:
+            s.close()
+        writer.close()
+
+
+def test_the_token_comes_from_token_file_else_the_environment(
+    tmp_path, learner_broker, monkeypatch
+):
+    from rollflash.broker.config import ConfigError
+
+    monkeypatch.delenv("ROLLFLASH_WEIGHTS_TOKEN", raising=False)
+    with pytest.raises(ConfigError, match="weights.token_file: .*ROLLFLASH_WEIGHTS_TOKEN"):
+        HttpSource(_cfg(tmp_path, "none"), "g0")
+    token_file = tmp_path / "token"
+    token_file.write_text(f"{TOKEN}\n")
+    writer, announced = _learner(tmp_path, learner_broker, f"weights.token_file={token_file}")
+    source = HttpSource(_cfg(tmp_path, "g", f"weights.token_file={token_file}"), "g0")
+    try:
+        _fetch(source, announced)
+        monkeypatch.setenv("ROLLFLASH_WEIGHTS_TOKEN", "another")  # a generator with another token
+        wrong = HttpSource(_cfg(tmp_path, "w", "weights.relay=false"), "g1")
+        with pytest.raises(Exception, match="401"):
+            _fetch(wrong, announced)
+        wrong.close()
+    finally:
+        source.close()
+        writer.close()

@@ -125,7 +125,7 @@ def test_logging_is_learner_local_and_left_out_of_the_fingerprint():
 # model.chat_template, reward.functions / weights / timeout_s and the eval section;
 # reward.code and reward.judge; model.trust_remote_code, trainer.eval_every and
 # task.eval_size moved to eval.every and eval.size; model.lora and trainer.publish;
-# trainer.ppo_mini_batches, trainer.ppo_epochs and eval.keep_best; the
+# trainer.ppo_mini_batches, trainer.ppo_epochs and eval.keep_best; weights.transport; the
 # logging section and the GPU keys rollout.device, rollout.vllm and placement are not
 # hashed): processes of one run compare them, so the config's representation may not
 # change them. A new field or default
@@ -133,13 +133,13 @@ def test_logging_is_learner_local_and_left_out_of_the_fingerprint():
 @pytest.mark.parametrize(
     "name, overrides, expected",
     [
-        (None, [], "d2a1dbea22dd6688"),
-        ("demo.yaml", [], "b765098737101a08"),  # run.torch_threads left to rollctl run
-        ("ppo_gae.yaml", [], "75040b82a3012133"),
-        ("dapo.yaml", [], "f9fc9d5136ffbe45"),
-        ("rlhf.yaml", [], "455d0787ffa561c1"),
-        ("rm.yaml", [], "425ee1276448ac73"),
-        ("agentic_gridworld.yaml", [], "6e52ea400acb2ed2"),
+        (None, [], "09b5fe2720185486"),
+        ("demo.yaml", [], "02945fb21fadbd20"),  # run.torch_threads left to rollctl run
+        ("ppo_gae.yaml", [], "a768fd0a5398520d"),
+        ("dapo.yaml", [], "e0aa957f23ab431e"),
+        ("rlhf.yaml", [], "ce0aac03e884dedf"),
+        ("rm.yaml", [], "8c6d1d20f0357f12"),
+        ("agentic_gridworld.yaml", [], "9665b2699881d660"),
         (
             None,
             # ints given for floats are hashed as the floats they are stored as (1 -> 1.0)
@@ -151,7 +151,7 @@ def test_logging_is_learner_local_and_left_out_of_the_fingerprint():
                 "algo.kl_target=0.1",
                 "algo.kl_coef=1",
             ],
-            "c0b67fcec4414ff2",
+            "cb5875310e33f9dd",
         ),
     ],
 )
@@ -166,7 +166,7 @@ def test_saved_yaml_has_every_section_and_key_in_declaration_order(tmp_path):
     saved = yaml.safe_load((tmp_path / "resolved.yaml").read_text())
     assert list(saved) == [
         "run", "redis", "model", "task", "rollout", "trainer", "algo", "sim", "reward", "eval",
-        "rm", "guards", "logging", "placement",
+        "rm", "guards", "logging", "placement", "weights",
     ]  # fmt: skip
     assert list(saved["run"]) == ["run_id", "run_dir", "seed", "torch_threads"]
     assert saved["trainer"]["actor_lr"] == 1.0 and isinstance(saved["trainer"]["actor_lr"], float)
@@ -176,10 +176,11 @@ def test_saved_yaml_has_every_section_and_key_in_declaration_order(tmp_path):
     # vllm section), trainer +8 (the learner's device and precision keys, publish) and -1
     # (eval_every moved to eval.every) and +2 (ppo_mini_batches, ppo_epochs), task -1 (eval_size
     # moved to eval.size), and eval (7),
-    # logging (8) and placement (4)
+    # logging (8), placement (4) and weights (10)
     assert {name: len(section) for name, section in saved.items()} == {
         "run": 4, "redis": 4, "model": 6, "task": 2, "rollout": 16, "trainer": 25, "algo": 29,
         "sim": 6, "reward": 13, "eval": 7, "rm": 14, "guards": 11, "logging": 8, "placement": 4,
+        "weights": 10,
     }  # fmt: skip
     assert len(saved["rollout"]["vllm"]) == 10
     assert (len(saved["reward"]["code"]), len(saved["reward"]["judge"])) == (6, 7)
@@ -264,7 +265,7 @@ def test_saved_yaml_has_every_section_and_key_in_declaration_order(tmp_path):
         (
             {"bogus": {}},
             "bogus: unknown key (known: algo, eval, guards, logging, model, placement, redis, reward, rm, "
-            "rollout, run, sim, task, trainer)",
+            "rollout, run, sim, task, trainer, weights)",
         ),
     ],
 )
@@ -282,7 +283,7 @@ def test_a_top_level_that_is_not_a_mapping_is_refused():
 
 def test_every_field_has_a_type_and_a_description():
     sections = Config.model_fields
-    assert len(sections) == 14
+    assert len(sections) == 15
     for name, section in sections.items():
         assert section.description, name
         for key, info in section.annotation.model_fields.items():
