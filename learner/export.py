@@ -46,14 +46,16 @@ def export_version(
         version = store.latest() if version is None else version
     if version is None:
         raise FileNotFoundError(f"run.run_dir: no published weights in {store.root}")
-    out.mkdir(parents=True, exist_ok=True)
     if store.manifest(version).kind == "full":
-        _save_full(cfg, version, verified_tensors(store, version), out)
+        state = verified_tensors(store, version)  # before anything is written to `out`
+        out.mkdir(parents=True, exist_ok=True)
+        _save_full(cfg, version, state, out)
     else:
         with tempfile.TemporaryDirectory(prefix="rollflash-adapter-") as tmp:
             adapter = Path(tmp) / "adapter"
             copy_verified(store, version, adapter)
             _name_the_base(cfg, adapter)
+            out.mkdir(parents=True, exist_ok=True)
             if merge:
                 _save_merged(cfg, adapter, out)
             else:

@@ -251,6 +251,6 @@ def test_a_run_over_http_gives_every_generator_its_versions_through_its_own_stor
     for i in range(2):
         log = (run_dir / "logs" / f"gen-{i}.log").read_text()
         assert "relaying weight versions at http://127.0.0.1:" in log
-        assert "MiB from http://127.0.0.1:" in log  # loaded versions fetched over HTTP
+        assert "B from http://127.0.0.1:" in log  # loaded versions fetched over HTTP
         own = WeightStore(run_dir / "local" / f"gen-{i}")
         assert own.versions() and own.root != WeightStore(run_dir).root
