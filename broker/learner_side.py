@@ -19,6 +19,7 @@ from collections import Counter
 import redis
 
 from rollflash.broker.audit import WATCH_INTERVAL_S, LossAuditor
+from rollflash.broker.fingerprint import Fingerprint
 from rollflash.broker.redis_io import RunRedis
 from rollflash.broker.registry import RunRegistry
 from rollflash.broker.schema import PromptWork, Trajectory
@@ -59,7 +60,7 @@ class LearnerBroker:
     def ensure_groups(self) -> None:
         self._registry.ensure_groups()
 
-    def register_run(self, fingerprint: str) -> None:
+    def register_run(self, fingerprint: Fingerprint) -> None:
         self._registry.register(fingerprint)
 
     def check_intact(self) -> None:

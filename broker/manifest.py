@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rollflash.broker.digest import tree_digest
+from rollflash.errors import RollflashError
 
 MODEL_FILE = "model.safetensors"
 MANIFEST = "manifest.json"
@@ -31,7 +32,7 @@ TENSOR_FILES = {"full": MODEL_FILE, "adapter": ADAPTER_FILE}
 MAX_MANIFEST_BYTES = 64 << 20  # ~1.3M chunks: a manifest of a 40 TB version
 
 
-class CorruptWeights(RuntimeError):
+class CorruptWeights(RollflashError, RuntimeError):
     """A version whose files do not match its manifest (or that has no manifest)."""
 
 

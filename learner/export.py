@@ -24,6 +24,7 @@ from rollflash.broker.config import Config
 from rollflash.broker.model_dir import model_directory
 from rollflash.broker.weight_stream import copy_verified, verified_tensors
 from rollflash.broker.weights import ADAPTER_CONFIG, WeightStore
+from rollflash.errors import MissingFile
 from rollflash.learner.best import BestVersion
 
 
@@ -36,7 +37,7 @@ def export_version(
         store = BestVersion(cfg.run.run_dir).store
         kept = store.versions()
         if not kept:
-            raise FileNotFoundError(
+            raise MissingFile(
                 f"--best: no best version in {store.root} (eval.keep_best keeps one once the "
                 "learner has evaluated)"
             )
@@ -45,7 +46,7 @@ def export_version(
         store = WeightStore(cfg.run.run_dir)
         version = store.latest() if version is None else version
     if version is None:
-        raise FileNotFoundError(f"run.run_dir: no published weights in {store.root}")
+        raise MissingFile(f"run.run_dir: no published weights in {store.root}")
     if store.manifest(version).kind == "full":
         state = verified_tensors(store, version)  # before anything is written to `out`
         out.mkdir(parents=True, exist_ok=True)

@@ -36,6 +36,7 @@ import torch
 from rollflash.broker.config import Config
 from rollflash.broker.learner_side import LearnerBroker
 from rollflash.broker.weights import WeightStore
+from rollflash.errors import RunDirInUse
 from rollflash.learner.checkpoint import RankProgress, rng_state
 from rollflash.learner.checkpoint_io import Trainables
 from rollflash.learner.device import DTYPES
@@ -58,7 +59,7 @@ class Publisher:
     def __init__(self, cfg: Config, broker: LearnerBroker, resuming: bool):
         self.store = WeightStore(cfg.run.run_dir)
         if self.store.versions() and not resuming:
-            raise FileExistsError(
+            raise RunDirInUse(
                 f"run.run_dir: {cfg.run.run_dir} holds weights but no learner "
                 "checkpoint to resume from; choose another run_dir or delete it"
             )
