@@ -238,7 +238,6 @@ class _Recorder:
 def test_a_tampered_adapter_version_is_never_loaded(tiny_model_dir, tmp_path, tamper):
     cfg, policy = _policy(tiny_model_dir)
     store, hash_, engine = WeightStore(tmp_path), _Hash(), _Recorder()
-    follower = _follower(store, hash_, engine)
     _publish(store, hash_, policy, cfg, 1)
     d = store.version_dir(1)
     if tamper == "tensors":
@@ -254,6 +253,7 @@ def test_a_tampered_adapter_version_is_never_loaded(tiny_model_dir, tmp_path, ta
             entry = file_digest((d / ADAPTER_CONFIG).read_bytes()).manifest_entry()
             manifest["files"][ADAPTER_CONFIG] = entry
             (d / MANIFEST).write_text(json.dumps(manifest))
+    follower = _follower(store, hash_, engine)  # follows from here: v1 is tampered already
     deadline = time.monotonic() + 60
     while follower.reload_refused == 0 and time.monotonic() < deadline:
         time.sleep(0.01)

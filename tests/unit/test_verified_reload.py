@@ -135,7 +135,7 @@ def test_sampling_goes_on_while_a_version_is_fetched(tmp_path):
 
 def test_a_file_swapped_after_hashing_is_never_loaded(setup, monkeypatch):
     store, hash_, engine, follower = setup
-    _publish(store, hash_, 1, 1.0)
+    info = store.publish(_state(1.0), 1, 1)  # announced once the swap below is in place
     model = store.version_dir(1) / MODEL_FILE
     evil = store.root.parent / "evil.safetensors"
     WeightStore(store.root.parent / "other").publish(_state(666.0), 1, 1)
@@ -149,6 +149,7 @@ def test_a_file_swapped_after_hashing_is_never_loaded(setup, monkeypatch):
 
     # the chunks' sha256, computed once the files are open (the manifest's is not)
     monkeypatch.setattr(weight_stream, "hashlib", SimpleNamespace(sha256=sha256_then_swap))
+    hash_.announce(1, info.sha256)
     follower.wait_for(1, timeout_s=60)
     monkeypatch.undo()
     ((version, state),) = engine.swapped
@@ -159,12 +160,13 @@ def test_a_file_swapped_after_hashing_is_never_loaded(setup, monkeypatch):
 
 def test_a_symlinked_weights_file_is_refused(tmp_path):
     with _following(tmp_path, 1) as (store, hash_, engine, follower):
-        _publish(store, hash_, 1, 1.0)
+        info = store.publish(_state(1.0), 1, 1)
         model = store.version_dir(1) / MODEL_FILE
         outside = tmp_path / "outside.safetensors"
         shutil.copy(model, outside)  # same bytes: the digests would match, the link must not
         model.unlink()
         model.symlink_to(outside)
+        hash_.announce(1, info.sha256)
         _until(lambda: follower.reload_refused == 1, "the refusal")
         assert follower.loaded_version == 0 and engine.swapped == []
 
