@@ -44,6 +44,7 @@ from rollflash.broker.config_sections import (
     TaskConfig,
     TrainerConfig,
 )
+from rollflash.broker.config_weights import WeightsConfig
 from rollflash.broker.fingerprint import Fingerprint, shared_keys
 from rollflash.broker.secrets import make_private_dir, without_password, write_private
 
@@ -65,6 +66,7 @@ __all__ = [
     "TaskConfig",
     "TrainerConfig",
     "VLLMConfig",
+    "WeightsConfig",
     "apply_override",
     "config_from_dict",
     "load_config",
@@ -97,6 +99,9 @@ class Config(BaseModel):
     )
     placement: PlacementConfig = Field(
         default_factory=PlacementConfig, description="GPUs of the processes `rollctl run` starts"
+    )
+    weights: WeightsConfig = Field(
+        default_factory=WeightsConfig, description="how weight versions reach the generators"
     )
 
     @property
@@ -199,6 +204,15 @@ class Config(BaseModel):
                 "rollout.inflight_samples: continuous batching needs rollout.engine "
                 "vllm or sim (transformers' generate runs a batch to its end); set it "
                 "to 0 (pulls of rollout.prompts_per_pull)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _http_is_served_by_the_publishing_process(self) -> Config:
+        if self.weights.transport == "http" and self.trainer.background_publish != "process":
+            raise ConfigError(
+                "weights.transport: http is served by the learner's publishing process; set "
+                "trainer.background_publish: process"
             )
         return self
 

@@ -11,7 +11,9 @@ read, nothing a process may choose for itself:
   verifier's worker threads, the judge's URL and request timeout);
 - sampling (`rollout.num_return_sequences`, `max_new_tokens`, `temperature`, `top_p`,
   `max_episode_tokens`) and how groups travel (`rollout.replicate_prompts`);
-- the wire limits: `redis.max_payload_bytes` (and `reward.max_abs_reward`, with `reward:`).
+- the wire limits: `redis.max_payload_bytes` (and `reward.max_abs_reward`, with `reward:`);
+- how weight versions travel (`weights.transport`; the other `weights:` keys are one host's own:
+  its address, files and certificates).
 
 Everything else may differ between processes and between a run and its resumption: the whole of
 `trainer:` (total_steps, learning rate, batch sizes, checkpoints, devices), `algo:`, `eval:`,
@@ -47,6 +49,7 @@ SHARED: dict[str, tuple[str, ...] | None] = {
         "replicate_prompts",
     ),
     "redis": ("max_payload_bytes",),
+    "weights": ("transport",),
 }
 # dotted keys inside a shared section that say how one process runs
 LOCAL: frozenset[str] = frozenset(

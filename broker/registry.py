@@ -135,18 +135,22 @@ class RunRegistry:
         self.io.write(lambda: self.io.client.hincrby(self.keys.run, name, n))
 
     # --- weights ----------------------------------------------------------------------------------
-    def announce_weights(self, version: int, path: str, sha256: str, zmq_endpoint: str) -> None:
+    def announce_weights(
+        self, version: int, path: str, sha256: str, zmq_endpoint: str, http_url: str = ""
+    ) -> None:
         """Learner rank 0: record a published version in the `weights` hash."""
         with self._announcing:
-            self.announced = _announcement(version, path, sha256, zmq_endpoint)
+            self.announced = _announcement(version, path, sha256, zmq_endpoint, http_url)
             self._write_announced()
 
-    def remember_announced(self, version: int, path: str, sha256: str, zmq_endpoint: str) -> None:
+    def remember_announced(
+        self, version: int, path: str, sha256: str, zmq_endpoint: str, http_url: str = ""
+    ) -> None:
         """Keep an announcement another process of this learner made (its publishing process,
         learner/publish_process.py), so that the audit makes it again if Redis forgets it."""
         with self._announcing:
             if self.announced is None or int(self.announced["version"]) < version:
-                self.announced = _announcement(version, path, sha256, zmq_endpoint)
+                self.announced = _announcement(version, path, sha256, zmq_endpoint, http_url)
 
     def announce_again(self) -> None:
         """Write the last announcement again (Redis forgot it); nothing if there was none."""
@@ -227,12 +231,18 @@ class RunRegistry:
         ]
 
 
-def _announcement(version: int, path: str, sha256: str, zmq_endpoint: str) -> Fields:
-    """The `weights` hash's fields for a published version."""
-    return {
+def _announcement(
+    version: int, path: str, sha256: str, zmq_endpoint: str, http_url: str = ""
+) -> Fields:
+    """The `weights` hash's fields for a published version (`http_url`: where the learner
+    serves its store, `weights.transport: http`)."""
+    fields: Fields = {
         "version": version,
         "path": path,
         "sha256": sha256,
         "published_at": time.time(),
         "zmq_endpoint": zmq_endpoint,
     }
+    if http_url:
+        fields["http_url"] = http_url
+    return fields

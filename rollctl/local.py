@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -37,7 +38,7 @@ from pathlib import Path
 from rollflash.broker.config import Config
 from rollflash.broker.placement import plan_layout
 from rollflash.broker.redis_server import EmbeddedRedis, RedisServerError, die_with_parent
-from rollflash.broker.secrets import PASSWORD_ENV, url_password
+from rollflash.broker.secrets import PASSWORD_ENV, TOKEN_ENV, url_password
 from rollflash.rollctl.cpu_layout import cpu_layout, omp_threads, usable_cores
 from rollflash.rollctl.find import is_embedded
 from rollflash.rollctl.progress import StepProgress, read_new_rows, terminal_progress
@@ -268,6 +269,8 @@ def run_local(cfg: Config, echo: bool = True, extra_env: dict[str, str] | None =
         password = url_password(cfg.redis.url)
         if password:
             env[PASSWORD_ENV] = password
+        if cfg.weights.transport == "http" and not cfg.weights.token_file and TOKEN_ENV not in env:
+            env[TOKEN_ENV] = secrets.token_urlsafe(32)  # the weights' token, for this run
         for c in plan.children:
             procs.append(_spawn(c.args, rotate(logs / f"{c.name}.log"), child_env(env, c)))
         gens = procs[1:]

@@ -122,19 +122,19 @@ def test_logging_is_learner_local_and_left_out_of_the_fingerprint():
 
 # Fingerprints of the shipped configs (broker/fingerprint.py): processes of one run compare
 # them, so the config's representation may not change them. A new shared key or a new default
-# of one changes them on purpose (update the values then).
+# of one changes them on purpose (update the values then; weights.transport was the last).
 @pytest.mark.parametrize(
     "name, overrides, expected",
     [
-        (None, [], "331986812f709b2c"),
-        ("demo.yaml", [], "701665c61705e390"),
-        ("ppo_gae.yaml", [], "6541e3324e910b82"),  # the two differ in trainer: and algo: only
-        ("dapo.yaml", [], "6541e3324e910b82"),
-        ("rlhf.yaml", [], "e61454d193f0a9f2"),
-        ("rm.yaml", [], "331986812f709b2c"),  # rm: alone, which only `rollctl train-rm` reads
-        ("agentic_gridworld.yaml", [], "89f6246f3a359d7a"),
+        (None, [], "1d26e8bb8b86e3e1"),
+        ("demo.yaml", [], "418fbb568ecd7fdd"),
+        ("ppo_gae.yaml", [], "832d3699cf044beb"),  # the two differ in trainer: and algo: only
+        ("dapo.yaml", [], "832d3699cf044beb"),
+        ("rlhf.yaml", [], "eb0a8566f0db9c4d"),
+        ("rm.yaml", [], "1d26e8bb8b86e3e1"),  # rm: alone, which only `rollctl train-rm` reads
+        ("agentic_gridworld.yaml", [], "6141361f14875fff"),
         (None, ["trainer.actor_lr=1", "task.params={max_operand: 9}", "rollout.temperature=2"],
-         "eca669db157c018a"),
+         "6331365514dcc28a"),
     ],
 )  # fmt: skip
 def test_fingerprint_is_unchanged_by_the_config_representation(name, overrides, expected):
@@ -202,7 +202,7 @@ def test_saved_yaml_has_every_section_and_key_in_declaration_order(tmp_path):
     saved = yaml.safe_load((tmp_path / "resolved.yaml").read_text())
     assert list(saved) == [
         "run", "redis", "model", "task", "rollout", "trainer", "algo", "sim", "reward", "eval",
-        "rm", "guards", "logging", "placement",
+        "rm", "guards", "logging", "placement", "weights",
     ]  # fmt: skip
     assert list(saved["run"]) == ["run_id", "run_dir", "seed", "torch_threads"]
     assert saved["trainer"]["actor_lr"] == 1.0 and isinstance(saved["trainer"]["actor_lr"], float)
@@ -212,10 +212,11 @@ def test_saved_yaml_has_every_section_and_key_in_declaration_order(tmp_path):
     # vllm section), trainer +8 (the learner's device and precision keys, publish) and -1
     # (eval_every moved to eval.every) and +2 (ppo_mini_batches, ppo_epochs), task -1 (eval_size
     # moved to eval.size), and eval (7),
-    # logging (8) and placement (4)
+    # logging (8), placement (4) and weights (10)
     assert {name: len(section) for name, section in saved.items()} == {
         "run": 4, "redis": 4, "model": 6, "task": 2, "rollout": 16, "trainer": 25, "algo": 29,
         "sim": 6, "reward": 13, "eval": 7, "rm": 14, "guards": 11, "logging": 8, "placement": 4,
+        "weights": 10,
     }  # fmt: skip
     assert len(saved["rollout"]["vllm"]) == 10
     assert (len(saved["reward"]["code"]), len(saved["reward"]["judge"])) == (6, 7)
@@ -300,7 +301,7 @@ def test_saved_yaml_has_every_section_and_key_in_declaration_order(tmp_path):
         (
             {"bogus": {}},
             "bogus: unknown key (known: algo, eval, guards, logging, model, placement, redis, reward, rm, "
-            "rollout, run, sim, task, trainer)",
+            "rollout, run, sim, task, trainer, weights)",
         ),
     ],
 )
@@ -318,7 +319,7 @@ def test_a_top_level_that_is_not_a_mapping_is_refused():
 
 def test_every_field_has_a_type_and_a_description():
     sections = Config.model_fields
-    assert len(sections) == 14
+    assert len(sections) == 15
     for name, section in sections.items():
         assert section.description, name
         for key, info in section.annotation.model_fields.items():
