@@ -33,12 +33,12 @@ from rollflash.broker.config import load_config  # noqa: E402
 def one_run(m: int, seed: int, sets: list[str], root: Path, lr: float | None) -> dict:
     run_dir = root / f"m{m}-s{seed}"
     overrides = [
-        *([f"trainer.actor_lr={lr}"] if lr is not None else []),
+        *sets,
         f"run.run_dir={run_dir}",
         f"run.run_id=bench-m{m}-s{seed}",
         f"run.seed={seed}",
         f"trainer.ppo_mini_batches={m}",
-        *sets,
+        *([f"trainer.actor_lr={lr}"] if lr is not None else []),  # after --set: it scales it
     ]
     cmd = [sys.executable, "-m", "rollflash.rollctl.cli", "run", "--config"]
     cmd += [str(ROOT / "configs" / "demo.yaml")] + [a for o in overrides for a in ("--set", o)]
