@@ -42,7 +42,10 @@ class RedisConfig(Section):
         description="redis://, rediss:// or unix://; null lets `rollctl run` start its own",
     )
     connect_timeout_s: Number = Field(
-        30.0, gt=0, description="give up connecting (with backoff) after this long"
+        30.0,
+        gt=0,
+        description="a running process waits out a lost connection (with backoff) this long; "
+        "the first contact at start-up gives up after 1 s",
     )
     max_payload_bytes: StrictInt = Field(
         8_000_000,
@@ -283,8 +286,9 @@ class RewardConfig(Section):
     )
     functions: list[StrictStr] = Field(
         default_factory=list,
-        description="rule reward as reward functions: 'pkg.module:fn' or a built-in (math, "
-        "exact, regex, json_schema, code, judge); empty = the task's own verifier",
+        description="rule reward as reward functions: 'pkg.module:fn', a built-in (math, "
+        "exact, regex, json_schema, code, judge) or, from rollflash.Run, a Python callable "
+        "(saved as 'python:NAME'); empty = the task's own verifier",
     )
     weights: list[Number] | None = Field(
         None, description="one weight per reward function (null = all 1.0)"

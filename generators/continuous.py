@@ -180,7 +180,7 @@ class ContinuousRollout:
             reclaimed = [
                 (e, w)
                 for e, w in self.broker.reclaim_prompts(
-                    self.id, int(self.liveness.reclaim_idle_s * 1000), count
+                    self.id, self.liveness.reclaim_idle_ms, count
                 )
                 if e not in taken
             ]

@@ -78,6 +78,10 @@ class Liveness:
         busy = max(_p75(self.holds), self.step_s + _p75(self.turns))
         return max(self.floor_reclaim, FACTOR * busy)
 
+    @property
+    def reclaim_idle_ms(self) -> int:
+        return int(self.reclaim_idle_s * 1000)
+
     def describe(self) -> str:
         return (
             f"heartbeat_ttl_s {self.floor_ttl:g} and reclaim_idle_s {self.floor_reclaim:g}, "

@@ -26,6 +26,7 @@ from rollflash.broker.learner_side import LearnerBroker
 from rollflash.broker.wire import WireLimits
 from rollflash.envs import Item, Task, is_multi_turn, task_from_config, train_stream
 from rollflash.envs.chat import PromptFormatter, format_task
+from rollflash.errors import MissingFile
 from rollflash.learner.admission import Admission
 from rollflash.learner.best import BestVersion
 from rollflash.learner.checkpoint import CheckpointStore, LearnerState, RankProgress, restore_rng
@@ -292,7 +293,7 @@ def start(cfg: Config, resume: bool | None = None) -> Learner:
     checkpoints = CheckpointStore(run_dir)
     ckpt = None if resume is False else checkpoints.latest()
     if resume and ckpt is None:
-        raise FileNotFoundError(f"--resume: no learner checkpoint in {checkpoints.root}")
+        raise MissingFile(f"--resume: no learner checkpoint in {checkpoints.root}")
     models = build_models(cfg, dist)
     log.info(startup_line(cfg, dist.rank, dist.world_size, dist.device, models.policy, alloc))
     # prompts are rendered (chat template) here, once, before they are issued: envs/chat.py

@@ -56,6 +56,7 @@ from dataclasses import dataclass, field
 
 from rollflash.broker.learner_side import LearnerBroker
 from rollflash.broker.schema import Trajectory
+from rollflash.errors import RollflashError
 from rollflash.learner.admission import Admission
 from rollflash.learner.assemble import GroupAssembler
 from rollflash.learner.checkpoint import Lineage
@@ -71,7 +72,7 @@ KEEP_MARGIN = 32
 _BLOCK_MS = 500
 
 
-class NoData(RuntimeError):
+class NoData(RollflashError, RuntimeError):
     """No trajectory arrived within the configured wait."""
 
 

@@ -210,6 +210,7 @@ def _report(ln: Learner, metrics: dict[str, float], groups: list[Trajectory]) ->
     rows = pick_completions(groups, n, version, cfg.run.seed, step, decode)
     ln.sink.log_completions(step, rows)
     metrics["gen/idle_frac"], metrics["reward/errors"] = ln.broker.generator_stats()
+    metrics.update(ln.broker.generator_reloads())
     filtered = getattr(ln.task, "filtered", None)  # a dataset's prompts over max_prompt_tokens
     if filtered is not None:
         metrics["data/filtered_train"] = filtered["train"]

@@ -16,8 +16,7 @@ for the sequence lengths):
   for a GPU not listed);
 - learner/memory.py's estimate of the same step (`estimate_gib`), to compare with the peak;
 and the seconds to publish a version at 0.5B (full_state_dict in bf16 + WeightStore.publish:
-cast, one copy to the host, write and hash) and to reload it as a generator does (verified copy,
-then load_state_dict).
+cast, one copy to the host, write and hash) and to read it back verified into the model.
 """
 
 from __future__ import annotations
@@ -140,19 +139,20 @@ def train_figures(model, shape: dict, cfg, data, device: torch.device) -> dict:
 
 
 def publish_figures(model, work: Path) -> dict:
-    """Seconds to publish a version of `model` in bf16, and to reload it as a generator."""
-    from safetensors.torch import load_file
+    """Seconds to publish a version of `model` in bf16, and to read it back verified (on the
+    host) into the model on its device (the hf engine's own reload, straight onto its device,
+    is the generate part's)."""
+    from rollflash.broker.weight_stream import verified_tensors
 
     store = WeightStore(work / "store")
+    device = next(model.parameters()).device
     started = time.perf_counter()
     weights = full_state_dict(model, torch.bfloat16)
     store.publish(weights, version=1, step=1)
     published = time.perf_counter()
-    path = store.verified_copy(1, work / "copy.safetensors")
-    model.load_state_dict(
-        load_file(str(path), device=str(next(model.parameters()).device)), strict=False
-    )
-    sync(next(model.parameters()).device)
+    with torch.no_grad():
+        model.load_state_dict(verified_tensors(store, 1), strict=False)
+    sync(device)
     return {
         "publish_s": round(published - started, 2),
         "reload_s": round(time.perf_counter() - published, 2),

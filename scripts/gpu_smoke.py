@@ -12,7 +12,7 @@ rank 0, wrapped for the strategy, the tie checked) and trains two steps of 4 gro
 mini-batches x 2 epochs, in `model.dtype: bfloat16` (float32 masters), checking that
 - parameters and gradients are float32 on the device (`masters_fp32`), the loss is finite, every
   update was made (`updates` = 4 a step) and the tie still holds on every rank (`tied`);
-- a version published in bf16 reloads, through the weight store's verified copy, into greedy
+- a version published in bf16 reloads, through the weight store's verified read, into greedy
   generations equal to those of the weights in memory (`published_greedy_match`);
 - a DCP checkpoint after step 1, resumed, gives the uninterrupted weights (`resume_max_diff`);
 - on one rank: bf16 log-probs are within LOGP_TOL of CPU float32 and packed within PACK_TOL of
@@ -197,8 +197,9 @@ def masters_fp32(model: torch.nn.Module, device: torch.device) -> bool:
 
 def publish_reload(model, model_dir: Path, work: Path, dist: Dist) -> bool | None:
     """Publish in bf16, reload the verified bytes, compare greedy continuations (rank 0)."""
-    from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
+
+    from rollflash.broker.weight_stream import verified_tensors
 
     weights = full_state_dict(model, torch.bfloat16)  # collective with FSDP
     if not dist.is_main:
@@ -206,9 +207,8 @@ def publish_reload(model, model_dir: Path, work: Path, dist: Dist) -> bool | Non
     store = WeightStore(work / "store")
     version = len(store.versions()) + 1
     store.publish(weights, version=version, step=version)
-    copy_path = store.verified_copy(version, work / f"copy{version}.safetensors")
     outs = []
-    for state in (load_file(str(copy_path)), weights):
+    for state in (verified_tensors(store, version), weights):
         m = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16)
         m.load_state_dict(state, strict=False)
         prompt = torch.randint(

@@ -85,7 +85,8 @@ def test_the_check_runs_with_the_machines_packages_and_the_carried_wheels(machin
     assert all(bench[k]["tokens_per_s"] > 0 for k in ("padded", "checkpointed", "packed"))
     (tiny,) = parts["generate"]["models"].values()
     assert tiny["logprob_abs_diff_max"] < 1e-4  # same model and dtype: float32 noise at most
-    assert set(tiny["tok_s"]) == {"1", "4"} and tiny["reload_s"] >= tiny["verify_copy_s"] >= 0
+    assert set(tiny["tok_s"]) == {"1", "4"} and tiny["reload_s"] >= tiny["verify_s"] >= 0
+    assert tiny["swap_s"] >= 0
 
 
 def test_without_the_wheels_the_env_part_names_what_is_missing(machine, tmp_path):
