@@ -88,6 +88,7 @@ PARTS: dict[str, tuple[float, list[str], list[str]]] = {
 # every module the parts import (the env part imports them all: the check's import closure)
 MODULES = (
     "rollflash.broker.config", "rollflash.broker.schema", "rollflash.broker.weights",
+    "rollflash.broker.weight_stream", "rollflash.generators.fetch",
     "rollflash.learner.checkpoint_io", "rollflash.learner.device", "rollflash.learner.dist",
     "rollflash.learner.logprobs", "rollflash.learner.memory", "rollflash.learner.policy",
     "rollflash.learner.prepare", "rollflash.learner.train", "rollflash.generators.hf_engine",
