@@ -44,7 +44,7 @@ $(STAMP): setup.cfg setup.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q "$(TORCH_SPEC)"
-	$(BIN)/python -m pip install -q -e ".[test,lint,plot,wandb,mlflow]"
+	$(BIN)/python -m pip install -q -e ".[test,lint,plot,wandb,mlflow,reasoning-gym,agent]"
 	touch $(STAMP)
 
 redis-server:
