@@ -226,6 +226,11 @@ class Generator:
         self.follower = WeightFollower(self.broker, WeightStore(cfg.run.run_dir), self.engine)
         self.rewarder = make_rewarder(cfg, self.task)  # reward: rule | model | mixed
         self.counters = Counters()
+        self.agents = None  # rollout.agent: the endpoint its episodes call
+        if cfg.rollout.agent:
+            from rollflash.generators.agent_episode import AgentRollout
+
+            self.agents = AgentRollout(cfg, self.engine, self.follower)
 
     def heartbeat(self, state: str) -> None:
         self.broker.heartbeat(
@@ -241,6 +246,7 @@ class Generator:
                 and self.task.functions.total_errors
                 or 0,
                 **self.counters.as_fields(),
+                **(self.agents.heartbeat_fields() if self.agents else {}),
             },
             self.cfg.rollout.heartbeat_ttl_s,
         )
@@ -275,16 +281,19 @@ class Generator:
         if not claimed:
             return
         started = time.monotonic()
-        samples, tokens = rollout_batch(
-            claimed,
-            self.engine,
-            self.task,
-            self.cfg,
-            self.broker,
-            self.id,
-            self.follower,
-            self.rewarder,
-        )
+        if self.agents is not None:
+            samples, tokens = self.agents.rollout(claimed, self.broker, self.id)
+        else:
+            samples, tokens = rollout_batch(
+                claimed,
+                self.engine,
+                self.task,
+                self.cfg,
+                self.broker,
+                self.id,
+                self.follower,
+                self.rewarder,
+            )
         c.busy_s += time.monotonic() - started
         c.groups += len(claimed)
         c.samples += samples
@@ -367,4 +376,6 @@ def run(cfg: Config, generator_id: str) -> None:
     gen.heartbeat("stopped")
     thaw_heap()
     gen.follower.close()
+    if gen.agents is not None:
+        gen.agents.close()
     log.info("generator %s stopped: %s", generator_id, gen.counters.as_fields())

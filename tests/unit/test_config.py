@@ -111,19 +111,19 @@ def test_logging_is_learner_local_and_left_out_of_the_fingerprint():
 # reward.code and reward.judge; model.trust_remote_code, trainer.eval_every and
 # task.eval_size moved to eval.every and eval.size; model.lora and trainer.publish; the
 # logging section and the GPU keys rollout.device, rollout.vllm and placement are not
-# hashed): processes of one run compare them, so the config's representation may not
-# change them. A new field or default
-# changes them on purpose (update the values then).
+# hashed; rollout.agent and rollout.agent_timeout_s): processes of one run compare them, so
+# the config's representation may not change them. A new field or default changes them on
+# purpose (update the values then).
 @pytest.mark.parametrize(
     "name, overrides, expected",
     [
-        (None, [], "855ef61d08ca8fdf"),
-        ("demo.yaml", [], "3cad688252ce1656"),  # run.torch_threads left to rollctl run
-        ("ppo_gae.yaml", [], "bd0bcd135d43f3d9"),
-        ("dapo.yaml", [], "b8490314345762d0"),
-        ("rlhf.yaml", [], "3c9b143d83fbdf3b"),
-        ("rm.yaml", [], "dfb0f2891384e043"),
-        ("agentic_gridworld.yaml", [], "dba3531342893d26"),
+        (None, [], "d462a579b5004701"),
+        ("demo.yaml", [], "7969ef38c5e9962c"),  # run.torch_threads left to rollctl run
+        ("ppo_gae.yaml", [], "c7ef7397fdd9f018"),
+        ("dapo.yaml", [], "1fad6305fcae77a7"),
+        ("rlhf.yaml", [], "acfd29655c827e75"),
+        ("rm.yaml", [], "66dd13cf90c5c1f0"),
+        ("agentic_gridworld.yaml", [], "7f319e5177163b6e"),
         (
             None,
             # ints given for floats are hashed as the floats they are stored as (1 -> 1.0)
@@ -135,7 +135,7 @@ def test_logging_is_learner_local_and_left_out_of_the_fingerprint():
                 "algo.kl_target=0.1",
                 "algo.kl_coef=1",
             ],
-            "c34804edb81d1326",
+            "e939e6efee8813ea",
         ),
     ],
 )
@@ -156,12 +156,12 @@ def test_saved_yaml_has_every_section_and_key_in_declaration_order(tmp_path):
     assert saved["trainer"]["actor_lr"] == 1.0 and isinstance(saved["trainer"]["actor_lr"], float)
     # every field of the dataclass config this replaced, counted by hand, and no property; since:
     # model +4 (chat_template, attn_implementation, trust_remote_code, lora), reward +6
-    # (functions, weights, timeout_s, dtype, the code and judge sections), rollout +2 (device, the
-    # vllm section), trainer +8 (the learner's device and precision keys, publish) and -1
-    # (eval_every moved to eval.every), task -1 (eval_size moved to eval.size), and eval (6),
+    # (functions, weights, timeout_s, dtype, the code and judge sections), rollout +4 (device, the
+    # vllm section, agent, agent_timeout_s), trainer +8 (the learner's device and precision keys,
+    # publish) and -1 (eval_every moved to eval.every), task -1 (eval_size moved to eval.size), and eval (6),
     # logging (8) and placement (4)
     assert {name: len(section) for name, section in saved.items()} == {
-        "run": 4, "redis": 4, "model": 6, "task": 2, "rollout": 16, "trainer": 23, "algo": 29,
+        "run": 4, "redis": 4, "model": 6, "task": 2, "rollout": 18, "trainer": 23, "algo": 29,
         "sim": 6, "reward": 13, "eval": 6, "rm": 14, "guards": 11, "logging": 8, "placement": 4,
     }  # fmt: skip
     assert len(saved["rollout"]["vllm"]) == 10
