@@ -35,7 +35,14 @@ MIXTURE_MODEL ?= models/tiny-mixture
 MIXTURE_MODEL_ARGS ?= --base $(DEMO_MODEL) --config configs/mixture.yaml \
   --sft-steps 600 --sft-lr 2e-3 --sft-teacher-error 0.6 --seed 0
 
-.PHONY: install redis-server bwrap demo byo mixture mixture-model test test-unit lint bench clean
+# The reasoning-gym example of docs/tasks.md: a tiny chat model with a BPE tokenizer trained on
+# configs/rg_demo.yaml's task, warm-started on it by a teacher off by one 60% of the time
+# (scripts/make_rg_model.py).
+RG_MODEL ?= models/tiny-rg
+RG_MODEL_ARGS ?= --config configs/rg_demo.yaml --sft-steps 1200 --sft-teacher-error 0.6 --seed 0
+
+.PHONY: install redis-server bwrap demo byo mixture mixture-model rg-demo agent-game test \
+        test-unit lint bench clean
 
 install: $(STAMP)
 
@@ -92,6 +99,19 @@ mixture-model: install $(MIXTURE_MODEL)/config.json
 mixture: install redis-server bwrap $(MIXTURE_MODEL)/config.json
 	rm -rf runs/mixture
 	$(BIN)/rollctl run --config configs/mixture.yaml
+
+$(RG_MODEL)/config.json: | $(STAMP)
+	$(BIN)/python scripts/make_rg_model.py --out $(RG_MODEL) $(RG_MODEL_ARGS)
+
+rg-demo: install redis-server $(RG_MODEL)/config.json
+	rm -rf runs/rg-demo
+	$(BIN)/rollctl run --config configs/rg_demo.yaml
+
+# docs/agentic.md, "Agent programs": examples/guess_sum.py trained through the endpoint, on the
+# demo's model
+agent-game: install redis-server $(DEMO_MODEL)/config.json
+	rm -rf runs/agent-game
+	$(BIN)/rollctl run --config configs/agent_game.yaml
 
 # the main suite in .venv and the vLLM tests in .venv-vllm (test-vllm, below) side by side: both
 # spend much of their time waiting on subprocesses, Redis and vLLM's start-up, and .venv-vllm is

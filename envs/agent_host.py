@@ -5,14 +5,16 @@
     host.serve(until, generate, on_finish, on_step)
     host.close()
 
-Each episode's function runs with its own client (openai.OpenAI for a plain function,
-openai.AsyncOpenAI on one shared event loop for an `async def`), whose base URL names the episode
-(envs/agent_server.py). The agent's code is the user's and is trusted: it runs in this process,
+Each episode's function runs with its own client (openai.OpenAI for a plain function, in a
+thread of its own; openai.AsyncOpenAI on one shared event loop for an `async def`), whose base
+URL names the episode (envs/agent_server.py). The clients share one connection pool: building an
+HTTP client (its TLS context) costs about 0.1 s, which per episode would dwarf the calls.
+The agent's code is the user's and is trusted: it runs in this process,
 not in the sandbox (a model's code it runs should go through envs/sandbox.py).
 
 `serve` is this process's loop, and the only code that touches the engine and the records: it
-gathers the calls that are waiting (for up to GATHER_S while some episode is busy in its own
-code, as the multi-turn runner does), renders and tokenises them (envs/agent.py), runs one
+gathers the calls that are waiting (while some episode is busy in its own code, until no call
+came for GATHER_S, as the multi-turn runner does), renders and tokenises them (envs/agent.py), runs one
 `generate(prompts, params)` per distinct sampling, records each choice and answers it; then calls
 `on_step` (the generator checks for new weights there, in interrupt mode). An episode ends when
 its function returns, raises, or runs past `limits.timeout_s`: `on_finish(run)` then sees
@@ -26,6 +28,7 @@ ends an episode whose result is no longer wanted (redundant samples).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import queue
@@ -60,7 +63,10 @@ from rollflash.envs.agent_server import AgentServer, Pending
 
 log = logging.getLogger(__name__)
 
-GATHER_S = 0.005  # wait this long for more calls while some episodes run their own code
+# while some episodes run their own code, wait for more calls until none came for GATHER_S
+# (calls answered together come back spread over a few ms of HTTP), at most GATHER_MAX_S
+GATHER_S = 0.005
+GATHER_MAX_S = 0.05
 _COUNTERS = {
     "agent_error": "errors",
     "agent_timeout": "timeouts",
@@ -126,6 +132,9 @@ class AgentHost:
         self.counters = AgentCounters()
         self._logged: set[str] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._lock = threading.Lock()
+        self._http: Any = None  # the shared connection pools (sync, async)
+        self._ahttp: Any = None
         for name in _CHATTY:
             logging.getLogger(name).setLevel(max(logging.WARNING, logging.getLogger(name).level))
 
@@ -151,13 +160,12 @@ class AgentHost:
         try:
             import openai
 
+            with self._lock:  # one connection pool for every episode's client (module docstring)
+                if self._http is None:
+                    self._http = openai.DefaultHttpxClient()
             client = openai.OpenAI(base_url=url, api_key="rollflash", max_retries=0,
-                                   timeout=self.limits.timeout_s)  # fmt: skip
-            try:
-                value = self.agent.fn(client, run.item)
-            finally:
-                client.close()
-            self.inbox.put(("done", run, value))
+                                   timeout=self.limits.timeout_s, http_client=self._http)  # fmt: skip
+            self.inbox.put(("done", run, self.agent.fn(client, run.item)))
         except BaseException as e:  # the agent's, reported by the loop
             self.inbox.put(("error", run, e))
 
@@ -165,10 +173,11 @@ class AgentHost:
         try:
             import openai
 
-            async with openai.AsyncOpenAI(base_url=url, api_key="rollflash", max_retries=0,
-                                          timeout=self.limits.timeout_s) as client:  # fmt: skip
-                value = await self.agent.fn(client, run.item)
-            self.inbox.put(("done", run, value))
+            if self._ahttp is None:  # on the agents' loop, so no lock
+                self._ahttp = openai.DefaultAsyncHttpxClient()
+            client = openai.AsyncOpenAI(base_url=url, api_key="rollflash", max_retries=0,
+                                        timeout=self.limits.timeout_s, http_client=self._ahttp)  # fmt: skip
+            self.inbox.put(("done", run, await self.agent.fn(client, run.item)))
         except BaseException as e:  # CancelledError included: the loop ignores a cancelled run
             self.inbox.put(("error", run, e))
 
@@ -194,7 +203,13 @@ class AgentHost:
         for run in list(self.runs.values()):
             self.cancel(run)
         self.server.stop()
+        if self._http is not None:
+            self._http.close()
         if self._loop is not None:
+            if self._ahttp is not None:  # best effort: a stuck agent may hold the loop
+                closing = asyncio.run_coroutine_threadsafe(self._ahttp.aclose(), self._loop)
+                with contextlib.suppress(Exception):
+                    closing.result(5)
             self._loop.call_soon_threadsafe(self._loop.stop)
 
     # -- the loop ---------------------------------------------------------------------------------
@@ -231,10 +246,12 @@ class AgentHost:
             events = [self.inbox.get(timeout=max(0.0, min(1.0, nearest - time.monotonic())))]
         except queue.Empty:
             return []
-        deadline = time.monotonic() + GATHER_S
+        first = time.monotonic()
+        deadline = first + GATHER_S
         while True:
             try:
                 events.append(self.inbox.get_nowait())
+                deadline = min(first + GATHER_MAX_S, time.monotonic() + GATHER_S)
                 continue
             except queue.Empty:
                 pass
@@ -245,6 +262,7 @@ class AgentHost:
                 return events
             try:
                 events.append(self.inbox.get(timeout=left))
+                deadline = min(first + GATHER_MAX_S, time.monotonic() + GATHER_S)
             except queue.Empty:
                 return events
 

@@ -20,9 +20,13 @@ Honoured, within the run's limits (`Limits`):
   (never trained).
 - `return_token_ids: true` (vLLM's name): the response also carries `prompt_token_ids` and each
   choice's `token_ids`.
-Refused (400, OpenAI's error body): `stream: true`, a bad type or range of the above, content
-other than text. Any other field (`model`, `seed`, `logprobs`, penalties, `tool_choice`, ...)
-is accepted and ignored.
+- `stream: true`: the whole answer as one server-sent event (a `chat.completion.chunk` or
+  `text_completion` chunk holding every choice's text and finish reason; with
+  `stream_options: {include_usage: true}` a usage chunk after it), then `data: [DONE]`: the
+  engine batch decodes a call to its end, so there is nothing to send earlier.
+Refused (400, OpenAI's error body): a bad type or range of the above, content other than
+text. Any other field (`model`, `seed`, `logprobs`, penalties, `tool_choice`, ...) is accepted
+and ignored.
 """
 
 from __future__ import annotations
@@ -95,8 +99,6 @@ def _integer(body: dict, key: str, default: int, low: int, high: int | None = No
 
 def params_of(body: dict[str, Any], limits: Limits) -> CallParams:
     """The sampling a request asks for, checked; max_tokens still uncapped by the budget."""
-    if body.get("stream"):
-        raise RequestError("stream: streaming is not supported; set stream to false", "stream")
     n = _integer(body, "n", 1, 1, limits.max_n)
     key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     max_tokens = min(_integer(body, key, limits.max_new_tokens, 1), limits.max_new_tokens)
@@ -193,3 +195,23 @@ def response(
     if with_ids:
         body["prompt_token_ids"] = list(prompt_ids)
     return body
+
+
+def stream_events(kind: str, body: dict[str, Any], with_usage: bool) -> list[dict[str, Any]]:
+    """A `response` body as the chunks of a streamed answer (module docstring)."""
+    chunk = {k: body[k] for k in ("id", "created", "model")}
+    chunk["object"] = "chat.completion.chunk" if kind == "chat" else "text_completion"
+    choices = []
+    for c in body["choices"]:
+        out = {"index": c["index"], "finish_reason": c["finish_reason"], "logprobs": None}
+        if kind == "chat":
+            out["delta"] = {"role": "assistant", "content": c["message"]["content"]}
+        else:
+            out["text"] = c["text"]
+        if "token_ids" in c:
+            out["token_ids"] = c["token_ids"]
+        choices.append(out)
+    events = [{**chunk, "choices": choices}]
+    if with_usage:
+        events.append({**chunk, "choices": [], "usage": body["usage"]})
+    return events

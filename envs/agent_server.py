@@ -18,13 +18,14 @@ aiohttp is imported when the server starts, so envs/ stays importable without it
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import queue
 import threading
 from dataclasses import dataclass
 from typing import Any
 
-from rollflash.envs.agent_protocol import error_body
+from rollflash.envs.agent_protocol import error_body, stream_events
 
 log = logging.getLogger(__name__)
 
@@ -139,7 +140,16 @@ class AgentServer:
             future = asyncio.get_running_loop().create_future()
             self.inbox.put(("call", Pending(token, kind, body, future)))
             status, out = await future
-            return web.json_response(out, status=status)
+            if status != 200 or not body.get("stream"):
+                return web.json_response(out, status=status)
+            usage = bool((body.get("stream_options") or {}).get("include_usage"))
+            stream = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await stream.prepare(request)
+            for event in stream_events(kind, out, usage):
+                await stream.write(f"data: {json.dumps(event)}\n\n".encode())
+            await stream.write(b"data: [DONE]\n\n")
+            await stream.write_eof()
+            return stream
 
         return handle
 

@@ -83,8 +83,13 @@ def agent_success(
         host.serve(lambda: not waiting and all(run.done for run in runs), generate, refill)
     finally:
         host.close()
+    return _solved(sorted(runs, key=lambda run: run.key), threshold, record) / max(len(items), 1)
+
+
+def _solved(runs: list[Run], threshold: float, record: list[dict] | None) -> int:
+    """Episodes that reached `threshold` without failing; each one a row of `record`."""
     solved = 0
-    for run in sorted(runs, key=lambda run: run.key):
+    for run in runs:
         out, seq = run.outcome, run.record.sequence()
         passed = bool(out is not None and not out.failure.endswith(_FAILED) and
                       out.reward >= threshold)  # fmt: skip
@@ -95,7 +100,7 @@ def agent_success(
                 "response": " | ".join(seq.texts) if seq else "",
                 "reward": float(out.reward if out else 0.0), "pass": passed,
             })  # fmt: skip
-    return solved / max(len(items), 1)
+    return solved
 
 
 _FAILED = ("error", "timeout", "bad_return")

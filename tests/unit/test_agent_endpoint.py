@@ -80,9 +80,11 @@ def test_chat_and_completions_answer_the_official_client_with_the_engines_ids(en
         )
         text = client.completions.create(model="any", prompt="Tom has", max_tokens=3,
                                          extra_body={"return_token_ids": True})  # fmt: skip
-        with pytest.raises(openai.BadRequestError, match="stream"):
-            client.chat.completions.create(model="any", messages=messages, stream=True)
-        seen.update(chat=chat, text=text, models=client.models.list())
+        stream = client.chat.completions.create(
+            model="any", messages=messages, max_tokens=3, stream=True,
+            stream_options={"include_usage": True},
+        )  # fmt: skip
+        seen.update(chat=chat, text=text, models=client.models.list(), stream=list(stream))
         return 1.0
 
     runs, recorder, _ = play(engine, agent)
@@ -95,7 +97,7 @@ def test_chat_and_completions_answer_the_official_client_with_the_engines_ids(en
     )
     assert chat.prompt_token_ids == encode_prompt(engine.tokenizer, rendered)
     # what the engine saw and sampled is what the response and the record say
-    (chat_prompts, chat_params, chat_out), (text_prompts, _, text_out) = recorder.calls
+    (chat_prompts, chat_params, chat_out), (text_prompts, _, text_out), _ = recorder.calls
     assert chat_prompts == [chat.prompt_token_ids] and chat_params.max_tokens == 4
     sample = chat_out[0][0]
     assert chat.choices[0].token_ids == sample.response_ids
@@ -110,6 +112,13 @@ def test_chat_and_completions_answer_the_official_client_with_the_engines_ids(en
     assert text_prompts == [encode_prompt(engine.tokenizer, "Tom has")]
     assert text.choices[0].token_ids == text_out[0][0].response_ids
     assert chat.usage.prompt_tokens == len(chat_prompts[0])
+    # streamed: the whole answer in one chunk, then the usage
+    first, usage = seen["stream"]
+    streamed = [t for t in recorder.calls[2][2][0][0].response_ids if t != eos]
+    assert first.choices[0].delta.content == engine.tokenizer.decode(streamed)
+    assert usage.choices == [] and usage.usage.completion_tokens == len(
+        recorder.calls[2][2][0][0].response_ids
+    )
 
 
 def test_three_calls_with_tool_results_make_one_trajectory_masked_on_the_models_tokens(engine):
