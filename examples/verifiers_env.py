@@ -5,7 +5,8 @@ endpoint (docs/agentic.md, "verifiers environments").
       agent: examples.verifiers_env:run_episode
 
 `run_episode` builds a verifiers v1 single-agent environment over this module's taskset
-(`SumTaskset`: one task per item, the item's prompt, an exact-match `@reward` on its answer) and
+(`SumTaskset`: one task per item, the item's prompt, an exact-match `@reward` on its answer,
+read from <answer> tags when the reply has them) and
 runs one episode of it with verifiers' own machinery: its `null` harness (a chat program that
 verifiers starts as a uv script) talks to verifiers' interception server, which relays every
 model request to the endpoint's URL for this episode. The trace's reward is the episode's.
@@ -19,6 +20,8 @@ virtualenv of its own (`make verifiers-venv`: .venv-verifiers with verifiers and
 
 from __future__ import annotations
 
+import os
+import re
 import sys
 
 import verifiers.v1 as vf
@@ -37,9 +40,11 @@ class SumData(vf.TaskData):
 class SumTask(vf.Task[SumData, vf.State, vf.TaskConfig]):
     @reward(weight=1.0)
     async def exact(self, trace: vf.Trace) -> float:
+        """1 when the last reply's answer (inside <answer> tags if it has them) is the item's."""
         replies = [n.message for n in trace.nodes if n.message.role == "assistant"]
         text = content_text(replies[-1].content) if replies else ""
-        return float(text.strip() == self.data.answer)
+        tagged = re.findall(r"<answer>\s*(.*?)\s*</answer>", text, flags=re.DOTALL)
+        return float((tagged[-1] if tagged else text.strip()) == self.data.answer)
 
 
 class SumTaskset(vf.Taskset[SumTask, vf.TasksetConfig]):
@@ -52,6 +57,7 @@ _ENV = None
 # `verifiers.v1.tasksets.<first part>` package): this one, under a plain name
 TASKSET_ID = "rollflash_sum_taskset"
 sys.modules.setdefault(TASKSET_ID, sys.modules[__name__])
+os.environ.setdefault("ROLLFLASH_KEY", "rollflash")  # verifiers reads the API key from a variable
 
 
 async def run_episode(client, item) -> float:

@@ -76,9 +76,17 @@ def codec_for(engine: EpisodeEngine, cfg: Config) -> Codec | SimCodec:
     if tokenizer is None:
         return SimCodec(engine)
     template = PromptFormatter(tokenizer, cfg.model.chat_template).template
-    model = getattr(engine, "model", None)
-    context = getattr(getattr(model, "config", None), "max_position_embeddings", None)
-    return Codec(tokenizer, template, context)
+    return Codec(tokenizer, template, max_context(engine))
+
+
+def max_context(engine: object) -> int | None:
+    """The model's context length: the hf engine's model config, vLLM's max_model_len."""
+    hf = getattr(getattr(engine, "model", None), "config", None)
+    if hf is not None:
+        return getattr(hf, "max_position_embeddings", None)
+    llm = getattr(engine, "llm", None)
+    return getattr(getattr(getattr(llm, "llm_engine", None), "model_config", None),
+                   "max_model_len", None)  # fmt: skip
 
 
 @dataclass
@@ -101,16 +109,8 @@ class AgentRollout:
         r = cfg.rollout
         self.cfg, self.engine, self.follower = cfg, engine, follower
         self.codec = codec_for(engine, cfg)
-        limits = Limits(
-            max_new_tokens=r.max_new_tokens,
-            max_episode_tokens=r.max_episode_tokens,
-            temperature=r.temperature,
-            top_p=r.top_p,
-            max_n=r.num_return_sequences,
-            timeout_s=r.agent_timeout_s,
-        )
         self.host = AgentHost(
-            load_agent(r.agent or ""), self.codec, limits, engine.vocab_size,  # type: ignore[arg-type]
+            load_agent(r.agent or ""), self.codec, Limits.of(r), engine.vocab_size,
             version=lambda: follower.loaded_version, model_name=cfg.model.path,
         )  # fmt: skip
 

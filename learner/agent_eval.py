@@ -48,8 +48,7 @@ def agent_success(
     r = cfg.rollout
     template = PromptFormatter(tokenizer, cfg.model.chat_template).template
     codec = Codec(tokenizer, template, getattr(model.config, "max_position_embeddings", None))
-    limits = Limits(max_new_tokens, r.max_episode_tokens, 1.0, 1.0, r.num_return_sequences,
-                    r.agent_timeout_s, greedy=True)  # fmt: skip
+    limits = Limits.of(r, max_new_tokens, greedy=True)
     host = AgentHost(load_agent(r.agent), codec, limits, model.config.vocab_size)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
 

@@ -5,6 +5,7 @@ counted; the sim engine answers the calls (its tokens are meaningless, the bookk
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import redis
 
 from rollflash.broker.config import config_from_dict
@@ -73,9 +74,13 @@ def test_agent_groups_are_streamed_whole_and_their_prompts_acknowledged(
     assert gen.agents.heartbeat_fields()["agent_metric_turns"] == 2.0
 
 
-def test_agent_timeout_ends_episodes_as_env_errors(tmp_path, redis_url, run_id, learner_broker):
-    cfg = _cfg(tmp_path, redis_url, run_id, agent="tests.helpers.agents:slow",
-               agent_timeout_s=0.5)  # fmt: skip
+@pytest.mark.parametrize("timeout", [0.5, None])
+def test_agent_timeout_ends_episodes_as_env_errors(
+    tmp_path, redis_url, run_id, learner_broker, timeout
+):
+    """Each episode sleeps 1.5 s after its call: past a 0.5 s limit, within the default 600 s."""
+    limit = {} if timeout is None else {"agent_timeout_s": timeout}
+    cfg = _cfg(tmp_path, redis_url, run_id, agent="tests.helpers.agents:slow", **limit)
     learner_broker.register_run(cfg.fingerprint())
     gen = Generator(cfg, "gen-t")
     try:
@@ -83,22 +88,10 @@ def test_agent_timeout_ends_episodes_as_env_errors(tmp_path, redis_url, run_id, 
     finally:
         gen.agents.close()
         gen.follower.close()
-    # each episode sleeps 1.5 s after its call, past the 0.5 s limit
+    if timeout is None:
+        assert [(s.reward, s.reward_failure) for s in traj.samples] == [(1.0, "")] * 4
+        return
     assert [s.reward_failure for s in traj.samples] == ["agent_timeout"] * 4
     assert [s.env_errors for s in traj.samples] == [1] * 4
     assert all(s.reward == 0.0 and s.loss_mask.sum() > 0 for s in traj.samples)
     assert gen.agents.heartbeat_fields()["agent_timeouts"] == 4
-
-
-def test_the_default_timeout_lets_the_same_agent_finish(
-    tmp_path, redis_url, run_id, learner_broker
-):
-    cfg = _cfg(tmp_path, redis_url, run_id, agent="tests.helpers.agents:slow")
-    learner_broker.register_run(cfg.fingerprint())
-    gen = Generator(cfg, "gen-d")
-    try:
-        (traj,) = _pull(cfg, learner_broker, gen, 1)
-    finally:
-        gen.agents.close()
-        gen.follower.close()
-    assert [(s.reward, s.reward_failure) for s in traj.samples] == [(1.0, "")] * 4
