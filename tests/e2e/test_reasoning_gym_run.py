@@ -21,7 +21,7 @@ STEPS = 3
 def rg_model(tmp_path_factory) -> Path:
     # a far shorter warm start than the Makefile's 1200 SFT steps: enough to write tagged
     # answers; this test checks the plumbing
-    args = ["--config", str(CONFIG), "--sft-steps", "80", "--seed", "0"]
+    args = ["--config", str(CONFIG), "--sft-steps", "30", "--seed", "0"]
     return build_model(tmp_path_factory, "rg", args, script="make_rg_model.py")
 
 

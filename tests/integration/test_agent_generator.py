@@ -95,3 +95,17 @@ def test_agent_timeout_ends_episodes_as_env_errors(
     assert [s.env_errors for s in traj.samples] == [1] * 4
     assert all(s.reward == 0.0 and s.loss_mask.sum() > 0 for s in traj.samples)
     assert gen.agents.heartbeat_fields()["agent_timeouts"] == 4
+
+
+def test_interrupt_refills_the_pull_with_new_prompts(tmp_path, redis_url, run_id, learner_broker):
+    """rollout.interrupt: each streamed group claims one more prompt into the running pull."""
+    cfg = _cfg(tmp_path, redis_url, run_id, agent="tests.helpers.agents:two_calls",
+               interrupt=True, prompts_per_pull=1)  # fmt: skip
+    learner_broker.register_run(cfg.fingerprint())
+    gen = Generator(cfg, "gen-r")
+    try:
+        trajs = _pull(cfg, learner_broker, gen, 3)  # one serve_once: the pull of 1 grows to 3
+    finally:
+        gen.agents.close()
+        gen.follower.close()
+    assert sorted(t.traj_id for t in trajs) == ["g000000000", "g000000001", "g000000002"]
