@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -125,9 +126,15 @@ class AgentRollout:
         return self.engine.generate_ids(prompts, sampling)
 
     def rollout(
-        self, claimed: list[tuple[str, PromptWork]], broker: GeneratorBroker, generator_id: str
+        self,
+        claimed: list[tuple[str, PromptWork]],
+        broker: GeneratorBroker,
+        generator_id: str,
+        beat: Callable[[], None] = lambda: None,
     ) -> tuple[int, int]:
-        """Play and stream one pull; returns (episodes, tokens) streamed."""
+        """Play and stream one pull; returns (episodes, tokens) streamed. `beat` (the
+        generator's heartbeat) runs every third of rollout.heartbeat_ttl_s while the pull lasts:
+        agent episodes may take minutes."""
         r = self.cfg.rollout
         extra = 0 if r.replicate_prompts else r.redundant_samples
         groups: list[_Group] = []
@@ -163,8 +170,15 @@ class AgentRollout:
         for entry_id, work in claimed:
             start(entry_id, work)
         on_step = self.follower.maybe_reload if r.interrupt else None
-        self.host.serve(lambda: all(g.streamed for g in groups), self._generate, on_finish,
-                        on_step)  # fmt: skip
+        last_beat = [time.monotonic()]
+
+        def done() -> bool:  # the host's loop asks at least once a second
+            if time.monotonic() - last_beat[0] > r.heartbeat_ttl_s / 3:
+                beat()
+                last_beat[0] = time.monotonic()
+            return all(g.streamed for g in groups)
+
+        self.host.serve(done, self._generate, on_finish, on_step)
         return totals[0], totals[1]
 
 

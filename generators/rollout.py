@@ -282,7 +282,8 @@ class Generator:
             return
         started = time.monotonic()
         if self.agents is not None:
-            samples, tokens = self.agents.rollout(claimed, self.broker, self.id)
+            beat = lambda: self.heartbeat("up")  # noqa: E731
+            samples, tokens = self.agents.rollout(claimed, self.broker, self.id, beat)
         else:
             samples, tokens = rollout_batch(
                 claimed,
