@@ -15,6 +15,7 @@ from collections import Counter
 import redis
 
 from rollflash.broker.audit import CompletedPrompts
+from rollflash.broker.fingerprint import Fingerprint
 from rollflash.broker.redis_io import RunRedis
 from rollflash.broker.registry import Fields, RunRegistry
 from rollflash.broker.schema import PromptWork, Trajectory
@@ -46,7 +47,7 @@ class GeneratorBroker:
         return self._dead_letters.count
 
     # --- the run --------------------------------------------------------------------------------
-    def join_run(self, fingerprint: str, timeout_s: float) -> None:
+    def join_run(self, fingerprint: Fingerprint, timeout_s: float) -> None:
         self._registry.join(fingerprint, timeout_s)
 
     def run_state(self) -> str | None:

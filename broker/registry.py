@@ -4,7 +4,8 @@
 Guarantees:
 - Only the learner creates a run: `ensure_groups` and `register` create the streams, their
   consumer groups and the run hash. A generator only `join`s, read-only (its ACL allows no more),
-  and refuses a run with another config fingerprint or wire schema (`RunMismatch`).
+  and refuses a run with another config fingerprint or wire schema (`RunMismatch`, naming each
+  key that differs: broker/fingerprint.py).
 - `check_intact` (learner) and `run_state` (generator, every turn) raise `RunLost` naming what is
   missing once Redis no longer holds the run; nothing here re-creates it.
 - The `weights` hash is the source of truth for the published version; notifications
@@ -24,6 +25,7 @@ from typing import Any
 
 import redis
 
+from rollflash.broker.fingerprint import Fingerprint, fingerprint_mismatch
 from rollflash.broker.keys import GEN_GROUP, LEARNER_GROUP
 from rollflash.broker.redis_io import RunMismatch, RunRedis, opt_text, text, wire
 from rollflash.broker.schema import SCHEMA_VERSION
@@ -51,14 +53,17 @@ class RunRegistry:
                 if "BUSYGROUP" not in str(e):
                     raise
 
-    def register(self, fingerprint: str) -> None:
+    def register(self, fingerprint: Fingerprint) -> None:
         """Learner: record the run's config fingerprint, or refuse a run with another one."""
-        self.io.client.hsetnx(self.keys.run, "fingerprint", fingerprint)
-        self.io.client.hsetnx(self.keys.run, "schema", SCHEMA_VERSION)
+        pipe = self.io.pipeline(transaction=True)
+        pipe.hsetnx(self.keys.run, "fingerprint", fingerprint.digest)
+        pipe.hsetnx(self.keys.run, "fingerprint_keys", fingerprint.to_json())
+        pipe.hsetnx(self.keys.run, "schema", SCHEMA_VERSION)
+        pipe.execute()
         self._check(fingerprint)
-        self.fingerprint = fingerprint
+        self.fingerprint = fingerprint.digest
 
-    def join(self, fingerprint: str, timeout_s: float) -> None:
+    def join(self, fingerprint: Fingerprint, timeout_s: float) -> None:
         """Generator: wait (read-only) for the learner to register the run, then check it."""
         deadline = time.monotonic() + timeout_s
         while self.io.hget(self.keys.run, "fingerprint") is None:
@@ -70,7 +75,7 @@ class RunRegistry:
             time.sleep(0.2)
         self._check(fingerprint)
 
-    def _check(self, fingerprint: str) -> None:
+    def _check(self, fingerprint: Fingerprint) -> None:
         reply: Any = self.io.client.hmget(self.keys.run, ["fingerprint", "schema"])
         have, schema = opt_text(reply[0]), opt_text(reply[1])
         if have is None:  # registered a moment ago (`join` saw it): Redis lost it since
@@ -80,12 +85,13 @@ class RunRegistry:
                 f"run {self.keys.prefix} uses wire schema {schema}, "
                 f"this process speaks {SCHEMA_VERSION}"
             )
-        if have != fingerprint:
-            raise RunMismatch(
-                f"run {self.keys.prefix} was started with config fingerprint "
-                f"{have}, this process has {fingerprint}: use the same "
-                "config file, or another run.run_id"
-            )
+        if have != fingerprint.digest:
+            raise self._fingerprint_mismatch(fingerprint)
+
+    def _fingerprint_mismatch(self, fingerprint: Fingerprint) -> RunMismatch:
+        """The refusal naming each shared key whose value differs from the run's."""
+        recorded = self.io.hget(self.keys.run, "fingerprint_keys")
+        return fingerprint_mismatch(self.keys.prefix, recorded, fingerprint)
 
     def check_intact(self) -> None:
         """Raise `RunLost` naming what is missing unless Redis still holds the run hash (with
@@ -129,18 +135,22 @@ class RunRegistry:
         self.io.write(lambda: self.io.client.hincrby(self.keys.run, name, n))
 
     # --- weights ----------------------------------------------------------------------------------
-    def announce_weights(self, version: int, path: str, sha256: str, zmq_endpoint: str) -> None:
+    def announce_weights(
+        self, version: int, path: str, sha256: str, zmq_endpoint: str, http_url: str = ""
+    ) -> None:
         """Learner rank 0: record a published version in the `weights` hash."""
         with self._announcing:
-            self.announced = _announcement(version, path, sha256, zmq_endpoint)
+            self.announced = _announcement(version, path, sha256, zmq_endpoint, http_url)
             self._write_announced()
 
-    def remember_announced(self, version: int, path: str, sha256: str, zmq_endpoint: str) -> None:
+    def remember_announced(
+        self, version: int, path: str, sha256: str, zmq_endpoint: str, http_url: str = ""
+    ) -> None:
         """Keep an announcement another process of this learner made (its publishing process,
         learner/publish_process.py), so that the audit makes it again if Redis forgets it."""
         with self._announcing:
             if self.announced is None or int(self.announced["version"]) < version:
-                self.announced = _announcement(version, path, sha256, zmq_endpoint)
+                self.announced = _announcement(version, path, sha256, zmq_endpoint, http_url)
 
     def announce_again(self) -> None:
         """Write the last announcement again (Redis forgot it); nothing if there was none."""
@@ -221,12 +231,18 @@ class RunRegistry:
         ]
 
 
-def _announcement(version: int, path: str, sha256: str, zmq_endpoint: str) -> Fields:
-    """The `weights` hash's fields for a published version."""
-    return {
+def _announcement(
+    version: int, path: str, sha256: str, zmq_endpoint: str, http_url: str = ""
+) -> Fields:
+    """The `weights` hash's fields for a published version (`http_url`: where the learner
+    serves its store, `weights.transport: http`)."""
+    fields: Fields = {
         "version": version,
         "path": path,
         "sha256": sha256,
         "published_at": time.time(),
         "zmq_endpoint": zmq_endpoint,
     }
+    if http_url:
+        fields["http_url"] = http_url
+    return fields

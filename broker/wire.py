@@ -57,6 +57,7 @@ class WireLimits:
     max_samples: int = 1024  # samples in one trajectory entry
     max_abs_reward: float = 1e6  # |reward| of a sample and of each turn
     max_objects: int = 200_000  # msgpack containers and their items in one body
+    max_reward_parts: int = 16  # reward functions whose scores one sample carries
 
     @classmethod
     def for_config(cls, cfg: Any, vocab_size: int | None) -> WireLimits:

@@ -8,7 +8,8 @@ Layout: `{run_dir}/checkpoints/step{step:08d}/` holds
   state: the frozen base is `model.path`, loaded again at resume;
 - `state.json`: step, last published version, the version -> step lineage, admission counters,
   the lr scheduler, every rank's CPU (and CUDA) RNG state, running reward statistics, the
-  adaptive KL coefficient and guard streaks (`GuardMonitor.state_dict`), the trajectory ids
+  adaptive KL coefficient and guard streaks (`GuardMonitor.state_dict`), the summary's figures
+  (learner/history.py), the trajectory ids
   consumed whose prompt is recent enough to be remembered (`seen`: issue step -> ids,
   learner/collect.py), and per rank the stream entries trained since the previous checkpoint
   (`rank{r}` -> entry ids and trajectory ids). Checkpoints written before `seen` was filed by
@@ -104,6 +105,7 @@ class LearnerState:
     scheduler: dict[str, Any] = field(default_factory=dict)  # LambdaLR.state_dict()
     guards: dict[str, Any] = field(default_factory=dict)  # adaptive kl_coef, guard streaks
     trackers: dict[str, str] = field(default_factory=dict)  # backend -> tracker run id (resume)
+    history: dict[str, Any] = field(default_factory=dict)  # the summary's figures (history.py)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -120,6 +122,7 @@ class LearnerState:
             "scheduler": self.scheduler,
             "guards": self.guards,
             "trackers": self.trackers,
+            "history": self.history,
         }
 
     @classmethod
@@ -138,6 +141,7 @@ class LearnerState:
             scheduler=d.get("scheduler", {}),
             guards=d.get("guards", {}),
             trackers=d.get("trackers", {}),
+            history=d.get("history", {}),
         )
 
 

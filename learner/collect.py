@@ -56,6 +56,7 @@ from dataclasses import dataclass, field
 
 from rollflash.broker.learner_side import LearnerBroker
 from rollflash.broker.schema import Trajectory
+from rollflash.errors import RollflashError
 from rollflash.learner.admission import Admission
 from rollflash.learner.assemble import GroupAssembler
 from rollflash.learner.checkpoint import Lineage
@@ -71,7 +72,7 @@ KEEP_MARGIN = 32
 _BLOCK_MS = 500
 
 
-class NoData(RuntimeError):
+class NoData(RollflashError, RuntimeError):
     """No trajectory arrived within the configured wait."""
 
 
@@ -95,6 +96,7 @@ class Collected:
     filtered_ids: list[str] = field(default_factory=list)  # groups dropped by a DAPO filter
     filtered: Counter = field(default_factory=Counter)  # filter reason -> dropped groups
     rejected: int = 0
+    issued: int = 0  # prompts rank 0 issued while collecting this step (admission top-ups)
     wait_s: float = 0.0
     staleness: Counter = field(default_factory=Counter)  # steps of lag -> accepted groups
 
@@ -159,7 +161,7 @@ class Collector:
         have = sum(self.dist.gather(len(self.ready)))
         while True:
             if self.dist.is_main:
-                self.admission.top_up(self.broker, step, version)
+                out.issued += self.admission.top_up(self.broker, step, version)
             # the ranks share what is missing, so that few groups are left over for the next step
             share = -(-(want - have) // self.dist.world_size)
             entries, rejected = self._read(share)  # rejected groups: replaced already

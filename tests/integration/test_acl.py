@@ -5,6 +5,7 @@ import pytest
 import redis
 
 from rollflash.broker.acl import generator_acl, learner_acl
+from rollflash.broker.config import load_config
 from rollflash.broker.connection import connect
 from rollflash.broker.generator_side import GeneratorBroker
 from rollflash.broker.keys import RunKeys
@@ -28,7 +29,7 @@ def test_generator_user_can_work_but_not_reach_further(users, run_id):
     gen_url, learner_url = users
     learner = LearnerBroker(connect(learner_url, 5), run_id, 100_000)
     learner.ensure_groups()
-    learner.register_run("fp")
+    learner.register_run(load_config(None).fingerprint())
     learner.add_prompts(
         [PromptWork("p0", "g0", 1, 0, {"id": "p0", "prompt": "1+1=", "answer": "2"})]
     )
@@ -36,7 +37,7 @@ def test_generator_user_can_work_but_not_reach_further(users, run_id):
 
     gen_client = connect(gen_url, 5)
     gen = GeneratorBroker(gen_client, run_id, 100_000)
-    gen.join_run("fp", timeout_s=5)
+    gen.join_run(load_config(None).fingerprint(), timeout_s=5)
     ((entry_id, work),) = gen.claim_prompts("gen-0", 1, block_ms=100)
     gen.heartbeat("gen-0", {"loaded_version": 0}, ttl_s=30)
     assert gen.weights()["version"] == "0"
