@@ -209,8 +209,9 @@ def test_saved_yaml_has_every_section_and_key_in_declaration_order(tmp_path):
     # every field of the dataclass config this replaced, counted by hand, and no property; since:
     # model +4 (chat_template, attn_implementation, trust_remote_code, lora), reward +6
     # (functions, weights, timeout_s, dtype, the code and judge sections), rollout +4 (device, the
-    # vllm section, agent, agent_timeout_s), trainer +8 (the learner's device and precision keys, publish) and -1
-    # (eval_every moved to eval.every) and +2 (ppo_mini_batches, ppo_epochs), task -1 (eval_size
+    # vllm section, agent, agent_timeout_s), trainer +8 (the learner's device and precision keys,
+    # publish) and -1 (eval_every moved to eval.every) and +2 (ppo_mini_batches, ppo_epochs),
+    # task -1 (eval_size
     # moved to eval.size), and eval (7),
     # logging (8), placement (4) and weights (10)
     assert {name: len(section) for name, section in saved.items()} == {
