@@ -274,7 +274,7 @@ def _serve(cfg: Config, conn: Connection) -> None:
     while True:
         try:
             message = conn.recv()
-        except EOFError:  # the learner is gone
+        except (EOFError, ConnectionError):  # the learner is gone (closed, or died mid-message)
             break
         if message[0] == "stop":
             break
