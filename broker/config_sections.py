@@ -184,7 +184,12 @@ class SimConfig(Section):
 class TrainerConfig(TrainerGpuKeys):
     actor_lr: Number = Field(1e-4, gt=0, description="AdamW learning rate of the policy")
     weight_decay: Number = Field(0.0, ge=0, description="AdamW weight decay")
-    max_grad_norm: Number = Field(1.0, ge=0, description="gradient clipping (0 = off)")
+    max_grad_norm: Number = Field(
+        1.0,
+        ge=0,
+        description="gradient clipping (0 = off); an update whose norm is inf or NaN is "
+        "skipped either way (optim/nonfinite_skipped)",
+    )
     rollout_batch_size: StrictInt = Field(
         8, gt=0, description="prompts (groups) per learner step: B"
     )

@@ -103,6 +103,7 @@ def startup_line(cfg, rank: int, world: int, device: torch.device, policy, alloc
     parts.append(
         f"gradient checkpointing {'on' if checkpointing else 'off'} ({t.gradient_checkpointing})"
     )
+    parts.append("non-finite updates skipped")  # learner/train.py: never stepped on
     if device.type == "cuda":
         parts.append(f"tf32 {'on' if t.tf32 else 'off'}, {alloc}")
     return "; ".join(parts)

@@ -14,7 +14,7 @@ initialised model of Qwen2-0.5B's shape (hidden 896, 24 layers, 14 heads / 2 KV 
 Prints one JSON line. Needs the GPU test machine's packages and the carried wheels (docs/gpu.md),
 and this repository, installed or not (scripts/checkout.py). `--device cpu --small` runs the
 tiny model only, with small batches: a smoke test of the script itself (scripts/gpu_check.py
---dry-run, tests/unit/test_gpu_check.py).
+--dry-run, tests/e2e/test_gpu_check.py).
 
     python scripts/gpu_smoke_generate.py                  # on a GPU machine
     python scripts/gpu_smoke_generate.py --device cpu --small

@@ -1,5 +1,5 @@
 """A Python environment with only what the GPU test machine has (docs/gpu.md), for the
-portability test of the GPU check (tests/unit/test_gpu_check.py).
+portability test of the GPU check (tests/e2e/test_gpu_check.py).
 
 The machine has these distributions, with their own requirements, and nothing else: no
 pydantic, redis, pyzmq or vLLM, and not this project. `build(root)` makes a virtual environment

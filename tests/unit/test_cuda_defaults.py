@@ -78,6 +78,21 @@ def test_auto_turns_checkpointing_on_when_activations_do_not_fit(
     assert memory.use_checkpointing(cfg, _meta_qwen(), QWEN05, world, CUDA) is on
 
 
+def test_auto_warns_when_even_checkpointed_it_may_not_fit(monkeypatch, caplog):
+    # 16 GiB: usable 0.9 x 16 = 14.4 GiB < states 7.36 + checkpointed 14.98 = 22.34 GiB
+    cfg = load_config(None, ["trainer.micro_batch_size=16", "rollout.max_new_tokens=1024"])
+    for gib, warned in ((16, True), (40, False)):  # 40: 22.34 <= 36, checkpointing suffices
+        _gpu(monkeypatch, gib)
+        caplog.clear()
+        with caplog.at_level("INFO", logger="rollflash.learner.memory"):
+            assert memory.use_checkpointing(cfg, _meta_qwen(), QWEN05, 1, CUDA)
+        warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+        assert bool(warnings) is warned, (gib, warnings)
+        if warned:
+            assert "even with gradient checkpointing" in warnings[0]
+            assert "trainer.micro_batch_size" in warnings[0]
+
+
 def test_auto_is_off_on_cpu_and_the_learner_builds_it_so(tiny_model_dir):
     cfg = load_config(None, [f"model.path={tiny_model_dir}"])
     assert cfg.trainer.gradient_checkpointing == "auto"
@@ -90,7 +105,8 @@ def test_auto_is_off_on_cpu_and_the_learner_builds_it_so(tiny_model_dir):
     line = startup_line(cfg, 0, 1, torch.device("cpu"), on, "unused")
     assert (
         line
-        == "learner rank 0/1 on cpu; model.dtype float32 (auto); gradient checkpointing on (auto)"
+        == "learner rank 0/1 on cpu; model.dtype float32 (auto); gradient checkpointing on (auto); "
+        "non-finite updates skipped"
     )
 
 
@@ -120,6 +136,7 @@ def test_the_startup_line_of_a_gpu_rank_shows_every_gpu_default():
     )
     assert line == (
         "learner rank 1/8 on cuda:0; model.dtype bfloat16 (auto); strategy fsdp, reduce-scatter "
-        "every_micro_batch, dist_timeout_s 600; gradient checkpointing on (auto); tf32 on, "
+        "every_micro_batch, dist_timeout_s 600; gradient checkpointing on (auto); non-finite "
+        "updates skipped; tf32 on, "
         "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
     )
