@@ -2,9 +2,8 @@
 with only that machine's packages (tests/helpers/gpu_machine.py: no pydantic, redis, pyzmq or
 vLLM, the project not installed), plus the wheels `make gpu-wheels` carries (scripts/gpu_wheels.py,
 here for this Python) installed with the documented command, `scripts/gpu_check.py --dry-run`
-runs its parts on CPU and each passes its own checks. Without the wheels the check's imports
-fail, and its env part says which. The stall part's code is the CPU test
-tests/integration/test_dist_timeout.py's; it is left out here for time."""
+runs every part on CPU and each passes its own checks. Without the wheels the check's imports
+fail, and its env part says which."""
 
 import hashlib
 import json
@@ -18,7 +17,7 @@ import pytest
 from tests.helpers import gpu_machine
 
 ROOT = Path(__file__).resolve().parents[2]
-PARTS = "env,learner_1rank,learner_2ranks,bench_0.5b,generate"
+PARTS = "env,learner_1rank,learner_2ranks,stall,bench_0.5b,generate"
 
 
 @pytest.fixture(scope="session")
@@ -63,7 +62,7 @@ def _check(python: Path, out: Path, parts: str, pythonpath: str | None) -> list[
     return lines
 
 
-@pytest.mark.slow  # about a minute and a half: five parts, each a process
+@pytest.mark.slow  # about two minutes: six parts, each a process
 def test_the_check_runs_with_the_machines_packages_and_the_carried_wheels(machine, tmp_path):
     python, site = machine
     parts = {p["part"]: p for p in _check(python, tmp_path, PARTS, str(site))}
@@ -79,6 +78,9 @@ def test_the_check_runs_with_the_machines_packages_and_the_carried_wheels(machin
     two = parts["learner_2ranks"]
     assert two["world_size"] == 2 and set(two["cases"]) == {"ddp", "ddp-packed"}
     assert two["cases"]["ddp"]["vs_one_rank_max_diff"] <= 1e-5
+    stall = parts["stall"]  # the dry run's trainer.dist_timeout_s is 3 s; the margin 30 s
+    assert 3 <= stall["waited_s"] < 33 and "\n" not in stall["error"]
+    assert stall["error"].startswith("rank 0 of 2: all_reduce (Dist.sums) ended after waiting")
     bench = parts["bench_0.5b"]
     # a version holds every parameter once (the tie) in bf16: 2 bytes each
     assert bench["bytes"] == 2 * bench["params"]
@@ -99,11 +101,16 @@ def test_without_the_wheels_the_env_part_names_what_is_missing(machine, tmp_path
 
 
 def test_cuda_without_a_gpu_is_refused_in_one_line(tmp_path):
-    for script in ("gpu_smoke.py", "gpu_bench.py", "gpu_smoke_generate.py"):
-        out = subprocess.run(
+    scripts = ("gpu_smoke.py", "gpu_bench.py", "gpu_smoke_generate.py")
+    procs = [
+        subprocess.Popen(
             [sys.executable, str(ROOT / "scripts" / script)],
-            capture_output=True, text=True, cwd=tmp_path, timeout=120,
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
             env={"CUDA_VISIBLE_DEVICES": "", "PATH": "/usr/bin:/bin"},
-        )  # fmt: skip
-        assert out.returncode == 2, (script, out.stderr[-2000:])
-        assert "--device cuda: torch sees no GPU" in out.stderr.strip().splitlines()[-1]
+        )
+        for script in scripts
+    ]  # fmt: skip
+    for script, proc in zip(scripts, procs):
+        _, err = proc.communicate(timeout=180)
+        assert proc.returncode == 2, (script, err[-2000:])
+        assert "--device cuda: torch sees no GPU" in err.strip().splitlines()[-1]
