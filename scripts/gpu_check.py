@@ -2,8 +2,13 @@
 (docs/gpu.md gives the command, with the wheels it carries). One JSON line per part on stdout,
 the same lines in OUT/gpu_check.jsonl, and each part's stderr in OUT/<part>.log.
 
-    python3 scripts/gpu_check.py --out "$OUT"          # on the GPU machine
+    python3 scripts/gpu_check.py --out "$OUT"          # on the GPU machine, with .whl/ carried
     python3 scripts/gpu_check.py --dry-run --out DIR   # every part on CPU at toy sizes
+
+Where pydantic is not installed (the GPU test machine), the wheels `make gpu-wheels` put in
+.whl/ (`--wheels`) are unpacked into a temporary folder that goes first on this process's path
+and on the parts' (PYTHONPATH): a wheel is a zip of a site-packages tree, so unpacking it
+installs it, without pip or a network.
 
 Parts, each a process of its own with a time budget (BUDGET_S in all; a part that overruns is
 killed and reported, and the next ones run):
@@ -26,13 +31,17 @@ The last line is the summary: `ok` when every part passed its own checks.
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
+import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -94,6 +103,24 @@ MODULES = (
     "rollflash.learner.prepare", "rollflash.learner.train", "rollflash.generators.hf_engine",
     "rollflash.generators.sampling", "make_tiny_model",
 )  # fmt: skip
+
+
+def use_wheels(wheels: Path, env: dict[str, str]) -> list[str]:
+    """Unpack the carried wheels onto the path of this process and of `env`'s children, unless
+    pydantic is installed (the module docstring); returns their file names."""
+    import importlib.util
+
+    found = sorted(wheels.glob("*.whl")) if wheels.is_dir() else []
+    if not found or importlib.util.find_spec("pydantic") is not None:
+        return []
+    site = tempfile.mkdtemp(prefix="rollflash-gpu-check-site-")
+    atexit.register(shutil.rmtree, site, ignore_errors=True)
+    for wheel in found:
+        with zipfile.ZipFile(wheel) as z:
+            z.extractall(site)
+    sys.path.insert(0, site)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (site, env.get("PYTHONPATH")) if p)
+    return [w.name for w in found]
 
 
 def env_part() -> dict:
@@ -188,10 +215,12 @@ def main() -> int:
     p.add_argument("--dry-run", action="store_true", help="every part on CPU, at toy sizes")
     p.add_argument("--parts", default=",".join(["env", *PARTS]), help="comma-separated subset")
     p.add_argument("--budget-s", type=float, default=BUDGET_S, help="the whole check's seconds")
+    p.add_argument("--wheels", type=Path, default=ROOT / ".whl", help="make gpu-wheels' folder")
     args = p.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    wheels = use_wheels(args.wheels, env)
     if args.dry_run:
         env.setdefault("OMP_NUM_THREADS", "1")
     started, passed = time.monotonic(), True
@@ -199,7 +228,7 @@ def main() -> int:
         for name in args.parts.split(","):
             left = args.budget_s - (time.monotonic() - started)
             if name == "env":
-                line = {"part": "env", **env_part()}
+                line = {"part": "env", **env_part(), "wheels": wheels}
             elif left < 15:
                 line = {"part": name, "ok": False, "error": "no time left in the check's budget"}
             else:

@@ -5,10 +5,7 @@ The check's imports need pydantic (the config), which the machine lacks; pydanti
 pydantic-core, annotated-types, typing-inspection and a recent typing-extensions. They are
 downloaded at the versions this environment has installed, the ones the tests ran with, as
 binary wheels for CPython `--python-version` on manylinux x86_64 (no dependencies resolved: the
-list is the closure). On the machine, with no network:
-
-    python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
-    export PYTHONPATH=/tmp/site
+list is the closure). On the machine, scripts/gpu_check.py unpacks them onto its path itself.
 """
 
 from __future__ import annotations

@@ -1,10 +1,11 @@
 """The GPU check runs on the GPU test machine as it is (docs/gpu.md): in a virtual environment
 with only that machine's packages (tests/helpers/gpu_machine.py: no pydantic, redis, pyzmq or
 vLLM, the project not installed), plus the wheels `make gpu-wheels` carries (scripts/gpu_wheels.py,
-here for this Python) installed with the documented command, `scripts/gpu_check.py --dry-run`
+here for this Python), which the check unpacks itself, `scripts/gpu_check.py --dry-run`
 runs every part on CPU and each passes its own checks. Without the wheels the check's imports
 fail, and its env part says which."""
 
+import fcntl
 import hashlib
 import json
 import os
@@ -22,7 +23,7 @@ PARTS = "env,learner_1rank,learner_2ranks,stall,bench_0.5b,generate"
 
 @pytest.fixture(scope="session")
 def machine(tmp_path_factory) -> tuple[Path, Path]:
-    """(the GPU machine's python, the carried wheels' site folder), built once per session."""
+    """(the GPU machine's python, `make gpu-wheels`' folder for this Python), built once."""
     cache = os.environ.get("ROLLFLASH_TEST_MODELS")
     # its site-packages links into this interpreter's: one per interpreter in a shared cache
     name = f"gpu-machine-{hashlib.sha256(sys.prefix.encode()).hexdigest()[:8]}"
@@ -30,30 +31,22 @@ def machine(tmp_path_factory) -> tuple[Path, Path]:
     python = gpu_machine.build(root)
     version = f"{sys.version_info.major}.{sys.version_info.minor}"
     wheels = root / f"wheels-cp{version.replace('.', '')}"
-    site = root / "site"
-    if not (site / ".installed").is_file():
+    with open(root / ".lock", "w") as lock:  # parallel workers download once
+        fcntl.flock(lock, fcntl.LOCK_EX)
         subprocess.run(
             [sys.executable, str(ROOT / "scripts" / "gpu_wheels.py"), "--python-version",
              version, "--dest", str(wheels)],
             check=True, capture_output=True,
         )  # fmt: skip
-        # docs/gpu.md's command, with this Python's pip (the venv has none)
-        subprocess.run(
-            [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps",
-             "--target", str(site), *map(str, sorted(wheels.glob("*.whl")))],
-            check=True, capture_output=True,
-        )  # fmt: skip
-        (site / ".installed").write_text("")
-    return python, site
+    return python, wheels
 
 
-def _check(python: Path, out: Path, parts: str, pythonpath: str | None) -> list[dict]:
+def _check(python: Path, out: Path, parts: str, wheels: Path) -> list[dict]:
+    # no PYTHONPATH: the check unpacks the wheels itself (docs/gpu.md's command)
     env = {"PATH": "/usr/bin:/bin", "HOME": str(out), "OMP_NUM_THREADS": "1"}
-    if pythonpath:
-        env["PYTHONPATH"] = pythonpath
     proc = subprocess.run(
         [str(python), "scripts/gpu_check.py", "--dry-run", "--out", str(out), "--parts", parts,
-         "--budget-s", "1500"],
+         "--budget-s", "1500", "--wheels", str(wheels)],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=1600,
     )  # fmt: skip
     lines = [json.loads(ln) for ln in proc.stdout.splitlines()]
@@ -64,11 +57,13 @@ def _check(python: Path, out: Path, parts: str, pythonpath: str | None) -> list[
 
 @pytest.mark.slow  # about two minutes: six parts, each a process
 def test_the_check_runs_with_the_machines_packages_and_the_carried_wheels(machine, tmp_path):
-    python, site = machine
-    parts = {p["part"]: p for p in _check(python, tmp_path, PARTS, str(site))}
+    python, wheels = machine
+    parts = {p["part"]: p for p in _check(python, tmp_path, PARTS, wheels)}
     assert parts["summary"]["ok"], {k: (v["ok"], v.get("error")) for k, v in parts.items()}
     env = parts["env"]
     assert env["import_failures"] == {} and not env["rollflash_installed"] and not env["vllm"]
+    assert sorted(env["wheels"]) == sorted(w.name for w in wheels.glob("*.whl"))
+    assert any(w.startswith("pydantic_core-") for w in env["wheels"])
     one = parts["learner_1rank"]
     assert set(one["cases"]) == {"fsdp", "fsdp-packed"}
     assert 0 < one["bf16_vs_cpu_fp32"] <= 0.1 and one["packed_vs_padded"] <= 1e-4  # bf16 did run
@@ -93,8 +88,8 @@ def test_the_check_runs_with_the_machines_packages_and_the_carried_wheels(machin
 
 def test_without_the_wheels_the_env_part_names_what_is_missing(machine, tmp_path):
     python, _ = machine
-    env, summary = _check(python, tmp_path, "env", None)
-    assert not env["ok"] and not summary["ok"]
+    env, summary = _check(python, tmp_path / "out", "env", tmp_path / "no-wheels")
+    assert not env["ok"] and not summary["ok"] and env["wheels"] == []
     assert env["import_failures"]["rollflash.broker.config"] == (
         "ModuleNotFoundError: No module named 'pydantic'"
     )
