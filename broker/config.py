@@ -33,13 +33,12 @@ from rollflash.broker.config_eval import EvalConfig, refuse_moved_keys
 from rollflash.broker.config_gpu import PlacementConfig, TrainerGpuKeys, VLLMConfig
 from rollflash.broker.config_logging import LoggingConfig
 from rollflash.broker.config_model import ModelConfig
+from rollflash.broker.config_run import RedisConfig, RunConfig
 from rollflash.broker.config_sections import (
     GuardsConfig,
-    RedisConfig,
     RewardConfig,
     RewardModelTrainConfig,
     RolloutConfig,
-    RunConfig,
     SimConfig,
     TaskConfig,
     TrainerConfig,

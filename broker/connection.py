@@ -7,7 +7,9 @@ So a Redis restart shorter than `redis.connect_timeout_s` is invisible to caller
 wait: the learner, the generators and `rollctl status` all get this from `connect`.
 
 A command retried after a lost connection may have run once already (the reply was lost): that is
-why trajectories are at-least-once and the learner drops duplicates by `traj_id` (broker/streams.py).
+why trajectories are at-least-once and the learner drops duplicates by `traj_id`
+(broker/trajectories.py). `ReconnectRetry.failures` counts such attempts, so a writer can tell
+which of its writes are indeterminate.
 
 Errors that retrying cannot fix fail at once with one line naming the cause: a wrong user or
 password, a missing permission, a TLS certificate the client does not trust. The URL in every
@@ -63,6 +65,7 @@ class ReconnectRetry(Retry):
         super().__init__(NoBackoff(), retries=-1, supported_errors=_RECONNECT_ERRORS)
         self.timeout_s = timeout_s
         self.shown_url = shown_url
+        self.failures = 0  # attempts that lost their connection: their commands may have run
 
     def call_with_retry(
         self,
@@ -79,6 +82,7 @@ class ReconnectRetry(Retry):
             )
 
         def on_failure(e: Exception, failures: int) -> None:
+            self.failures += 1
             if with_failure_count:  # redis-py's callback: it closes the broken connection
                 fail(e, failures)
             else:

@@ -1,7 +1,7 @@
 """Building one learner rank: the parts `start` wires together, each from its own builder.
 
 dist       = init_dist(trainer.device)                # rank, world size, this rank's device
-broker     = connect_broker(cfg, dist)                # Redis: groups, run registration
+broker     = connect_broker(cfg, dist)                # Redis: the lease first, then the run
 models     = build_models(cfg, dist)                  # on the device, wrapped (learner/load.py)
   (with model.lora the policy is the base wrapped with peft adapters: learner/lora.py)
 optim      = build_optim(cfg, models)                 # AdamW + lr schedule (LoRA: adapters only)
@@ -12,9 +12,10 @@ then: publish v0, or resume after the checkpoint (learner/publish.py)
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
@@ -36,6 +37,7 @@ from rollflash.learner.dist import Dist, init_dist, is_sharded, wrap_model
 from rollflash.learner.evaluate import heldout_accuracy, sampled_eval
 from rollflash.learner.filters import drop_reason
 from rollflash.learner.guards import GuardMonitor
+from rollflash.learner.ledger import Ledger
 from rollflash.learner.load import place
 from rollflash.learner.lora import trainable_parameters, with_adapters
 from rollflash.learner.metrics import MetricsSink, open_sink
@@ -76,7 +78,7 @@ class Learner:
     guard: GuardMonitor  # reward-hacking guards, adaptive kl_coef (learner/guards.py)
     publisher: Publisher | None  # rank 0 only
     sink: MetricsSink | None  # rank 0 only
-    ledger: TextIO  # one JSON line per step: the trajectory ids trained or dropped
+    ledger: Ledger  # every entry trained or dropped, durably before it is acknowledged
     progress: RankProgress = field(default_factory=RankProgress)  # trained, not yet acknowledged
     domain_eval: dict[str, float] = field(default_factory=dict)  # a mixture's last evaluation
 
@@ -142,6 +144,8 @@ class Learner:
             self.sink.close()
         if self.publisher is not None:
             self.publisher.close()
+        if self.dist.is_main:
+            self.broker.release()  # the run's lease: a successor may start at once
         self.dist.close()
 
 
@@ -188,21 +192,37 @@ def load_policy(cfg: Config, dist: Dist = Dist()) -> tuple[torch.nn.Module, Any]
     return model, AutoTokenizer.from_pretrained(path, trust_remote_code=remote)
 
 
-def connect_broker(cfg: Config, dist: Dist) -> LearnerBroker:
-    """The run's broker, with its consumer groups and this run registered (refused if Redis
-    holds another run's schema or came back empty)."""
-    broker = LearnerBroker(
-        connect(cfg.redis.url, cfg.redis.connect_timeout_s),
-        cfg.run.run_id,
-        cfg.redis.max_payload_bytes,
-        limits=WireLimits.for_config(cfg, vocab_size=None),
-    )
+def connect_broker(cfg: Config, dist: Dist, take_over: bool = False) -> LearnerBroker:
+    """The run's broker: rank 0 takes the run's lease before anything is written (another
+    learner's holds: `LeaseHeld`), every rank fences its writes with it; then the consumer
+    groups and this run are registered (refused if Redis holds another run's schema or came
+    back empty)."""
+    broker = learner_broker(cfg)
+    token = broker.take_lease(take_over) if dist.is_main else None
+    broker.use_lease(dist.gather(token)[0])
     broker.ensure_groups()  # before registering: generators wait for the registration
     broker.register_run(cfg.fingerprint())
     broker.check_intact()  # a Redis that came back empty is reported, never silently re-created
     if dist.is_main:  # one witness of forgotten trajectory writes per run, not one per rank
         broker.track_trajectory_writes()
     return broker
+
+
+def learner_broker(cfg: Config) -> LearnerBroker:
+    """A broker for the run with the config's limits (no lease yet)."""
+    r, t = cfg.redis, cfg.trainer
+    replicas = cfg.rollout.num_return_sequences + cfg.rollout.redundant_samples
+    in_flight = math.ceil(1 + t.async_ratio) * t.rollout_batch_size
+    in_flight *= replicas if cfg.rollout.replicate_prompts else 1
+    return LearnerBroker(
+        connect(r.url, r.connect_timeout_s),
+        cfg.run.run_id,
+        r.max_payload_bytes,
+        limits=WireLimits.for_config(cfg, vocab_size=None),
+        lease_ttl_s=r.lease_ttl_s,
+        max_unacked=4 * in_flight + 256,  # more from one generator: it floods (broker/roster.py)
+        dlq_retention=(r.dlq_max_entries, r.dlq_max_age_s),
+    )
 
 
 def domain_items(
@@ -281,14 +301,15 @@ def build_collector(
     return collector
 
 
-def start(cfg: Config, resume: bool | None = None) -> Learner:
+def start(cfg: Config, resume: bool | None = None, take_over: bool = False) -> Learner:
     """Build this rank's learner. `resume`: None resumes when a checkpoint exists, True requires
-    one, False refuses to start over an earlier run's weights."""
+    one, False refuses to start over an earlier run's weights; `take_over`: take the run's lease
+    from a dead learner (broker/lease.py)."""
     dist = init_dist(cfg.trainer.device)
     run_dir = Path(cfg.run.run_dir)
+    broker = connect_broker(cfg, dist, take_over)  # before any write: one learner per run
     if dist.is_main:
         cfg.save(run_dir / "config.yaml")
-    broker = connect_broker(cfg, dist)
     checkpoints = CheckpointStore(run_dir)
     ckpt = None if resume is False else checkpoints.latest()
     if resume and ckpt is None:
@@ -302,7 +323,11 @@ def start(cfg: Config, resume: bool | None = None) -> Learner:
     state = LearnerState() if ckpt is None else resume_state(cfg, dist, models, optim, ckpt)
     collector = build_collector(cfg, dist, broker, task, state, models.policy.config.vocab_size)
     main = dist.is_main
-    ledger = run_dir / ("ledger.jsonl" if main else f"ledger.rank{dist.rank}.jsonl")
+    ledger = Ledger(
+        run_dir / ("ledger.jsonl" if main else f"ledger.rank{dist.rank}.jsonl"),
+        fence=broker.check_lease,  # no record from a learner that lost the run
+    )
+    collector.ledger, collector.lost = ledger, broker.lost_prompts if main else None
     ln = Learner(
         cfg=cfg,
         dist=dist,
@@ -317,7 +342,7 @@ def start(cfg: Config, resume: bool | None = None) -> Learner:
         guard=GuardMonitor(cfg),
         publisher=Publisher(cfg, broker, resuming=ckpt is not None) if main else None,
         sink=open_sink(cfg, state.trackers) if main else None,
-        ledger=open(ledger, "a", buffering=1),  # line-buffered: a kill -9 loses no whole line
+        ledger=ledger,
     )
     ln.guard.load_state_dict(state.guards)  # adaptive kl_coef and guard streaks, resumed
     if ckpt is None:

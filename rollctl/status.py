@@ -32,6 +32,7 @@ def collect_status(cfg: Config) -> dict:
         "streams": registry.stream_status(),
         "generators": gens,
         "dead_letters": registry.dead_letters_by_code(),
+        "quarantined": registry.quarantined(),
     }
 
 
@@ -67,6 +68,11 @@ def dead_letter_line(by_code: dict[str, int]) -> str:
     return f"dead letters: {sum(by_code.values())}" + (f" ({detail})" if detail else "")
 
 
+def quarantine_lines(quarantined: dict[str, str]) -> list[str]:
+    """Generators whose entries the learner refuses, with why (broker/roster.py)."""
+    return [f"generator {g} QUARANTINED: {why}" for g, why in sorted(quarantined.items())]
+
+
 def _queue(name: str, stream: dict) -> str:
     groups = " ".join(
         f"{g['group']}: pending={g['pending']} lag={g['lag']}" for g in stream["groups"]
@@ -88,6 +94,7 @@ def compact_lines(s: dict, total_steps: int) -> list[str]:
         "queues   " + "  ".join(_queue(n, st) for n, st in s["streams"].items() if n != "dlq"),
         dead_letter_line(s["dead_letters"]),
         guard_line(lr),
+        *quarantine_lines(s.get("quarantined", {})),
         f"generators: {len(s['generators'])} alive",
     ]
     for gid, g in s["generators"].items():
@@ -159,6 +166,8 @@ def show_status(cfg: Config, as_json: bool) -> None:
     print(guard_line(lr))
     print(redis_lost_line(lr, s["generators"]))
     print(dead_letter_line(s["dead_letters"]))
+    for line in quarantine_lines(s["quarantined"]):
+        print(line)
     w = s["weights"]
     print(f"weights: v{w.get('version', '-')} {w.get('path', '')}")
     for name, st in s["streams"].items():
