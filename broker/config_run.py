@@ -64,6 +64,12 @@ class RedisConfig(Section):
         description="the learner's lease on the run lapses this long after its last renewal; "
         "a successor starts then (or at once with --take-over)",
     )
+    keep_acknowledged_s: Number = Field(
+        30.0,
+        ge=0,
+        description="acknowledged trajectories stay readable (redis-cli XRANGE) this long, "
+        "then are trimmed",
+    )
     dlq_max_entries: StrictInt = Field(
         1000, gt=0, description="dead-letter streams keep at most this many entries"
     )

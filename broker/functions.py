@@ -170,9 +170,10 @@ local function fields(flat)
   return f
 end
 
--- KEYS lease stream generators; ARGV token generator_id future_ms max_unacked keep_from
+-- KEYS lease stream generators; ARGV token generator_id future_ms max_unacked keep_from keep_ms
 -- One generator's stream checked against what only its writer can have done, then trimmed below
--- the learner group's oldest pending entry (or its last delivered one) and `keep_from`.
+-- the learner group's oldest pending entry (or its last delivered one), `keep_from` and the
+-- entries of the last keep_ms milliseconds.
 local function check_stream(keys, args)
   if not lease_ok(keys[1], args[1]) then return lost(keys[1]) end
   if redis.call('EXISTS', keys[2]) == 0 then return {'missing'} end
@@ -199,6 +200,8 @@ local function check_stream(keys, args)
   local pending = redis.call('XPENDING', keys[2], 'learner')
   if pending[1] > 0 and id_below(pending[2], floor) then floor = pending[2] end
   if args[5] ~= '' and id_below(args[5], floor) then floor = args[5] end
+  local recent = tostring(tonumber(now[1]) * 1000 - tonumber(args[6])) .. '-0'
+  if id_below(recent, floor) then floor = recent end
   local n = redis.call('XTRIM', keys[2], 'MINID', floor)
   if n > 0 then redis.call('HINCRBY', keys[3], counter, n) end
   if length - n > tonumber(args[4]) then
@@ -260,7 +263,8 @@ local function retire(keys, args)
 end
 
 redis.register_function('rf_@_lease_take', lease_take)
-redis.register_function('rf_@_lease_renew', lease_renew)
+redis.register_function{function_name='rf_@_lease_renew', callback=lease_renew,
+  flags={'allow-oom'}}  -- PEXPIRE only: a full Redis must not expire the learner's lease
 redis.register_function('rf_@_lease_release', lease_release)
 redis.register_function('rf_@_fenced', fenced)
 redis.register_function('rf_@_issue', issue)

@@ -55,6 +55,7 @@ class LearnerBroker:
         lease_ttl_s: float = 30.0,
         max_unacked: int = 100_000,
         dlq_retention: tuple[int, float] = (1000, 7 * 86400.0),
+        keep_acknowledged_s: float = 0.0,
     ):
         io = RunRedis(client, run_id, busy_timeout_s)
         self.io, self.keys = io, io.keys
@@ -64,7 +65,7 @@ class LearnerBroker:
         self._dead_letters = DeadLetters(io, self.lease)
         self.limits = limits or WireLimits(max_bytes=max_payload_bytes)
         self._reader: TrajectoryReader | None = None  # once registered (it needs the MAC key)
-        self.roster = Roster(io, self.lease, max_unacked)
+        self.roster = Roster(io, self.lease, max_unacked, keep_acknowledged_s)
         self._retention = Retention(io, self.lease, *dlq_retention)
         self._auditor = LossAuditor(
             io, self._registry, self._prompts, self.roster, watch_interval_s

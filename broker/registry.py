@@ -27,10 +27,10 @@ import threading
 import time
 from typing import Any
 
-from rollflash.broker.keys import GEN_GROUP
+from rollflash.broker.keys import GEN_GROUP, LEARNER_GROUP
 from rollflash.broker.lease import RunLease
 from rollflash.broker.redis_io import RunMismatch, RunRedis, opt_text, text, wire
-from rollflash.broker.roster import statuses
+from rollflash.broker.roster import ACTIVE, statuses
 from rollflash.broker.schema import SCHEMA_VERSION
 from rollflash.broker.streams import flat
 
@@ -111,11 +111,15 @@ class RunRegistry:
 
     def check_intact(self) -> None:
         """Raise `RunLost` naming what is missing unless Redis still holds the run hash (with
-        this run's fingerprint), both streams and both consumer groups. Needs XINFO (the learner's
-        ACL user; not the generator's). One round trip."""
+        this run's fingerprint), the prompts stream and every admitted generator's stream with
+        their consumer groups. Needs XINFO (the learner's ACL user; not the generator's). One
+        round trip."""
+        streams = [self.keys.prompts]
+        streams += [self.keys.trajectories(g) for g, s in statuses(self.io).items() if s == ACTIVE]
         pipe = self.io.pipeline(transaction=False)
         pipe.hget(self.keys.run, "fingerprint")
-        pipe.xinfo_groups(self.keys.prompts)
+        for stream in streams:
+            pipe.xinfo_groups(stream)
         fingerprint, *groups = pipe.execute(raise_on_error=False)
         if fingerprint is None:
             raise self.io.lost(f"the run hash {self.keys.run} is gone")
@@ -124,9 +128,10 @@ class RunRegistry:
                 f"run {self.keys.prefix} now has config fingerprint {text(fingerprint)}, "
                 f"this learner registered {self.fingerprint}"
             )
-        info = self.io.stream_reply(groups[0], self.keys.prompts)
-        if GEN_GROUP not in {text(g["name"]) for g in info}:
-            raise self.io.lost(f"the consumer group {GEN_GROUP!r} of {self.keys.prompts} is gone")
+        for stream, info in zip(streams, groups):
+            group = GEN_GROUP if stream == self.keys.prompts else LEARNER_GROUP
+            if group not in {text(g["name"]) for g in self.io.stream_reply(info, stream)}:
+                raise self.io.lost(f"the consumer group {group!r} of {stream} is gone")
 
     def run_state(self) -> str | None:
         """The run's `state` field (None before training starts); raises `RunLost` when the run

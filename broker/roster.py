@@ -13,7 +13,8 @@ its writer's XADDs and the learner's own trims left, i.e. entries-added - trimme
 must not lie in the future (`bricked`: `XADD` with id 2^64-1 makes every later XADD fail); its
 entries not yet acknowledged must stay under a bound no honest generator reaches (`flooded`: a
 few times the prompts admission lets be in flight). The same call trims what the learner group
-has acknowledged (below its oldest pending entry), so memory stays flat.
+has acknowledged (below its oldest pending entry) once it is `redis.keep_acknowledged_s` old
+(readable with redis-cli XRANGE until then), so memory stays flat.
 A stream that is gone, or lost its group, means Redis lost the run (`RunLost`).
 
 Quarantine (`quarantine`): `generators[id]` becomes `quarantined <reason>`; its entries are
@@ -55,9 +56,12 @@ def statuses(io: RunRedis) -> dict[str, str]:
 class Roster:
     """The learner's side (rank 0 writes; every rank reads `active`)."""
 
-    def __init__(self, io: RunRedis, lease: RunLease, max_unacked: int):
+    def __init__(
+        self, io: RunRedis, lease: RunLease, max_unacked: int, keep_acknowledged_s: float = 0.0
+    ):
         self.io, self.keys, self.lease = io, io.keys, lease
         self.max_unacked = max_unacked  # entries of one stream not yet acknowledged: above, flooded
+        self.keep_ms = int(keep_acknowledged_s * 1000)  # acknowledged entries stay this long
         self._silent_since: dict[str, float] = {}
 
     def statuses(self) -> dict[str, str]:
@@ -109,7 +113,7 @@ class Roster:
         out = {}
         for gid in self.active():
             stream = self.keys.trajectories(gid)
-            args = [gid, FUTURE_MS, self.max_unacked, keep.get(stream, "")]
+            args = [gid, FUTURE_MS, self.max_unacked, keep.get(stream, ""), self.keep_ms]
             reply = self.lease.call(
                 "check_stream", [stream, self.keys.generators], args, "a stream check"
             )

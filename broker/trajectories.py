@@ -72,6 +72,8 @@ class GeneratorStream:
         except Exception as e:
             if str(e).startswith("NOSTREAM"):
                 raise self.io.lost(f"the stream {self.stream} is gone") from None
+            if functions.missing(e):
+                raise self.io.lost("the rollflash functions are gone") from None
             raise
         finally:
             if self._retry is not None and self._retry.failures > before:

@@ -222,6 +222,7 @@ def learner_broker(cfg: Config) -> LearnerBroker:
         lease_ttl_s=r.lease_ttl_s,
         max_unacked=4 * in_flight + 256,  # more from one generator: it floods (broker/roster.py)
         dlq_retention=(r.dlq_max_entries, r.dlq_max_age_s),
+        keep_acknowledged_s=r.keep_acknowledged_s,
     )
 
 

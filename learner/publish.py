@@ -68,8 +68,8 @@ class Publisher:
         self.broker = broker
         mode = cfg.trainer.background_publish
         self.threaded = mode is True
-        token = broker.lease.token or ""
-        self._process = PublishProcess(cfg, token) if mode == "process" else None
+        lease = (broker.lease.token or "") if mode == "process" else ""
+        self._process = PublishProcess(cfg, lease) if mode == "process" else None
         self._writer = None if self._process else VersionWriter(cfg, broker)
         self._worker = ThreadPoolExecutor(1, "publish") if mode is True else None
         self._pending: Future | None = None

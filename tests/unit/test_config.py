@@ -158,11 +158,12 @@ def test_saved_yaml_has_every_section_and_key_in_declaration_order(tmp_path):
     # model +4 (chat_template, attn_implementation, trust_remote_code, lora), reward +6
     # (functions, weights, timeout_s, dtype, the code and judge sections), rollout +2 (device, the
     # vllm section), trainer +8 (the learner's device and precision keys, publish) and -1
-    # (eval_every moved to eval.every), task -1 (eval_size moved to eval.size), redis +3 (the
-    # lease's TTL, the dead letters' retention: count and age), and eval (6), logging (8) and
+    # (eval_every moved to eval.every), task -1 (eval_size moved to eval.size), redis +4 (the
+    # lease's TTL, how long acknowledged trajectories stay, the dead letters' retention: count
+    # and age), and eval (6), logging (8) and
     # placement (4)
     assert {name: len(section) for name, section in saved.items()} == {
-        "run": 4, "redis": 7, "model": 6, "task": 2, "rollout": 16, "trainer": 23, "algo": 29,
+        "run": 4, "redis": 8, "model": 6, "task": 2, "rollout": 16, "trainer": 23, "algo": 29,
         "sim": 6, "reward": 13, "eval": 6, "rm": 14, "guards": 11, "logging": 8, "placement": 4,
     }  # fmt: skip
     assert len(saved["rollout"]["vllm"]) == 10
