@@ -61,6 +61,7 @@ class VersionWriter:
         adapter_config: dict[str, Any] | None = None,
     ) -> VersionInfo:
         fence = self.broker.check_lease  # a learner that lost the run publishes nothing
+        fence()  # before the store looks: the run's new learner may have this version already
         info = self.store.publish(weights, version, step, adapter_config, fence)  # manifest last
         self.broker.announce_weights(version, info.path, info.sha256, self.zmq.endpoint)
         self.zmq.announce(version, info.path, info.sha256)

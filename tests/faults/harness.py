@@ -124,14 +124,18 @@ def streams(r: redis.Redis, run_id: str) -> list[str]:
     return sorted(k.decode() for k in r.scan_iter(match=f"rl:{run_id}:traj:*"))
 
 
-def ledger_audit(r: redis.Redis, run_id: str, run_dir: Path) -> dict:
+def ledger_audit(r: redis.Redis, run_id: str, run_dir: Path, skip: set[str] = frozenset()) -> dict:
     """Entries the learner acknowledged, per Redis (each stream's learner group: entries read
     minus pending), against the ledger's records: `acknowledged`, `recorded` (entries with a
     record), `unrecorded` (acknowledged without one, counted per stream), `multiple` (entries
-    with more than one record) and `trained_twice` (traj_ids trained more than once)."""
+    with more than one record) and `trained_twice` (traj_ids trained more than once).
+    `skip`: generators whose streams' counters another client made meaningless (an attacker
+    deleting entries the learner had not read yet) are not counted."""
     records = ledger.audit(ledgers(run_dir))
     acknowledged = unrecorded = 0
     for stream in streams(r, run_id):
+        if stream.rsplit(":", 1)[1] in skip:
+            continue
         group = next(g for g in r.xinfo_groups(stream) if g["name"] == b"learner")
         acked = group["entries-read"] - group["pending"]
         gen = stream.rsplit(":", 1)[1]
