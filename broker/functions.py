@@ -186,8 +186,9 @@ local function check_stream(keys, args)
     return {'trimmed', tostring(added - trimmed - length) .. ' entries deleted by another client'}
   end
   local now = redis.call('TIME')
+  local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
   local ms = tonumber(string.match(last, '^(%d+)-'))
-  if ms > tonumber(now[1]) * 1000 + tonumber(args[3]) then
+  if ms > now_ms + tonumber(args[3]) then
     return {'bricked', 'entry id ' .. last .. ' lies in the future'}
   end
   local group = nil
@@ -200,12 +201,14 @@ local function check_stream(keys, args)
   local pending = redis.call('XPENDING', keys[2], 'learner')
   if pending[1] > 0 and id_below(pending[2], floor) then floor = pending[2] end
   if args[5] ~= '' and id_below(args[5], floor) then floor = args[5] end
-  local recent = tostring(tonumber(now[1]) * 1000 - tonumber(args[6])) .. '-0'
+  local recent = string.format('%d-0', now_ms - tonumber(args[6]))
   if id_below(recent, floor) then floor = recent end
   local n = redis.call('XTRIM', keys[2], 'MINID', floor)
   if n > 0 then redis.call('HINCRBY', keys[3], counter, n) end
-  if length - n > tonumber(args[4]) then
-    return {'flooded', tostring(length - n) .. ' entries not yet acknowledged'}
+  local read = tonumber(group['entries-read'])  -- unknown after deletions ahead of the group
+  local unacked = read and (pending[1] + added - read) or 0
+  if unacked > tonumber(args[4]) then
+    return {'flooded', tostring(unacked) .. ' entries not yet acknowledged'}
   end
   return {'ok', tostring(length - n), tostring(added), last}
 end

@@ -164,9 +164,10 @@ class LearnerBroker:
         self._refused = {g for g, s in every.items() if s != ACTIVE}
 
     def maintain_now(self) -> None:
-        """`maintain` whether or not one is due (tests, and a caller that just changed the
-        roster)."""
+        """`maintain`, retention included, whether or not they are due (tests, and a caller
+        that just changed the roster)."""
         self._auditor.defer_watch(0.0)
+        self._next_trim = 0.0
         self.maintain()
 
     def refused(self) -> set[str]:

@@ -58,7 +58,7 @@ class Retention:
         if floor is not None:
             commands.append(("XTRIM", self.keys.prompts, "MINID", floor))
         now: Any = self.io.client.time()  # Redis's clock: the one that made the entry ids
-        oldest = f"{int((now[0] - self.max_age_s) * 1000)}-0"
+        oldest = f"{int((now[0] + now[1] / 1e6 - self.max_age_s) * 1000)}-0"
         for dlq in [self.keys.dlq] + [self.keys.generator_dlq(g) for g in generators]:
             commands.append(("XTRIM", dlq, "MAXLEN", self.max_entries))
             commands.append(("XTRIM", dlq, "MINID", oldest))

@@ -11,8 +11,9 @@ Checking (`check_streams`, rank 0, every few seconds): a generator's stream must
 its writer's XADDs and the learner's own trims left, i.e. entries-added - trimmed by the learner
 = length (else `trimmed`: another client deleted entries, e.g. `XADD ... MAXLEN 0`); its last id
 must not lie in the future (`bricked`: `XADD` with id 2^64-1 makes every later XADD fail); its
-entries not yet acknowledged must stay under a bound no honest generator reaches (`flooded`: a
-few times the prompts admission lets be in flight). The same call trims what the learner group
+entries not yet acknowledged must stay under a bound no honest generator reaches (`flooded`: four
+times what admission lets be in flight and a checkpoint interval's trained entries hold,
+learner/build.py). The same call trims what the learner group
 has acknowledged (below its oldest pending entry) once it is `redis.keep_acknowledged_s` old
 (readable with redis-cli XRANGE until then), so memory stays flat.
 A stream that is gone, or lost its group, means Redis lost the run (`RunLost`).

@@ -211,9 +211,11 @@ def connect_broker(cfg: Config, dist: Dist, take_over: bool = False) -> LearnerB
 def learner_broker(cfg: Config) -> LearnerBroker:
     """A broker for the run with the config's limits (no lease yet)."""
     r, t = cfg.redis, cfg.trainer
+    # an honest stream holds, unacknowledged, what admission lets be in flight and what was
+    # trained since the last checkpoint (acknowledged only once that is durable)
     replicas = cfg.rollout.num_return_sequences + cfg.rollout.redundant_samples
-    in_flight = math.ceil(1 + t.async_ratio) * t.rollout_batch_size
-    in_flight *= replicas if cfg.rollout.replicate_prompts else 1
+    steps = math.ceil(1 + t.async_ratio) + t.checkpoint_every
+    in_flight = steps * t.rollout_batch_size * (replicas if cfg.rollout.replicate_prompts else 1)
     return LearnerBroker(
         connect(r.url, r.connect_timeout_s),
         cfg.run.run_id,
