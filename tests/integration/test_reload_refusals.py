@@ -11,9 +11,14 @@ from rollflash.rollctl.status import show_status
 
 
 def test_a_loader_error_is_counted_in_status_and_the_generator_keeps_its_version(
-    tmp_path, redis_url, run_id, learner_broker, monkeypatch, capsys
+    tmp_path, redis_url, run_id, monkeypatch, capsys
 ):
+    import threading
+
     import torch
+
+    from rollflash.broker.connection import connect
+    from rollflash.broker.learner_side import LearnerBroker
 
     cfg = config_from_dict(
         {
@@ -22,7 +27,19 @@ def test_a_loader_error_is_counted_in_status_and_the_generator_keeps_its_version
             "rollout": {"engine": "sim"},
         }
     )
+    learner_broker = LearnerBroker(connect(redis_url, 5), run_id, 1_000_000)
+    learner_broker.take_lease()
+    learner_broker.ensure_groups()
     learner_broker.register_run(cfg.fingerprint())
+    learner_broker.track_trajectory_writes()
+    admitted = threading.Event()
+
+    def admit() -> None:  # the learner's rank 0, admitting the generator that joins
+        while not admitted.is_set() and not learner_broker.roster.admit_joined():
+            admitted.wait(0.1)
+
+    admitter = threading.Thread(target=admit, daemon=True)
+    admitter.start()
     loaded = []
 
     def load_weights(self, model_file, version):
@@ -31,7 +48,9 @@ def test_a_loader_error_is_counted_in_status_and_the_generator_keeps_its_version
         loaded.append(version)
 
     monkeypatch.setattr(sim_engine.SimEngine, "load_weights", load_weights)
-    gen = Generator(cfg, "gen-x")
+    gen = Generator(cfg, "gen-x")  # joins, and waits until it is admitted
+    admitted.set()
+    admitter.join()
     store = WeightStore(cfg.run.run_dir)
     try:
         for version in (1, 2):
@@ -41,9 +60,11 @@ def test_a_loader_error_is_counted_in_status_and_the_generator_keeps_its_version
             gen.follower.maybe_reload()
             gen.heartbeat("up")
             show_status(cfg, as_json=False)
-            line = next(x for x in capsys.readouterr().out.splitlines() if "gen-x" in x)
+            lines = capsys.readouterr().out.splitlines()
+            line = next(x for x in lines if x.startswith("generator gen-x"))
             expected = "loaded=v0 reloads=0 refused=1" if version == 1 else "loaded=v2 reloads=1"
             assert expected in line, line
         assert "refused=1" in line and loaded == [2]
     finally:
         gen.follower.close()
+        learner_broker.release()
