@@ -161,7 +161,7 @@ class RunLease:
                 raise self.io.lost(f"the stream {str(e).split()[1]} is gone") from None
             raise
 
-    def execute(self, commands: list[Command], what: str = "") -> list[Any]:
+    def execute(self, commands: Sequence[Command], what: str = "") -> list[Any]:
         """Run `commands` in order, atomically, only while the lease is ours; their replies."""
         if not commands:
             return []

@@ -108,7 +108,7 @@ class TrajectoryReader:
         each generator's given id (all of them for a generator not named)."""
         if not generators:
             return [], []
-        streams = {
+        streams: dict[Any, Any] = {
             self.keys.trajectories(g): (">" if after is None else after.get(g, "0"))
             for g in generators
         }
