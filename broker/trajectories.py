@@ -13,9 +13,11 @@ Delivery guarantees:
 - The learner accepts an entry only if it decodes within `WireLimits` and passes the provenance
   check (broker/provenance.py); everything else comes back as `Rejected`, for the caller to
   record in its ledger and then dead-letter (broker/streams.py `DeadLetters`).
-- Acknowledging a finished group (trained, stale, filtered, late) removes its traj_ids from
-  `inflight` in the same fenced call; a duplicate or a rejected entry leaves them, so a prompt
-  whose only answer was unusable is issued again (broker/inflight.py).
+- A group the learner is done with leaves `inflight`: a trained one when it is taken into a
+  step (its entries stay pending until the checkpoint; a crash re-reads them), a dropped one
+  (stale, filtered, late) in the call that acknowledges it; a duplicate or a rejected entry
+  leaves its traj_id there, so a prompt whose only answer was unusable is issued again
+  (broker/inflight.py).
 """
 
 from __future__ import annotations
