@@ -116,7 +116,7 @@ lint: install
 	$(BIN)/ruff check --quiet .
 	rm -rf $(TYPECHECK) && mkdir -p $(TYPECHECK)/rollflash
 	for d in algos broker envs generators learner rollctl; do ln -s $(CURDIR)/$$d $(TYPECHECK)/rollflash/$$d; done
-	ln -s $(CURDIR)/rollflash/__init__.py $(TYPECHECK)/rollflash/__init__.py
+	for f in rollflash/*.py; do ln -s $(CURDIR)/$$f $(TYPECHECK)/$$f; done
 	cd $(TYPECHECK) && $(CURDIR)/$(BIN)/mypy --config-file $(CURDIR)/setup.cfg -p rollflash.algos -p rollflash.broker
 	$(BIN)/python scripts/check_sizes.py
 

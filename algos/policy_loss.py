@@ -13,7 +13,8 @@ Every loss has the signature `(PolicyLossInputs, PolicyLossConfig) -> LossOutput
 Skipping the proximal recompute is the caller passing behav_logp as prox_logp (w = 1, PPO around the
 behaviour policy; exact only on-policy).
 
-Metrics (over selected tokens): policy/clip_frac, policy/dual_clip_frac, policy/ratio_mean,
+Metrics (over selected tokens): policy/clip_frac (with policy/clip_frac_low and policy/clip_frac_high,
+the tokens clipped at 1 - clip_low and at 1 + clip_high), policy/dual_clip_frac, policy/ratio_mean,
 policy/ratio_max (the ratio the objective uses), policy/approx_kl (k3 estimate of KL(prox || current) from
 the token ratio), and the offpolicy/* metrics of `importance_weights`.
 """
@@ -129,6 +130,9 @@ def _finish(
         r = objective_ratio.detach()
         metrics = {
             "policy/clip_frac": masked_mean(clipped.to(r.dtype), m),
+            # the bound that bit: 1 - clip_low below the proximal policy, 1 + clip_high above it
+            "policy/clip_frac_low": masked_mean((clipped & (r < 1)).to(r.dtype), m),
+            "policy/clip_frac_high": masked_mean((clipped & (r > 1)).to(r.dtype), m),
             "policy/dual_clip_frac": masked_mean(dual_clipped.to(r.dtype), m),
             "policy/ratio_mean": masked_mean(r, m),
             "policy/ratio_max": masked_max(r, m),

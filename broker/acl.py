@@ -40,7 +40,8 @@ LEARNER_COMMANDS = (
     "exists del pexpire get set "
     "hget hgetall hmget hvals hset hsetnx hincrby hdel "
     "smembers srem "
-    "xadd xreadgroup xack xtrim xrange xlen xpending xinfo|stream xinfo|groups "
+    "xadd xreadgroup xack xtrim xrange xrevrange xlen xpending xinfo|stream xinfo|groups "
+    "xinfo|consumers "
     "xgroup|create xgroup|destroy "
     "fcall fcall_ro function|load"
 ).split()

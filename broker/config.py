@@ -2,7 +2,8 @@
 
 The config lives in `broker/` because it is part of the contract between processes: the learner
 and every generator load the same file, and the learner records its fingerprint in the `run` hash
-so that a process started with a different file is refused (see ARCHITECTURE.md).
+so that a process started with a config that differs where processes must agree is refused,
+naming the keys (broker/fingerprint.py, ARCHITECTURE.md).
 
 Names follow ROLL / verl / OpenRLHF habits (`actor_lr`, `rollout_batch_size`,
 `num_return_sequences`, `async_ratio`, ...). Loading is strict: an unknown key, a wrong type or an
@@ -18,8 +19,7 @@ the `ConfigError` message. Loading a config imports neither torch nor `algos`.
 
 from __future__ import annotations
 
-import hashlib
-import json
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -30,19 +30,21 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from rollflash.broker.config_algo import GROUP_BASELINES, AlgoConfig
 from rollflash.broker.config_errors import ConfigError, config_error
 from rollflash.broker.config_eval import EvalConfig, refuse_moved_keys
-from rollflash.broker.config_gpu import PlacementConfig, TrainerGpuKeys, VLLMConfig
+from rollflash.broker.config_gpu import PlacementConfig, VLLMConfig
 from rollflash.broker.config_logging import LoggingConfig
 from rollflash.broker.config_model import ModelConfig
+from rollflash.broker.config_rm import RewardModelTrainConfig
 from rollflash.broker.config_run import RedisConfig, RunConfig
 from rollflash.broker.config_sections import (
     GuardsConfig,
     RewardConfig,
-    RewardModelTrainConfig,
     RolloutConfig,
     SimConfig,
     TaskConfig,
     TrainerConfig,
 )
+from rollflash.broker.config_weights import WeightsConfig
+from rollflash.broker.fingerprint import Fingerprint, shared_keys
 from rollflash.broker.secrets import make_private_dir, without_password, write_private
 
 __all__ = [
@@ -63,6 +65,7 @@ __all__ = [
     "TaskConfig",
     "TrainerConfig",
     "VLLMConfig",
+    "WeightsConfig",
     "apply_override",
     "config_from_dict",
     "load_config",
@@ -96,6 +99,9 @@ class Config(BaseModel):
     placement: PlacementConfig = Field(
         default_factory=PlacementConfig, description="GPUs of the processes `rollctl run` starts"
     )
+    weights: WeightsConfig = Field(
+        default_factory=WeightsConfig, description="how weight versions reach the generators"
+    )
 
     @property
     def key_prefix(self) -> str:
@@ -125,27 +131,10 @@ class Config(BaseModel):
             data["redis"]["url"] = without_password(data["redis"]["url"])
         return data
 
-    def fingerprint(self) -> str:
-        """sha256 of the fields every process must agree on: not run-local paths or counts, nor
-        `logging:` (only the learner reads it) or `placement:` and the rollout's device and vLLM
-        options, the learner's device and precision keys (trainer: TrainerGpuKeys,
-        model.attn_implementation): how one process runs, so another host may use other values."""
-        shared = {
-            k: v for k, v in self.to_dict().items() if k not in ("redis", "logging", "placement")
-        }
-        shared["rollout"] = {
-            k: v
-            for k, v in shared["rollout"].items()
-            if k not in ("num_rollout_workers", "device", "vllm")
-        }
-        shared["trainer"] = {
-            k: v
-            for k, v in shared["trainer"].items()
-            if k != "num_trainer_workers" and k not in TrainerGpuKeys.model_fields
-        }
-        shared["model"] = {k: v for k, v in shared["model"].items() if k != "attn_implementation"}
-        blob = json.dumps(shared, sort_keys=True).encode()
-        return hashlib.sha256(blob).hexdigest()[:16]
+    def fingerprint(self) -> Fingerprint:
+        """The keys every process of the run must agree on, with their digest
+        (broker/fingerprint.py says which keys and why)."""
+        return Fingerprint(shared_keys(self.to_dict()))
 
     def save(self, path: Path) -> None:
         """Write the resolved config with mode 0600 in a directory of mode 0700, without the Redis
@@ -218,6 +207,15 @@ class Config(BaseModel):
         return self
 
     @model_validator(mode="after")
+    def _http_is_served_by_the_publishing_process(self) -> Config:
+        if self.weights.transport == "http" and self.trainer.background_publish != "process":
+            raise ConfigError(
+                "weights.transport: http is served by the learner's publishing process; set "
+                "trainer.background_publish: process"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _gpu_layout_fits(self) -> Config:
         from rollflash.broker.placement import plan_layout
 
@@ -235,6 +233,24 @@ class Config(BaseModel):
         return self
 
 
+class _Loader(yaml.SafeLoader):
+    """PyYAML reads YAML 1.1, where a float needs a dot: `1e-4` would be the string '1e-4'.
+    YAML 1.2, and the configs people bring, read `1e-4`, `5E-6` and `-1e3` as floats, so they
+    are floats here too; anything else keeps YAML 1.1's reading."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"),
+)
+
+
+def yaml_load(text: str) -> Any:
+    """Parse config YAML (the files and every `--set` value) with `_Loader`."""
+    return yaml.load(text, Loader=_Loader)
+
+
 def apply_override(data: dict, assignment: str) -> None:
     """Apply one `section.key=value` override in place; the value is parsed as YAML."""
     if "=" not in assignment:
@@ -246,7 +262,7 @@ def apply_override(data: dict, assignment: str) -> None:
         node = node.setdefault(part, {})
         if not isinstance(node, dict):
             raise ConfigError(f"{dotted}: {part} is not a section")
-    node[parts[-1]] = yaml.safe_load(raw)
+    node[parts[-1]] = yaml_load(raw)
 
 
 def config_from_dict(data: dict) -> Config:
@@ -266,7 +282,7 @@ def load_config(path: str | Path | None, overrides: Sequence[str] = ()) -> Confi
         if not path.is_file():
             raise ConfigError(f"config: file not found: {path}")
         try:
-            data = yaml.safe_load(path.read_text()) or {}
+            data = yaml_load(path.read_text()) or {}
         except yaml.YAMLError as e:
             raise ConfigError(f"config: {path} is not valid YAML ({e.__class__.__name__})") from e
     for assignment in overrides:

@@ -68,7 +68,7 @@ class AlgoConfig(Section):
         False, description="subtract kl_coef * KL from token rewards instead of a loss term"
     )
     entropy_coef: Number = Field(
-        0.0, ge=0, description="weight of the entropy bonus (0 = entropy not computed)"
+        0.0, ge=0, description="weight of the entropy bonus (0: entropy is logged, not in the loss)"
     )
     loss_agg_mode: Literal[
         "token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"

@@ -16,8 +16,10 @@ from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
 from pydantic_core import ErrorDetails
 
+from rollflash.errors import RollflashError
 
-class ConfigError(ValueError):
+
+class ConfigError(RollflashError, ValueError):
     """A config problem; the message starts with the dotted key at fault."""
 
 

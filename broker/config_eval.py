@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import Field, StrictInt
+from pydantic import Field, StrictBool, StrictInt
 
 from rollflash.broker.config_errors import ConfigError
 from rollflash.broker.config_sections import Number, Section
@@ -45,4 +45,9 @@ class EvalConfig(Section):
     )
     threshold: Number = Field(
         1.0, description="a response is correct when its reward is at least this"
+    )
+    keep_best: StrictBool = Field(
+        True,
+        description="keep the version with the best held-out accuracy under run_dir/best "
+        "(`rollctl export --best`), whatever the retention of weights/ deletes",
     )

@@ -120,8 +120,8 @@ class TrainerGpuKeys(Section):
         "auto", description="dtype of published weights (auto: model.dtype)"
     )
     background_publish: StrictBool | Literal["process"] = Field(
-        False,
-        description="write a version while the next step collects and trains: true in a "
-        "thread, process in a helper process (the learner only copies the weights to shared "
-        "memory); it is announced only once its manifest is durable",
+        "process",
+        description="write a version while the next step collects and trains: process in a "
+        "helper process (the weights go from the device straight into its shared memory), "
+        "true in a thread, false in the step; it is announced only once its manifest is durable",
     )

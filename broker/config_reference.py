@@ -194,4 +194,38 @@ def markdown() -> str:
                 f"| `{name}` | {_cell(k.type)} | `{_cell(value_text(k.default))}` | {_cell(k.doc)} |"
             )
         lines.append("")
-    return "\n".join(lines)
+    return "\n".join(lines + _agreement())
+
+
+def _agreement() -> list[str]:
+    """docs/config.md's last section: the keys of the fingerprint (broker/fingerprint.py)."""
+    from rollflash.broker.fingerprint import LOCAL, SHARED
+
+    shared = [
+        f"`{section}.*`" if keys is None else ", ".join(f"`{section}.{k}`" for k in keys)
+        for section, keys in SHARED.items()
+    ]
+    return [
+        "## What every process of a run must agree on",
+        "",
+        "The learner records these keys and their values in the run's Redis hash (the config",
+        "fingerprint); a generator, or a learner resuming the run, whose values differ is refused",
+        "with one line naming each key that differs and both values:",
+        "",
+        *(f"- {line}" for line in shared),
+        "",
+        "except " + ", ".join(f"`{k}`" for k in sorted(LOCAL)) + " (how one process runs).",
+        "",
+        "Every other key may differ between the processes of a run, and between a run and its",
+        "resumption: `trainer.total_steps` (extend a run by resuming it with a larger one) and the",
+        "rest of `trainer:`, `algo:`, `eval:` (its cadence `eval.every` included), `logging:`,",
+        "`guards:`, `placement:`, `sim:`, `rm:`, `run:`, the Redis URL and timeouts, and a",
+        "generator's engine and its options (`rollout.engine`, `rollout.device`, `rollout.vllm`,",
+        "`rollout.inflight_samples`, `rollout.interrupt`, `rollout.prompts_per_pull`,",
+        "`rollout.redundant_samples`, `rollout.reclaim_idle_s`, `rollout.heartbeat_ttl_s`) and",
+        "the number of generators (`rollout.num_rollout_workers`). So a `vllm` or `sim` generator",
+        "joins a run configured for `hf`. The `hf` and `vllm` engines report the same behaviour",
+        "log-probabilities, log_softmax(logits / temperature) before top-p truncation",
+        "(generators/sampling.py); the `sim` engine's are a constant -1 (scheduling benchmarks).",
+        "",
+    ]

@@ -47,7 +47,10 @@ class RedisConfig(Section):
         description="redis://, rediss:// or unix://; null lets `rollctl run` start its own",
     )
     connect_timeout_s: Number = Field(
-        30.0, gt=0, description="give up connecting (with backoff) after this long"
+        30.0,
+        gt=0,
+        description="a running process waits out a lost connection (with backoff) this long; "
+        "the first contact at start-up gives up after 1 s",
     )
     max_payload_bytes: StrictInt = Field(
         8_000_000,

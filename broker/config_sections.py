@@ -116,6 +116,15 @@ class TrainerConfig(TrainerGpuKeys):
     rollout_batch_size: StrictInt = Field(
         8, gt=0, description="prompts (groups) per learner step: B"
     )
+    ppo_mini_batches: StrictInt = Field(
+        1,
+        gt=0,
+        description="M: optimiser updates per pass over the step's groups, each on B / M of "
+        "them (PPO mini-batches; verl's ppo_mini_batch_size = B / M)",
+    )
+    ppo_epochs: StrictInt = Field(
+        1, gt=0, description="E: passes over the step's mini-batches (M x E updates per step)"
+    )
     micro_batch_size: StrictInt = Field(
         16, gt=0, description="sequences per forward/backward pass (without token_budget)"
     )
@@ -161,6 +170,21 @@ class TrainerConfig(TrainerGpuKeys):
         description="weight versions: full, adapter (model.lora only), auto: adapter with lora",
     )
 
+    @model_validator(mode="after")
+    def _mini_batches_hold_groups(self) -> TrainerConfig:
+        if self.ppo_mini_batches > self.rollout_batch_size:
+            raise ConfigError(
+                f"trainer.ppo_mini_batches: {self.ppo_mini_batches} mini-batches of "
+                f"rollout_batch_size {self.rollout_batch_size} groups would leave some empty; "
+                "use at most rollout_batch_size"
+            )
+        return self
+
+    @property
+    def updates_per_step(self) -> int:
+        """Optimiser updates of one learner step: ppo_mini_batches x ppo_epochs."""
+        return self.ppo_mini_batches * self.ppo_epochs
+
     @property
     def max_staleness(self) -> int:
         """Samples older than `version - max_staleness` are dropped (ARCHITECTURE.md)."""
@@ -198,8 +222,9 @@ class RewardConfig(Section):
     )
     functions: list[StrictStr] = Field(
         default_factory=list,
-        description="rule reward as reward functions: 'pkg.module:fn' or a built-in (math, "
-        "exact, regex, json_schema, code, judge); empty = the task's own verifier",
+        description="rule reward as reward functions: 'pkg.module:fn', a built-in (math, "
+        "exact, regex, json_schema, code, judge) or, from rollflash.Run, a Python callable "
+        "(saved as 'python:NAME'); empty = the task's own verifier",
     )
     weights: list[Number] | None = Field(
         None, description="one weight per reward function (null = all 1.0)"
@@ -235,57 +260,6 @@ class RewardConfig(Section):
             raise ConfigError(
                 "reward.functions: set, but reward.type 'model' ignores rule rewards "
                 "(use 'rule' or 'mixed')"
-            )
-        return self
-
-
-class RewardModelTrainConfig(Section):
-    """The `rm:` section, read by `rollctl train-rm` only: Bradley-Terry reward-model training
-    (names as OpenRLHF's train_rm)."""
-
-    pretrain: StrictStr | None = Field(
-        None, description="initial weights, a local HF dir (null = model.path)"
-    )
-    dataset: StrictStr = Field(
-        "data/preferences.jsonl", description='JSONL of {"prompt", "chosen", "rejected"}'
-    )
-    eval_dataset: StrictStr | None = Field(
-        None, description="held-out pairs (null = the last eval_split of dataset)"
-    )
-    eval_split: Number = Field(
-        0.1, gt=0, lt=1, description="share of dataset held out when eval_dataset is null"
-    )
-    save_path: StrictStr = Field(
-        "models/rm", description="where the trained model is saved (a standard HF directory)"
-    )
-    max_epochs: StrictInt = Field(1, gt=0, description="passes over the training pairs")
-    max_steps: StrictInt = Field(
-        0, ge=0, description="stop after this many optimiser steps (0 = max_epochs decides)"
-    )
-    learning_rate: Number = Field(
-        1e-4, gt=0, description="AdamW peak lr (linear warm-up, cosine decay to 10%)"
-    )
-    weight_decay: Number = Field(0.0, ge=0, description="AdamW weight decay")
-    max_grad_norm: Number = Field(1.0, ge=0, description="gradient clipping (0 = off)")
-    train_batch_size: StrictInt = Field(
-        32, gt=0, description="preference pairs per optimiser step, over all ranks"
-    )
-    micro_train_batch_size: StrictInt = Field(
-        32, gt=0, description="pairs per forward/backward on one rank"
-    )
-    max_len: StrictInt = Field(
-        512, gt=0, description="tokens of prompt + response + EOS, cut from the left"
-    )
-    eval_every: StrictInt = Field(
-        0, ge=0, description="held-out accuracy every N steps (0 = only before and after)"
-    )
-
-    @model_validator(mode="after")
-    def _train_batch_is_whole_micro_batches(self) -> RewardModelTrainConfig:
-        if self.train_batch_size % self.micro_train_batch_size:
-            raise ConfigError(
-                f"rm.train_batch_size: must be a multiple of rm.micro_train_batch_size "
-                f"({self.micro_train_batch_size}), got {self.train_batch_size}"
             )
         return self
 

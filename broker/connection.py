@@ -4,7 +4,10 @@
 reconnects with exponential backoff (0.2 s doubling to 5 s, broker/retry.py) for up to
 `timeout_s`, then raises `BrokerUnavailable` naming the (password-masked) URL.
 So a Redis restart shorter than `redis.connect_timeout_s` is invisible to callers apart from the
-wait: the learner, the generators and `rollctl status` all get this from `connect`.
+wait: the learner, the generators and `rollctl status` all get this from `connect`. Only the first
+contact is shorter: a Redis that is not there when a process starts (connection refused, no such
+socket) is reported after `STARTUP_TIMEOUT_S` (1 s) of retries, not after the whole timeout, since
+waiting longer rarely helps a process that never reached it.
 
 A command retried after a lost connection may have run once already (the reply was lost): that is
 why trajectories are at-least-once and the learner drops duplicates by `traj_id`
@@ -32,13 +35,14 @@ from redis.retry import Retry
 
 from rollflash.broker.retry import retry_until
 from rollflash.broker.secrets import redact
+from rollflash.errors import RollflashError
 
 T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
 
-class BrokerUnavailable(RuntimeError):
+class BrokerUnavailable(RollflashError, RuntimeError):
     """Redis could not be reached (or refused writes) within the allowed time."""
 
 
@@ -51,6 +55,7 @@ def _fatal(e: BaseException) -> bool:
 
 
 _RECONNECT_ERRORS = (redis.ConnectionError, redis.TimeoutError)
+STARTUP_TIMEOUT_S = 1.0  # retries of the first contact (module docstring)
 
 
 class ReconnectRetry(Retry):
@@ -59,13 +64,18 @@ class ReconnectRetry(Retry):
     redis-py's own `Retry` counts attempts, which says nothing about how long Redis may be down.
 
     It overrides only the public `call_with_retry` that redis-py calls; the base class is built
-    with no backoff and no limit and holds nothing this class reads."""
+    with no backoff and no limit and holds nothing this class reads. redis-py deep-copies a
+    client's retry into each connection; this one is shared instead (`__deepcopy__`), so that
+    `connect` can lengthen the timeout of every connection once the first contact succeeded."""
 
     def __init__(self, timeout_s: float, shown_url: str):
         super().__init__(NoBackoff(), retries=-1, supported_errors=_RECONNECT_ERRORS)
         self.timeout_s = timeout_s
         self.shown_url = shown_url
         self.failures = 0  # attempts that lost their connection: their commands may have run
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> ReconnectRetry:
+        return self  # no state per connection: the policy and the shown URL
 
     def call_with_retry(
         self,
@@ -107,14 +117,13 @@ class ReconnectRetry(Retry):
 
 
 def connect(url: str, timeout_s: float) -> redis.Redis:
-    """A client for `url` that reconnects with backoff for up to `timeout_s` on every command."""
+    """A client for `url` that reconnects with backoff for up to `timeout_s` on every command;
+    the first contact gives up after `STARTUP_TIMEOUT_S` (module docstring)."""
     shown = redact(url)
+    retry = ReconnectRetry(min(timeout_s, STARTUP_TIMEOUT_S), shown)
     try:
         client = redis.Redis.from_url(
-            url,
-            socket_connect_timeout=5,
-            health_check_interval=30,
-            retry=ReconnectRetry(timeout_s, shown),
+            url, socket_connect_timeout=5, health_check_interval=30, retry=retry
         )
     except ValueError as e:
         # the parser's message may quote part of the password: show it only without credentials
@@ -138,4 +147,5 @@ def connect(url: str, timeout_s: float) -> redis.Redis:
                 "CA as ?ssl_ca_certs=/path/ca.pem in redis.url"
             ) from None
         raise BrokerUnavailable(f"Redis at {shown} refused the connection ({e})") from None
+    retry.timeout_s = timeout_s  # connected once: from now on a lost connection is waited out
     return client

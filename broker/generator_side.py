@@ -20,6 +20,7 @@ from collections import Counter
 import redis
 
 from rollflash.broker.audit import CompletedPrompts
+from rollflash.broker.fingerprint import Fingerprint
 from rollflash.broker.keys import NAME_RULE, valid_name
 from rollflash.broker.redis_io import RunMismatch, RunRedis
 from rollflash.broker.registry import Fields, RunRegistry
@@ -70,7 +71,11 @@ class GeneratorBroker:
 
     # --- the run --------------------------------------------------------------------------------
     def join_run(
-        self, fingerprint: str, timeout_s: float, beat: Fields | None = None, ttl_s: float = 30.0
+        self,
+        fingerprint: Fingerprint,
+        timeout_s: float,
+        beat: Fields | None = None,
+        ttl_s: float = 30.0,
     ) -> None:
         """Wait for the learner to register the run (and check it), then to admit us."""
         deadline = time.monotonic() + timeout_s

@@ -28,6 +28,7 @@ import redis
 
 from rollflash.broker import retention
 from rollflash.broker.audit import WATCH_INTERVAL_S, LossAuditor
+from rollflash.broker.fingerprint import Fingerprint
 from rollflash.broker.inflight import LostPrompts
 from rollflash.broker.lease import RunLease
 from rollflash.broker.provenance import FORGED, sign
@@ -112,7 +113,7 @@ class LearnerBroker:
     def ensure_groups(self) -> None:
         self._registry.ensure_groups()
 
-    def register_run(self, fingerprint: str) -> None:
+    def register_run(self, fingerprint: Fingerprint) -> None:
         self._mac_key = self._registry.register(fingerprint)
         self._reader = TrajectoryReader(self.io, self.lease, self.limits, self._mac_key)
 
@@ -216,11 +217,15 @@ class LearnerBroker:
             self._reader.ack(refs, finished, replaced)
 
     # --- weights --------------------------------------------------------------------------------
-    def announce_weights(self, version: int, path: str, sha256: str, zmq_endpoint: str) -> None:
-        self._registry.announce_weights(version, path, sha256, zmq_endpoint)
+    def announce_weights(
+        self, version: int, path: str, sha256: str, zmq_endpoint: str, http_url: str = ""
+    ) -> None:
+        self._registry.announce_weights(version, path, sha256, zmq_endpoint, http_url)
 
-    def remember_announced(self, version: int, path: str, sha256: str, zmq_endpoint: str) -> None:
-        self._registry.remember_announced(version, path, sha256, zmq_endpoint)
+    def remember_announced(
+        self, version: int, path: str, sha256: str, zmq_endpoint: str, http_url: str = ""
+    ) -> None:
+        self._registry.remember_announced(version, path, sha256, zmq_endpoint, http_url)
 
     def loaded_versions(self) -> set[int]:
         return self._registry.loaded_versions()
@@ -240,6 +245,19 @@ class LearnerBroker:
         shares = [float(g["idle_frac"]) for g in live if g.get("idle_frac") not in (None, "")]
         errors = sum(int(g["reward_errors"]) for g in live if g.get("reward_errors", "").isdigit())
         return (sum(shares) / len(shares) if shares else None), errors
+
+    def generator_reloads(self) -> dict[str, float]:
+        """`gen/reload_fetch_s` and `gen/reload_pause_s`: the longest over the live generators of
+        their last version's fetch and swap (generators/reload.py); empty before any reload."""
+        reloaded = [
+            g for g in self._registry.live_generators().values() if g.get("reloads", "0") != "0"
+        ]
+        out = {}
+        for key in ("reload_fetch_s", "reload_pause_s"):
+            values = [float(g[key]) for g in reloaded if g.get(key)]
+            if values:
+                out[f"gen/{key}"] = max(values)
+        return out
 
     # --- lost writes (also run by every read, through `maintain`) -------------------------------
     def track_trajectory_writes(self) -> None:

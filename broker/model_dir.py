@@ -23,6 +23,8 @@ import os
 import re
 from pathlib import Path
 
+from rollflash.errors import MissingFile
+
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 
 
@@ -43,7 +45,7 @@ def model_directory(path: str, key: str = "model.path") -> Path:
     if (local / "config.json").is_file():
         return local
     if local.exists() or not _HUB_ID.match(path) or ".." in path:
-        raise FileNotFoundError(
+        raise MissingFile(
             f"{key}: no Hugging Face model directory at {path} (no config.json there)"
         )
     cache = hub_cache()
@@ -52,14 +54,14 @@ def model_directory(path: str, key: str = "model.path") -> Path:
     try:
         snapshot = Path(snapshot_download(path, local_files_only=True, cache_dir=cache))
     except Exception as e:  # LocalEntryNotFoundError, or a malformed cache entry
-        raise FileNotFoundError(
+        raise MissingFile(
             f"{key}: no model directory at {path} and no copy of that hub model in the Hugging "
             f"Face cache ({cache}; {e.__class__.__name__}); download it first: "
             f"huggingface-cli download {path} (or build a local one with "
             "scripts/make_tiny_model.py)"
         ) from None
     if not (snapshot / "config.json").is_file():
-        raise FileNotFoundError(
+        raise MissingFile(
             f"{key}: the cached copy of {path} at {snapshot} has no config.json; download it "
             f"again: huggingface-cli download {path}"
         )

@@ -26,13 +26,14 @@ from redis.typing import EncodableT, FieldT
 from rollflash.broker.connection import BrokerUnavailable
 from rollflash.broker.keys import RunKeys
 from rollflash.broker.retry import retry_until
+from rollflash.errors import RollflashError
 
 T = TypeVar("T")
 
 Entry = tuple[str, dict[bytes, bytes]]  # a stream entry: its id and its raw fields
 
 
-class RunMismatch(RuntimeError):
+class RunMismatch(RollflashError, RuntimeError):
     """This process was started with a config or schema that differs from the run's."""
 
 

@@ -6,7 +6,7 @@ Guarantees:
   consumer group, the learner's dlq, the run hash and the MAC key, under its lease (every write
   of the learner here is fenced: broker/lease.py). A generator only `join`s, read-only (its ACL
   allows no more), and refuses a run with another config fingerprint or wire schema
-  (`RunMismatch`).
+  (`RunMismatch`, naming each key that differs: broker/fingerprint.py).
 - `check_intact` (learner) and `run_state` (generator, every turn) raise `RunLost` naming what is
   missing once Redis no longer holds the run; nothing here re-creates it.
 - The `weights` hash is the source of truth for the published version; notifications
@@ -27,6 +27,7 @@ import threading
 import time
 from typing import Any
 
+from rollflash.broker.fingerprint import Fingerprint, fingerprint_mismatch
 from rollflash.broker.keys import GEN_GROUP, LEARNER_GROUP
 from rollflash.broker.lease import RunLease
 from rollflash.broker.redis_io import RunMismatch, RunRedis, opt_text, text, wire
@@ -62,25 +63,26 @@ class RunRegistry:
             commands.append(("XGROUP", "DESTROY", self.keys.dlq, "x"))
         self._lease.execute(commands, "the run's creation")
 
-    def register(self, fingerprint: str) -> bytes:
+    def register(self, fingerprint: Fingerprint) -> bytes:
         """Learner: record the run's config fingerprint, or refuse a run with another one;
         returns the run's MAC key (made by its first learner)."""
         self._lease.execute(
             [
-                ("HSETNX", self.keys.run, "fingerprint", fingerprint),
+                ("HSETNX", self.keys.run, "fingerprint", fingerprint.digest),
+                ("HSETNX", self.keys.run, "fingerprint_keys", fingerprint.to_json()),
                 ("HSETNX", self.keys.run, "schema", SCHEMA_VERSION),
                 ("SET", self.keys.mac_key, secrets.token_hex(32), "NX"),
             ],
             "the run's registration",
         )
         self._check(fingerprint)
-        self.fingerprint = fingerprint
+        self.fingerprint = fingerprint.digest
         key: Any = self.io.client.get(self.keys.mac_key)
         if key is None:
             raise self.io.lost(f"the MAC key {self.keys.mac_key} is gone")
         return bytes(key)
 
-    def join(self, fingerprint: str, timeout_s: float) -> None:
+    def join(self, fingerprint: Fingerprint, timeout_s: float) -> None:
         """Generator: wait (read-only) for the learner to register the run, then check it."""
         deadline = time.monotonic() + timeout_s
         while self.io.hget(self.keys.run, "fingerprint") is None:
@@ -92,7 +94,7 @@ class RunRegistry:
             time.sleep(0.2)
         self._check(fingerprint)
 
-    def _check(self, fingerprint: str) -> None:
+    def _check(self, fingerprint: Fingerprint) -> None:
         reply: Any = self.io.client.hmget(self.keys.run, ["fingerprint", "schema"])
         have, schema = opt_text(reply[0]), opt_text(reply[1])
         if have is None:  # registered a moment ago (`join` saw it): Redis lost it since
@@ -102,12 +104,13 @@ class RunRegistry:
                 f"run {self.keys.prefix} uses wire schema {schema}, "
                 f"this process speaks {SCHEMA_VERSION}"
             )
-        if have != fingerprint:
-            raise RunMismatch(
-                f"run {self.keys.prefix} was started with config fingerprint "
-                f"{have}, this process has {fingerprint}: use the same "
-                "config file, or another run.run_id"
-            )
+        if have != fingerprint.digest:
+            raise self._fingerprint_mismatch(fingerprint)
+
+    def _fingerprint_mismatch(self, fingerprint: Fingerprint) -> RunMismatch:
+        """The refusal naming each shared key whose value differs from the run's."""
+        recorded = self.io.hget(self.keys.run, "fingerprint_keys")
+        return fingerprint_mismatch(self.keys.prefix, recorded, fingerprint)
 
     def check_intact(self) -> None:
         """Raise `RunLost` naming what is missing unless Redis still holds the run hash (with
@@ -152,18 +155,22 @@ class RunRegistry:
         self._lease.execute([("HINCRBY", self.keys.run, name, n)], "a run counter")
 
     # --- weights ----------------------------------------------------------------------------------
-    def announce_weights(self, version: int, path: str, sha256: str, zmq_endpoint: str) -> None:
+    def announce_weights(
+        self, version: int, path: str, sha256: str, zmq_endpoint: str, http_url: str = ""
+    ) -> None:
         """Learner rank 0: record a published version in the `weights` hash."""
         with self._announcing:
-            self.announced = _announcement(version, path, sha256, zmq_endpoint)
+            self.announced = _announcement(version, path, sha256, zmq_endpoint, http_url)
             self._write_announced()
 
-    def remember_announced(self, version: int, path: str, sha256: str, zmq_endpoint: str) -> None:
+    def remember_announced(
+        self, version: int, path: str, sha256: str, zmq_endpoint: str, http_url: str = ""
+    ) -> None:
         """Keep an announcement another process of this learner made (its publishing process,
         learner/publish_process.py), so that the audit makes it again if Redis forgets it."""
         with self._announcing:
             if self.announced is None or int(self.announced["version"]) < version:
-                self.announced = _announcement(version, path, sha256, zmq_endpoint)
+                self.announced = _announcement(version, path, sha256, zmq_endpoint, http_url)
 
     def announce_again(self) -> None:
         """Write the last announcement again (Redis forgot it); nothing if there was none."""
@@ -256,12 +263,18 @@ class RunRegistry:
         ]
 
 
-def _announcement(version: int, path: str, sha256: str, zmq_endpoint: str) -> Fields:
-    """The `weights` hash's fields for a published version."""
-    return {
+def _announcement(
+    version: int, path: str, sha256: str, zmq_endpoint: str, http_url: str = ""
+) -> Fields:
+    """The `weights` hash's fields for a published version (`http_url`: where the learner
+    serves its store, `weights.transport: http`)."""
+    fields: Fields = {
         "version": version,
         "path": path,
         "sha256": sha256,
         "published_at": time.time(),
         "zmq_endpoint": zmq_endpoint,
     }
+    if http_url:
+        fields["http_url"] = http_url
+    return fields

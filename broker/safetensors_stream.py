@@ -1,4 +1,4 @@
-"""Writing a safetensors file and its digest in one pass over the bytes.
+"""Writing a safetensors file and its digest in one pass over the bytes, and reading its header.
 
 The format (https://github.com/huggingface/safetensors): an 8-byte little-endian header length, a
 JSON header (name -> dtype, shape, [begin, end) byte offsets into the data; `__metadata__`) padded
@@ -7,6 +7,8 @@ library's `save_file` cannot hash what it writes: the weight store would have to
 file again (or hold a second copy of it in memory with `save`), which is what this module avoids.
 The file it writes loads with `safetensors.safe_open` / `load_file` like any other. Its digest is
 the chunked sha256 of broker/digest.py, hashed on several threads while the bytes are written.
+`parse_header` reads the header back (a streamed reader, broker/weight_stream.py, places each
+tensor's bytes as they are verified) and checks that the tensors tile the data exactly.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import os
 import struct
 import threading
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -36,6 +39,65 @@ _DTYPES = {
     torch.uint8: "U8",
     torch.bool: "BOOL",
 }
+_FROM_NAME = {name: dtype for dtype, name in _DTYPES.items()}
+MAX_HEADER_BYTES = 100 << 20  # the format's own limit (safetensors refuses larger headers)
+
+
+class BadHeader(ValueError):
+    """A safetensors header that does not describe its file."""
+
+
+@dataclass(frozen=True)
+class TensorEntry:
+    name: str
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    begin: int  # byte offsets in the file (not in the data section)
+    end: int
+
+
+def header_end(first8: bytes, file_size: int) -> int:
+    """Where the data section starts (8 + the header's length), from the file's first 8 bytes."""
+    (length,) = struct.unpack("<Q", first8[:8])
+    if length > MAX_HEADER_BYTES or 8 + length > file_size:
+        raise BadHeader(f"header of {length} bytes does not fit a file of {file_size}")
+    return 8 + length
+
+
+def parse_header(prefix: bytes, file_size: int) -> list[TensorEntry]:
+    """The tensors of a safetensors file from its first `header_end` bytes, in file order. Their
+    sizes must match dtype x shape and they must tile the data section with no gap or overlap."""
+    end = header_end(prefix, file_size)
+    try:
+        entries = json.loads(prefix[8:end])
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise BadHeader("unreadable header") from None
+    if not isinstance(entries, dict):
+        raise BadHeader("unreadable header")
+    out = []
+    for name, e in entries.items():
+        if name == "__metadata__":
+            continue
+        try:
+            dtype, shape = _FROM_NAME[e["dtype"]], tuple(int(d) for d in e["shape"])
+            begin, stop = (end + int(x) for x in e["data_offsets"])
+        except (KeyError, TypeError, ValueError):
+            raise BadHeader(f"tensor {name!r}: bad entry") from None
+        numel = 1
+        for d in shape:
+            numel *= d
+        if min(shape, default=0) < 0 or stop - begin != numel * dtype.itemsize:
+            raise BadHeader(f"tensor {name!r}: {stop - begin} bytes for {shape} {dtype}")
+        out.append(TensorEntry(name, dtype, shape, begin, stop))
+    out.sort(key=lambda t: (t.begin, t.end))
+    at = end
+    for t in out:
+        if t.begin != at:
+            raise BadHeader(f"tensor {t.name!r} starts at byte {t.begin}, expected {at}")
+        at = t.end
+    if at != file_size:
+        raise BadHeader(f"the tensors end at byte {at}, the file at {file_size}")
+    return out
 
 
 def _header(tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None) -> bytes:

@@ -8,11 +8,12 @@ so that the error names the first bad one, as a per-sample check would.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import math
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from rollflash.broker.wire import WireError, WireLimits, check_range
+from rollflash.broker.wire import WireError, WireLimits, check_name, check_range
 
 if TYPE_CHECKING:
     from rollflash.broker.schema import Sample
@@ -67,3 +68,33 @@ def check_ids(ids: np.ndarray, what: str, limits: WireLimits) -> None:
         raise WireError(
             f"{what}: token id outside the vocabulary [0, {limits.vocab_size})", "out_of_range"
         )
+
+
+def check_reward_parts(value: Any, what: str, limits: WireLimits) -> dict[str, float | None]:
+    """A sample's `reward_parts`: 1 to `max_reward_parts` entries, each a reward function's
+    name (a short snake_case name: it becomes `reward/<name>`) and its score, a finite number
+    within `max_abs_reward`, or None where the function failed."""
+    if value.__class__ is not dict or not 0 < len(value) <= limits.max_reward_parts:
+        raise WireError(
+            f"{what}: not a mapping of 1 to {limits.max_reward_parts} scores", "out_of_range"
+        )
+    out: dict[str, float | None] = {}
+    for name, score in value.items():
+        if name.__class__ is not str:
+            raise WireError(f"{what}: a name is not a string", "bad_type")
+        check_name(name, f"{what}[{name[:48]!r}]")
+        if score is not None and (
+            score.__class__ not in (float, int)
+            or not math.isfinite(score)
+            or abs(score) > limits.max_abs_reward
+        ):
+            raise WireError(f"{what}[{name!r}]: not a finite score within range", "out_of_range")
+        out[name] = None if score is None else float(score)
+    return out
+
+
+def check_count(value: int, what: str) -> int:
+    """A count that travels as a non-negative int32 (a sample's `env_errors`)."""
+    if not 0 <= value < 2**31:
+        raise WireError(f"{what}: not a count", "out_of_range")
+    return value

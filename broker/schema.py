@@ -17,8 +17,10 @@ A trajectory entry is one finished group: the n samples a generator drew for one
 sample, with prompt replication). A sample of a multi-turn episode (envs/episode.py) adds
 `loss_mask`, `turn_starts`, `turn_rewards` and `turn_states`, all four or none; `retried` (true
 when the prompt had been delivered before) and a sample's `env_errors` (environment or tool
-exceptions met by its episode, when there were any) and `reward_failure` (why its reward
-failed: a short snake_case reason such as `code_timeout`, when it did) are optional too.
+exceptions met by its episode, when there were any), `reward_failure` (why its reward
+failed: a short snake_case reason such as `code_timeout`, when it did) and `reward_parts` (each
+reward function's score, None where it failed, with two or more functions or a failure) are
+optional too.
 Readers refuse keys they do not know, so a new field needs a new SCHEMA_VERSION. The small
 scalar fields (`traj_id`, `behavior_version`, `reward_mean`, ...) sit beside the msgpack `data`
 field so that `redis-cli XRANGE` shows them readably; so does `mac`, the learner's MAC over the
@@ -38,7 +40,9 @@ import msgpack
 import numpy as np
 
 from rollflash.broker.sample_ranges import MAX_VERSION as _MAX_VERSION
+from rollflash.broker.sample_ranges import check_count as _check_count
 from rollflash.broker.sample_ranges import check_ids as _check_ids
+from rollflash.broker.sample_ranges import check_reward_parts as _check_reward_parts
 from rollflash.broker.sample_ranges import check_samples as _check_samples
 from rollflash.broker.scalars import (
     check_schema,
@@ -97,6 +101,8 @@ class Sample:
     reward_failure: str = (
         ""  # why the reward failed, e.g. "code_timeout" (absent on the wire if "")
     )
+    # each reward function's score, None where it failed (absent on the wire if None)
+    reward_parts: dict[str, float | None] | None = None
 
 
 @dataclass
@@ -173,6 +179,8 @@ def _encode_sample(s: Sample) -> dict[str, Any]:
         out["env_errors"] = int(s.env_errors)
     if s.reward_failure:
         out["reward_failure"] = s.reward_failure
+    if s.reward_parts:
+        out["reward_parts"] = s.reward_parts
     return out
 
 
@@ -231,7 +239,7 @@ def _decode_prompt(fields: dict[bytes, bytes], limits: WireLimits) -> PromptWork
 _TRAJECTORY_BODY = frozenset({"prompt_ids", "issued_version", "samples", "retried"})
 _SAMPLE_BODY = frozenset(
     {"response_ids", "logprobs", "token_versions", "reward", "finished", "text", "env_errors"}
-    | {"reward_failure"}
+    | {"reward_failure", "reward_parts"}
     | {name for name, _ in _TURN_FIELDS}
 )
 
@@ -330,8 +338,9 @@ def _decode_sample(fields: dict[Any, Any], what: str, limits: WireLimits) -> Sam
         elif key == "env_errors":
             parts[key] = typed(value, what, int, ".env_errors")
         elif key == "reward_failure":
-            name = f"{what}.{key}"
-            parts[key] = check_name(typed(value, name, str), name)
+            parts[key] = check_name(typed(value, f"{what}.{key}", str), f"{what}.{key}")
+        elif key == "reward_parts":
+            parts[key] = _check_reward_parts(value, f"{what}.{key}", limits)
         else:
             parts[key] = typed(value, what, bool if key == "finished" else str, "." + key)
     missing = _SAMPLE_REQUIRED - parts.keys()
@@ -345,9 +354,7 @@ def _decode_sample(fields: dict[Any, Any], what: str, limits: WireLimits) -> Sam
     if not math.isfinite(parts["reward"]):
         raise WireError(f"{what}.reward: not finite ({parts['reward']})", "out_of_range")
     check_text(parts["text"], f"{what}.text", limits)
-    env_errors = parts.get("env_errors", 0)
-    if not 0 <= env_errors < 2**31:
-        raise WireError(f"{what}.env_errors: not a count", "out_of_range")
+    env_errors = _check_count(parts.get("env_errors", 0), f"{what}.env_errors")
     turns = {k: parts[k] for k in _TURN_NAMES if k in parts}
     return Sample(
         response_ids=ids,
@@ -359,6 +366,7 @@ def _decode_sample(fields: dict[Any, Any], what: str, limits: WireLimits) -> Sam
         **_check_turns(turns, ids.shape[0], what),
         env_errors=env_errors,
         reward_failure=parts.get("reward_failure", ""),
+        reward_parts=parts.get("reward_parts"),
     )
 
 
@@ -369,4 +377,6 @@ _SAMPLE_ARRAYS = {
     **{name: (dtype, 1) for name, dtype in _TURN_FIELDS},
 }
 _SINGLE_TURN = {"response_ids", "logprobs", "token_versions", "reward", "finished", "text"}
-_SAMPLE_REQUIRED = _SAMPLE_BODY - set(_TURN_NAMES) - {"env_errors", "reward_failure"}
+_SAMPLE_REQUIRED = (
+    _SAMPLE_BODY - set(_TURN_NAMES) - {"env_errors", "reward_failure", "reward_parts"}
+)

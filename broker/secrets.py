@@ -10,15 +10,21 @@ It never reaches the disk or a log: `Config.save` writes the URL without its pas
 of mode 0600 inside a run directory of mode 0700, and every message shows the URL through
 `redact`. `rollctl run` hands the password to its children in `ROLLFLASH_REDIS_PASSWORD`, since
 the config file it gives them holds none.
+
+The weights' HTTP transport (`weights.transport: http`) has a token of its own, which every
+request to the learner's or a relay's server carries: the first line of `weights.token_file`,
+else `ROLLFLASH_WEIGHTS_TOKEN` (`rollctl run` makes a random one for its children). It is never
+saved either, and never part of the config.
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from urllib.parse import quote, unquote, urlsplit, urlunsplit
+from urllib.parse import parse_qs, quote, unquote, urlsplit, urlunsplit
 
 PASSWORD_ENV = "ROLLFLASH_REDIS_PASSWORD"
+TOKEN_ENV = "ROLLFLASH_WEIGHTS_TOKEN"
 
 
 def _with_netloc_password(url: str, password: str | None) -> str:
@@ -66,6 +72,33 @@ def read_password_file(path: str) -> str:
     if not password:
         raise ValueError("the file is empty")
     return password
+
+
+def weights_token(token_file: str | None) -> str:
+    """The weights transport's token: the first line of `token_file`, else $ROLLFLASH_WEIGHTS_TOKEN;
+    ValueError with the fix when there is none."""
+    if token_file is not None:
+        try:
+            return read_password_file(token_file)
+        except (OSError, ValueError) as e:
+            raise ValueError(
+                f"weights.token_file: cannot read a token from {token_file} ({e})"
+            ) from None
+    token = os.environ.get(TOKEN_ENV)
+    if not token:
+        raise ValueError(
+            f"weights.token_file: weights.transport http needs an access token: name a file "
+            f"holding one in weights.token_file, or set ${TOKEN_ENV}"
+        )
+    return token
+
+
+def url_ca_certs(url: str | None) -> str | None:
+    """The `ssl_ca_certs` option of a rediss:// URL (the CA its TLS trusts), or None."""
+    if not url:
+        return None
+    found = parse_qs(urlsplit(url).query).get("ssl_ca_certs")
+    return found[0] if found else None
 
 
 def env_password() -> str | None:

@@ -1,61 +1,70 @@
-"""The versioned weight store on a shared filesystem.
+"""The versioned weight store.
 
 Layout: `{run_dir}/weights/v{version:08d}/` holds `manifest.json` (version, step, kind, files with
-sizes and digests) and the files of its kind: `full` = `model.safetensors` (every weight),
-`adapter` = `adapter_model.safetensors` + `adapter_config.json` (a standard PEFT LoRA adapter for
-the base at `model.path`, `learner/lora.py`). `{run_dir}/weights/LATEST` names the newest version.
-
-A file's digest is the chunked sha256 of broker/digest.py (the manifest lists each chunk's sha256
-under `chunk_sha256`, the chunk size and the `digest`); manifests written before it give a
-whole-file `sha256` instead, and are still read. A version's digest (`VersionInfo.sha256`,
-announced as `sha256` in the `weights` hash) is its model file's digest for a full version and,
-for an adapter, the sha256 of its listing `"{digest}  {name}\n"` per file in name order, so the
-adapter's config is covered too.
+sizes and chunked digests: broker/manifest.py) and the files of its kind: `full` =
+`model.safetensors` (every weight), `adapter` = `adapter_model.safetensors` +
+`adapter_config.json` (a standard PEFT LoRA adapter for the base at `model.path`,
+`learner/lora.py`). `{run_dir}/weights/LATEST` names the newest version. The learner's store is
+read by generators on the same filesystem, or served over HTTP (broker/weight_server.py); a
+generator fetching over HTTP keeps a store of its own with the same layout.
 
 Invariants a reader can rely on:
 - A version directory appears by one atomic rename of a fully written and fsynced temp directory,
   and its manifest is the last file written inside it: a reader never sees a half-written version.
-- `verified_files(v)` reads each file of the version once and checks the size and digest of those
-  bytes against the manifest (and the digest against the announced one), so a truncated,
-  bit-flipped or swapped file is refused with `CorruptWeights`; a generator loads a private copy
-  of exactly those bytes (`verified_copy_dir`), so a file changed in the store after the check is
-  never loaded. Symbolic links (a version directory, its manifest or one of its files) and
-  anything outside the store are refused, never followed. Adapter versions follow the same rules
-  and the same retention as full ones.
+- `open_version(v)` opens the version directory, its manifest and its files without following
+  symbolic links (O_NOFOLLOW, relative to the directory's descriptor), refuses anything outside
+  the store, checks the manifest (and the version's digest against the announced one) and each
+  file's size: a reader then reads those descriptors chunk by chunk and checks every chunk before
+  it uses it (broker/weight_stream.py), so a truncated, bit-flipped or swapped file is refused
+  with `CorruptWeights`, and a file replaced after it was opened is never read. Adapter versions
+  follow the same rules and the same retention as full ones.
 - Retention deletes old versions but never one that a caller says is still in use.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
 import shutil
 import stat
 import time
-import typing
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from rollflash.broker.digest import file_digest, tree_digest
+from rollflash.broker.digest import file_digest
+from rollflash.broker.manifest import (
+    ADAPTER_CONFIG,
+    ADAPTER_FILE,
+    KIND_FILES,
+    MANIFEST,
+    MAX_MANIFEST_BYTES,
+    MODEL_FILE,
+    CorruptWeights,
+    Manifest,
+    parse_manifest,
+    version_digest,
+)
 from rollflash.broker.safetensors_stream import write_safetensors
 
+__all__ = [
+    "ADAPTER_CONFIG",
+    "ADAPTER_FILE",
+    "KIND_FILES",
+    "MANIFEST",
+    "MODEL_FILE",
+    "CorruptWeights",
+    "OpenVersion",
+    "VersionInfo",
+    "WeightStore",
+    "unique_tensors",
+]
+
 log = logging.getLogger(__name__)
-
-MODEL_FILE = "model.safetensors"
-MANIFEST = "manifest.json"
-ADAPTER_FILE = "adapter_model.safetensors"
-ADAPTER_CONFIG = "adapter_config.json"
-KIND_FILES = {"full": (MODEL_FILE,), "adapter": (ADAPTER_FILE, ADAPTER_CONFIG)}
-
-
-class CorruptWeights(RuntimeError):
-    """A version whose files do not match its manifest (or that has no manifest)."""
 
 
 @dataclass(frozen=True)
@@ -65,43 +74,6 @@ class VersionInfo:
     sha256: str  # the version's digest: model.safetensors' digest, or an adapter's listing's
     step: int
     kind: str = "full"  # or "adapter"
-
-
-def version_digest(kind: str, file_digests: dict[str, str]) -> str:
-    """The digest announced for a version: a full version's model file digest, or the sha256 of
-    an adapter's listing (`sha256sum` format, files in name order)."""
-    if kind == "full":
-        return file_digests[MODEL_FILE]
-    listing = "".join(f"{file_digests[n]}  {n}\n" for n in sorted(file_digests))
-    return hashlib.sha256(listing.encode()).hexdigest()
-
-
-def checked_digest(raw: bytes, entry: dict[str, Any]) -> str | None:
-    """The digest of `raw` if it matches its manifest `entry` (chunked, or the whole-file sha256
-    of older manifests), else None. The chunk list must fit the size before anything is hashed,
-    so a manifest cannot make the check hash in tiny pieces."""
-    chunks, chunk_bytes = entry.get("chunk_sha256"), entry.get("chunk_bytes")
-    if chunks is None:
-        whole = hashlib.sha256(raw).hexdigest()
-        return whole if whole == entry.get("sha256") else None
-    if (
-        not isinstance(chunks, list)
-        or type(chunk_bytes) is not int
-        or chunk_bytes <= 0
-        or len(chunks) != -(-len(raw) // chunk_bytes)
-        or entry.get("digest") != tree_digest(chunk_bytes, len(raw), chunks)
-    ):
-        return None
-    got = file_digest(raw, chunk_bytes)
-    return got.digest if got.chunks == chunks else None
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _fsync_file(path: Path) -> None:
@@ -132,11 +104,11 @@ def unique_tensors(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
-def _read_regular(dir_fd: int, name: str, version: int) -> bytes | None:
-    """The whole content of `name` in the directory `dir_fd`, opened without following a link
-    (None: no such file). A link or anything but a regular file is CorruptWeights."""
+def _open_regular(dir_fd: int, name: str, version: int) -> int | None:
+    """A descriptor of `name` in the directory `dir_fd`, opened without following a link (None:
+    no such file). A link or anything but a regular file is CorruptWeights."""
     try:
-        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=dir_fd)
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
     except FileNotFoundError:
         return None
     except OSError as e:  # ELOOP: a symbolic link
@@ -144,16 +116,23 @@ def _read_regular(dir_fd: int, name: str, version: int) -> bytes | None:
             f"weights v{version}: {name} is a symbolic link or unreadable ({e.strerror}); "
             "refusing to load"
         ) from None
-    with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-            raise CorruptWeights(f"weights v{version}: {name} is not a regular file")
-        return f.read()
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise CorruptWeights(f"weights v{version}: {name} is not a regular file")
+    return fd
 
 
-def _write_private(dest: Path, data: bytes) -> None:
-    fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
+@dataclass
+class OpenVersion:
+    """A version's checked manifest and a descriptor of each of its files (`close` them)."""
+
+    manifest: Manifest
+    fds: dict[str, int] = field(default_factory=dict)
+
+    def close(self) -> None:
+        for fd in self.fds.values():
+            os.close(fd)
+        self.fds = {}
 
 
 class WeightStore:
@@ -256,72 +235,31 @@ class WeightStore:
                 out.append(int(d.name[1:]))
         return sorted(out)
 
-    def verified_files(
-        self, version: int, expect_sha256: str | None = None
-    ) -> tuple[str, dict[str, bytes]]:
-        """The kind of `version` and the bytes of each of its files, every file read once and
-        checked against the manifest (size and digest of exactly these bytes), and the version's
-        digest against `expect_sha256` when given. The version directory, its manifest and its
-        files are opened without following symbolic links (O_NOFOLLOW, relative to the
-        directory's fd), so a link, or a file swapped in after the check, is never loaded."""
-        d = self.version_dir(version)
+    def open_version(self, version: int, expect_sha256: str | None = None) -> OpenVersion:
+        """The version's manifest, checked (against `expect_sha256`, the announced digest, when
+        given), and its files opened without following links, each of the manifest's size."""
         dir_fd = self._open_version_dir(version)
+        opened = None
         try:
-            manifest = self._read_manifest(version, dir_fd)
-            kind = manifest.get("kind", "full")  # manifests written before adapters: full
-            entries = manifest.get("files", {})
-            if (
-                manifest.get("version") != version
-                or kind not in KIND_FILES
-                or not isinstance(entries, dict)
-                or not all(isinstance(entries.get(n), dict) for n in KIND_FILES[kind])
-            ):
-                raise CorruptWeights(f"weights v{version}: manifest does not describe this version")
-            data = {name: _read_regular(dir_fd, name, version) for name in KIND_FILES[kind]}
+            opened = OpenVersion(self._read_manifest(version, dir_fd, expect_sha256))
+            for name, spec in opened.manifest.files.items():
+                fd = _open_regular(dir_fd, name, version)
+                if fd is None:
+                    raise CorruptWeights(f"weights v{version}: {name} missing")
+                opened.fds[name] = fd
+                size = os.fstat(fd).st_size
+                if size != spec.size:
+                    raise CorruptWeights(
+                        f"weights v{version}: {name} is {size} bytes, its manifest says "
+                        f"{spec.size} (truncated or replaced); refusing to load"
+                    )
+            return opened
+        except BaseException:
+            if opened is not None:
+                opened.close()
+            raise
         finally:
             os.close(dir_fd)
-        digests = {}
-        for name, raw in data.items():
-            if raw is None or len(raw) != entries[name].get("size"):
-                raise CorruptWeights(f"weights v{version}: {name} missing or of the wrong size")
-            digest = checked_digest(raw, entries[name])
-            if digest is None:
-                raise CorruptWeights(f"weights v{version}: sha256 mismatch, refusing to load ({d})")
-            digests[name] = digest
-        if expect_sha256 and version_digest(kind, digests) != expect_sha256:
-            raise CorruptWeights(f"weights v{version}: sha256 mismatch, refusing to load ({d})")
-        return kind, typing.cast(dict[str, bytes], data)
-
-    def verified_bytes(self, version: int, expect_sha256: str | None = None) -> bytes:
-        """The model file of a full version, read once and verified (`verified_files`)."""
-        kind, data = self.verified_files(version, expect_sha256)
-        if kind != "full":
-            raise CorruptWeights(f"weights v{version}: an {kind} version has no {MODEL_FILE}")
-        return data[MODEL_FILE]
-
-    def verified_copy(self, version: int, dest: Path, expect_sha256: str | None = None) -> Path:
-        """Write the verified bytes of `version` to `dest` (a file in a directory the caller
-        owns, not the shared store) and return it: what is loaded from there is what was hashed."""
-        _write_private(dest, self.verified_bytes(version, expect_sha256))
-        return dest
-
-    def verified_copy_dir(
-        self, version: int, dest: Path, expect_sha256: str | None = None
-    ) -> tuple[str, Path]:
-        """Write the verified files of `version` into the new directory `dest` (mode 0700, in a
-        directory the caller owns); returns the version's kind and `dest`."""
-        kind, data = self.verified_files(version, expect_sha256)
-        dest.mkdir(mode=0o700)
-        for name, raw in data.items():
-            _write_private(dest / name, raw)
-        return kind, dest
-
-    def verified_path(self, version: int, expect_sha256: str | None = None) -> Path:
-        """The model file of `version` in the store, after `verified_bytes` has checked it. The
-        file may change after this returns: a process that must load exactly what was verified
-        (a generator) uses `verified_copy` instead."""
-        self.verified_bytes(version, expect_sha256)
-        return self.version_dir(version) / MODEL_FILE
 
     def _open_version_dir(self, version: int) -> int:
         d = self.version_dir(version)
@@ -337,18 +275,21 @@ class WeightStore:
         except OSError as e:  # ELOOP / ENOTDIR: replaced by a link or a file since the check
             raise CorruptWeights(f"weights v{version}: {d} is not a directory ({e})") from None
 
-    def _read_manifest(self, version: int, dir_fd: int) -> dict:
-        d = self.version_dir(version)
-        raw = _read_regular(dir_fd, MANIFEST, version)
-        if raw is None:
-            raise CorruptWeights(f"weights v{version}: no manifest in {d}")
+    def _read_manifest(self, version: int, dir_fd: int, expect_sha256: str | None) -> Manifest:
+        fd = _open_regular(dir_fd, MANIFEST, version)
+        if fd is None:
+            raise CorruptWeights(f"weights v{version}: no manifest in {self.version_dir(version)}")
+        with os.fdopen(fd, "rb") as f:
+            raw = f.read(MAX_MANIFEST_BYTES + 1)
+        return parse_manifest(raw, version, expect_sha256)
+
+    def manifest(self, version: int, expect_sha256: str | None = None) -> Manifest:
+        """The version's checked manifest (`open_version` without opening the files)."""
+        dir_fd = self._open_version_dir(version)
         try:
-            manifest = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            raise CorruptWeights(f"weights v{version}: unreadable manifest in {d}") from None
-        if not isinstance(manifest, dict):
-            raise CorruptWeights(f"weights v{version}: unreadable manifest in {d}")
-        return manifest
+            return self._read_manifest(version, dir_fd, expect_sha256)
+        finally:
+            os.close(dir_fd)
 
     def retain(self, keep: int, in_use: set[int]) -> list[int]:
         """Delete all but the newest `keep` versions, sparing those in `in_use`; returns deleted."""

@@ -59,6 +59,7 @@ class WireLimits:
     max_objects: int = 200_000  # msgpack containers and their items in one body
     max_id_bytes: int = 256  # an id, a generator name or a MAC (the readable fields)
     max_text_bytes: int = 1 << 16  # a sample's decoded `text`
+    max_reward_parts: int = 16  # reward functions whose scores one sample carries
 
     @classmethod
     def for_config(cls, cfg: Any, vocab_size: int | None) -> WireLimits:

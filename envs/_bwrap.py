@@ -29,13 +29,16 @@ import json
 import marshal
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import sysconfig
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from rollflash.envs._seccomp import seccomp_filter, supported_machine
+from rollflash.errors import RollflashError
 
 SANDBOX_UID = 65534  # "nobody": owns nothing on the host
 SCRATCH = "/scratch"
@@ -47,7 +50,7 @@ _CHILD = Path(__file__).with_name("_sandbox_child.py")
 _UNNEEDED = ("_tkinter", "readline", "_curses", "nis")
 
 
-class SandboxUnavailable(RuntimeError):
+class SandboxUnavailable(RollflashError, RuntimeError):
     """The isolation the sandbox needs is missing here; the message says what and how to fix it."""
 
 
@@ -150,9 +153,11 @@ def bwrap_argv(config: dict, disk_mb: int, fds: dict[str, int]) -> list[str]:
     return argv
 
 
-def launch(config: dict, disk_mb: int) -> Launched:
+def launch(config: dict, disk_mb: int, attach: Callable[[int], None] | None = None) -> Launched:
     """Start the sandboxed child (config: see _sandbox_child.main); stdin, stdout and stderr are
-    pipes, `state_fd` in the child is the write end of `Launched.state_r`."""
+    pipes, `state_fd` in the child is the write end of `Launched.state_r`. `attach(pid)` places
+    the namespace's init in the call's cgroup while it waits for us, before any code runs; if
+    that fails the init is killed and the OSError raised."""
     machine = supported_machine()
     if machine is None:
         raise SandboxUnavailable("the python tool's sandbox has no seccomp filter for this CPU")
@@ -184,8 +189,14 @@ def launch(config: dict, disk_mb: int) -> Launched:
         for fd in passed:
             os.close(fd)
     pid, init = _open_init(info_r)
-    if root and init is not None:
-        _map_users(pid)
+    try:
+        if init is not None and attach is not None:
+            attach(pid)
+        if root and init is not None:
+            _map_users(pid)
+    except BaseException:
+        _abandon(proc, init, block_w, state_r)
+        raise
     try:
         os.write(block_w, b"1")  # bwrap goes on (and fails cleanly if the maps are missing)
     except BrokenPipeError:
@@ -193,6 +204,20 @@ def launch(config: dict, disk_mb: int) -> Launched:
     finally:
         os.close(block_w)
     return Launched(proc, init, state_r)
+
+
+def _abandon(proc: subprocess.Popen, init: int | None, *fds: int) -> None:
+    """Kill a launch that cannot go on (its init never ran any code) and reap it."""
+    if init is not None:
+        try:
+            signal.pidfd_send_signal(init, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        os.close(init)
+    for fd in fds:
+        os.close(fd)
+    proc.kill()
+    proc.communicate()
 
 
 def _open_init(info_r: int) -> tuple[int, int | None]:

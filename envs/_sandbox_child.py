@@ -3,6 +3,8 @@
 interpreter or cheap, so that a call costs little more than the interpreter's start).
 
 It runs inside the namespaces and under the seccomp filter that envs/_bwrap.py set up. Order:
+0. keep only the descriptors the code may hold: 0, 1, 2 and the state pipe, moved to 3 (bwrap
+   leaves the ones it was handed open, e.g. the read end of --userns-block-fd);
 1. drop to the sandbox user (uid/gid 65534, no capabilities) if bwrap left us root of the user
    namespace, and stop unless that worked;
 2. kernel limits (resource.setrlimit, which the code cannot raise again): CPU seconds, address
@@ -25,6 +27,7 @@ import sys
 
 SCRATCH = "/scratch"
 CAP_LINE = "CapEff:"
+STATE_FD = 3  # the state pipe: with 0, 1 and 2 the only descriptors the code's process holds
 
 # audit events whose first argument is a path: reads may look at the scratch directory and the
 # standard library, everything else at the scratch directory only
@@ -86,6 +89,12 @@ _BLOCKED_MODULES = {
     "_testcapi",
     "_testinternalcapi",
 }
+
+
+def _keep_only_own_fds(state_fd: int) -> None:
+    if state_fd != STATE_FD:
+        os.dup2(state_fd, STATE_FD, inheritable=False)
+    os.closerange(STATE_FD + 1, 1 << 20)
 
 
 def _become_sandbox_user(uid: int | None) -> None:
@@ -203,9 +212,10 @@ def _opens_for_write(args: tuple) -> bool:
 
 def main() -> None:
     cfg = marshal.loads(bytes.fromhex(sys.argv[2]))
+    _keep_only_own_fds(cfg["state_fd"])
     _become_sandbox_user(cfg["drop_to"])
     _set_limits(cfg)
-    state_fd = cfg["state_fd"]
+    state_fd = STATE_FD
     os.write(state_fd, b"S")  # started: anything after this is the code's doing
     state, source = _read_input()
     os.chdir(SCRATCH)

@@ -6,13 +6,23 @@ of the host:
 
 - debugging and reading other processes: ptrace, process_vm_readv/writev, kcmp, pidfd_getfd;
 - mounts and namespaces: mount, umount2, pivot_root, chroot, the new mount API (open_tree,
-  move_mount, fsopen, fsconfig, fsmount, fspick, mount_setattr), unshare, setns, and clone with
-  any CLONE_NEW* flag; clone3 answers ENOSYS, so that glibc falls back to clone, whose flags the
-  filter can read (clone3 passes them in memory, out of a filter's reach);
+  open_tree_attr, move_mount, fsopen, fsconfig, fsmount, fspick, mount_setattr), unshare, setns,
+  and clone with any CLONE_NEW* flag; clone3 answers ENOSYS, so that glibc falls back to clone,
+  whose flags the filter can read (clone3 passes them in memory, out of a filter's reach);
 - the kernel keyring (keyctl, add_key, request_key), bpf, perf_event_open, userfaultfd,
   io_uring_*, open_by_handle_at / name_to_handle_at, fanotify_init;
 - machine administration: modules, kexec, reboot, swap, syslog, acct, quotactl, clocks,
   host and domain names, personality, vhangup, iopl / ioperm, uselib, lookup_dcookie.
+
+Two parts are allow-lists instead:
+- sockets: socket() and socketpair() succeed for AF_UNIX only (asyncio's self-pipe and
+  socketpair() use it; the mount and network namespaces leave no unix socket of the host to
+  reach); every other family (AF_INET, AF_INET6, AF_PACKET, AF_NETLINK, AF_VSOCK, ...) fails
+  with EAFNOSUPPORT, whatever the namespaces would have let through (a VM's vsock, for one, is
+  not in any namespace);
+- system-call numbers: the tables below end at LAST_KNOWN (open_tree_attr, 467, Linux 6.15);
+  every higher number answers ENOSYS, so a call added to a later kernel is refused until it is
+  reviewed here.
 
 Refused calls fail with EPERM, so the code sees an ordinary OSError. A process of another
 architecture than the interpreter's (e.g. the i386 entry point on x86_64) is killed, and on x86_64
@@ -49,6 +59,7 @@ _DENIED: dict[str, tuple[int | None, int | None]] = {
     "fsmount": (432, 432),
     "fspick": (433, 433),
     "mount_setattr": (442, 442),
+    "open_tree_attr": (467, 467),
     "unshare": (272, 97),
     "setns": (308, 268),
     "keyctl": (250, 219),
@@ -89,6 +100,9 @@ _DENIED: dict[str, tuple[int | None, int | None]] = {
 }
 _CLONE = {"x86_64": 56, "aarch64": 220}
 _CLONE3 = 435  # the same number on both
+_SOCKET = {"x86_64": (41, 53), "aarch64": (198, 199)}  # socket, socketpair
+AF_UNIX = 1  # the one socket family allowed
+LAST_KNOWN = 467  # open_tree_attr: the highest number in the tables (the same on both machines)
 # AUDIT_ARCH_* (linux/audit.h): what seccomp_data.arch holds for a native system call
 _AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
 _X32_BIT = 0x40000000  # x86_64 system calls with this bit set use the x32 ABI
@@ -125,6 +139,7 @@ def seccomp_filter(machine: str) -> bytes:
     if machine not in _AUDIT_ARCH:
         raise ValueError(f"no seccomp filter for machine {machine!r} (x86_64, aarch64)")
     # (code, jump-if-true, jump-if-false, k); a jump is a label name or 0 (the next instruction)
+    socket, socketpair = _SOCKET[machine]
     program: list[tuple[int, str | int, str | int, int]] = [
         (_LD_W_ABS, 0, 0, _ARCH),
         (_JEQ, 0, "kill", _AUDIT_ARCH[machine]),
@@ -133,26 +148,39 @@ def seccomp_filter(machine: str) -> bytes:
     if machine == "x86_64":
         program.append((_JGE, "deny", 0, _X32_BIT))
     program += [
+        (_JGE, "enosys", 0, LAST_KNOWN + 1),  # newer than the tables: unknown, refused
         (_JEQ, "enosys", 0, _CLONE3),
-        (_JEQ, 0, "list", _CLONE[machine]),
+        (_JEQ, 0, "sockets", _CLONE[machine]),
         (_LD_W_ABS, 0, 0, _ARG0_LOW),  # clone's flags
         (_JSET, "deny", "allow", CLONE_NEW_FLAGS),
     ]
-    labels = {"list": len(program)}
+    labels = {"sockets": len(program)}
+    program += [
+        (_JEQ, "family", 0, socket),
+        (_JEQ, 0, "list", socketpair),
+    ]
+    labels["family"] = len(program)
+    program += [
+        (_LD_W_ABS, 0, 0, _ARG0_LOW),  # the domain: an int, so the kernel reads the low word only
+        (_JEQ, "allow", "no_family", AF_UNIX),
+    ]
+    labels["list"] = len(program)
     program += [(_JEQ, "deny", 0, nr) for nr in sorted(denied_syscalls(machine).values())]
-    for name, value in (("allow", _ALLOW), ("deny", _ERRNO | errno.EPERM)):
+    for name, value in (
+        ("allow", _ALLOW),
+        ("deny", _ERRNO | errno.EPERM),
+        ("enosys", _ERRNO | errno.ENOSYS),
+        ("no_family", _ERRNO | errno.EAFNOSUPPORT),
+        ("kill", _KILL_PROCESS),
+    ):
         labels[name] = len(program)
         program.append((_RET, 0, 0, value))
-    labels["enosys"] = len(program)
-    program.append((_RET, 0, 0, _ERRNO | errno.ENOSYS))
-    labels["kill"] = len(program)
-    program.append((_RET, 0, 0, _KILL_PROCESS))
 
     def offset(at: int, target: str | int) -> int:
         if target == 0:
             return 0
         jump = labels[str(target)] - at - 1  # relative to the next instruction, forward only
-        assert 0 < jump < 256, (target, jump)
+        assert 0 <= jump < 256, (target, jump)
         return jump
 
     return b"".join(

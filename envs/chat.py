@@ -25,6 +25,7 @@ from typing import Any
 
 from rollflash.envs.base import Item, Task, train_stream
 from rollflash.envs.multiturn import is_multi_turn
+from rollflash.errors import BadInput, MissingFile
 
 Messages = Sequence[dict[str, Any]]
 
@@ -57,14 +58,14 @@ class PromptFormatter:
         if chat_template not in ("auto", "none"):
             path = Path(chat_template)
             if not path.is_file():
-                raise FileNotFoundError(
+                raise MissingFile(
                     f"model.chat_template: no file at {path} (use auto, none or a Jinja file)"
                 )
             self.template = path.read_text()
         elif chat_template == "auto" and tokenizer is not None:
             self.template = getattr(tokenizer, "chat_template", None) or None
         if self.template is not None and tokenizer is None:
-            raise ValueError("model.chat_template: a template needs the model's tokenizer")
+            raise BadInput("model.chat_template: a template needs the model's tokenizer")
 
     @property
     def templated(self) -> bool:
@@ -78,7 +79,7 @@ class PromptFormatter:
             messages: list[dict[str, Any]] = [{"role": "user", "content": prompt}]
         else:
             if self.template is None:
-                raise ValueError(
+                raise BadInput(
                     "chat-format rows (messages_key) need a chat template: the tokenizer has "
                     "none; set model.chat_template to a Jinja file"
                 )

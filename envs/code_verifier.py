@@ -6,12 +6,26 @@ string) holds the tests; each is one of
 - `{"input": "1 2\\n", "output": "3\\n"}`: the program reads `input` on stdin and passes when its
   stdout equals `output`, both compared with trailing whitespace stripped from every line and
   blank lines at the end ignored (the rule of most stdin/stdout judges);
-- a string of Python, e.g. `"assert add(2, 3) == 5"` or a `def test_...` and its call: it runs
-  after the program in the same namespace and passes when it raises nothing.
+- a string of Python, e.g. `"assert add(2, 3) == 5"` or a `def test_...` and its call: the
+  program is imported as the module `solution` (so its `if __name__ == "__main__":` block does
+  not run), the test runs with the module's names (or `from solution import ...`), and it passes
+  only when the harness reports that it ran to its end (below).
 
-Every test is a fresh interpreter in the kernel-isolated sandbox (envs/sandbox.py: namespaces,
-seccomp, rlimits, no network, no project files), with the per-test limits of `reward.code`: wall
-and CPU seconds, address space, output. A sample's tests run one after the other within its total
+The program is hostile: a policy trained on this reward finds whatever raises it. Every test is
+a fresh interpreter in the kernel-isolated sandbox (envs/sandbox.py: namespaces, seccomp, a bound
+per call, no network, no project files), with the per-test limits of `reward.code`: wall and CPU
+seconds, memory, output. For a test written in Python the exit status says nothing (the program
+may `sys.exit(0)` before the test runs), so the harness compiles the test before the program
+runs, keeps its own references to `exec`, `compile` and the builtins (a program that rebinds
+them changes only its own), and after the test's last line writes a nonce drawn for this run
+alone on stderr. A test passes only when that nonce ends stderr and the process exits 0: a
+program that exits first (sys.exit, raise SystemExit, os._exit, a signal to itself, an atexit
+handler, a thread that exits) fails with `code_exit` or `code_killed`. What this does not stop,
+and docs/security.md says so: a program that reads the harness's own memory (its frames, the
+gc, /proc/self/mem) can find the nonce, and an assert only checks what its expressions compute,
+so results that override `__eq__`, or a name the test uses shadowed by the program, can pass
+it. Both have to be written against the harness; stdin/stdout tests compare text and have
+neither weakness. A sample's tests run one after the other within its total
 budget `budget_s`; the tests still waiting when it is spent fail. Samples run in parallel on a
 pool of `max_workers` threads, each waiting on its sandboxes' processes, so a scoring batch of S
 samples takes about ceil(S / max_workers) samples' time. Samples of one batch whose programs and
@@ -28,9 +42,12 @@ one failure reason (`Scored.failure`, counted by the learner as `reward/<reason>
 - `code_killed`: the process died of a signal (other than the limits above; a SIGKILL sooner
   than its CPU limit could have struck, since RLIMIT_CPU's own kill leaves no trace either);
 - `code_error`: the program raised an exception other than AssertionError, or exited non-zero;
+- `code_exit`: a Python test's process ended before its last line (an exit status below 128
+  without a traceback, or 0 without the harness's nonce);
 - `code_budget`: the sample's budget ran out before all its tests ran (or cut one short);
 - `code_sandbox`: the sandbox itself could not start (not the program's fault; logged);
-- `code_bad_tests`: the row's tests are malformed (the row's fault; logged).
+- `code_bad_tests`: the row's tests are malformed, e.g. a Python test that does not compile (the
+  row's fault; logged).
 A wrong answer (stdout differs, an assertion fails) is a failed test, not a failure reason. No
 failure raises: the verifier returns a score for every sample.
 """
@@ -40,6 +57,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import secrets
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -47,7 +65,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from rollflash.envs.reward_functions import Scored
-from rollflash.envs.sandbox import Sandbox, SandboxError, SandboxLimits, SandboxResult
+from rollflash.envs.sandbox import (
+    Sandbox,
+    SandboxError,
+    SandboxLimits,
+    SandboxResult,
+    require_sandbox,
+)
+from rollflash.errors import BadInput
 
 log = logging.getLogger(__name__)
 
@@ -90,24 +115,50 @@ def parse_tests(tests: Any) -> list[dict[str, str] | str]:
         if isinstance(t, dict) and set(t) == {"input", "output"}:
             out.append({"input": str(t["input"]), "output": str(t["output"])})
         elif isinstance(t, str):
+            try:  # the row's own code (never the model's): compiling runs none of it
+                compile(t, "<test>", "exec", dont_inherit=True)
+            except (SyntaxError, ValueError) as e:
+                raise ValueError(
+                    f"tests: {t[:60]!r} does not compile ({e.__class__.__name__})"
+                ) from None
             out.append(t)
         else:
             raise ValueError(f"tests: {str(t)[:60]!r} is neither {{input, output}} nor code")
     return out
 
 
-def harness(program: str, test: dict[str, str] | str) -> str:
+def harness(program: str, test: dict[str, str] | str, nonce: str = "") -> str:
     """The code one sandboxed interpreter runs for one test: the program (compiled inside the
-    sandbox, so a hostile program never reaches the caller's parser) and then the test."""
-    lines = [f"__program = compile({program!r}, '<program>', 'exec')"]
+    sandbox, so a hostile program never reaches the caller's parser) and then the test. A test
+    in Python ends by writing `nonce` on stderr (module docstring)."""
     if isinstance(test, dict):
-        lines = ["import io, sys", f"sys.stdin = io.StringIO({test['input']!r})", *lines]
-        lines.append("exec(__program, {'__name__': '__main__'})")
-    else:
-        lines.append("__ns = {'__name__': '__main__'}")
-        lines.append("exec(__program, __ns)")
-        lines.append(f"exec(compile({test!r}, '<test>', 'exec'), __ns)")
-    return "\n".join(lines) + "\n"
+        return (
+            "import io, sys\n"
+            f"sys.stdin = io.StringIO({test['input']!r})\n"
+            f"__program = compile({program!r}, '<program>', 'exec')\n"
+            "exec(__program, {'__name__': '__main__'})\n"
+        )
+    # every name the harness uses after the program has run is bound before it: default
+    # arguments, which the program cannot rebind
+    return f"""import builtins, os, sys
+def __verify(program, test, nonce, exec=exec, compile=compile, dict=dict, vars=vars,
+             write=os.write, exit=os._exit, SystemExit=SystemExit, builtins=builtins):
+    test = compile(test, '<test>', 'exec', dont_inherit=True, optimize=0)
+    program = compile(program, 'solution.py', 'exec', dont_inherit=True, optimize=0)
+    clean = dict(vars(builtins))
+    module = type(builtins)('solution')
+    sys.modules['solution'] = module
+    names = vars(module)
+    names['__builtins__'] = dict(clean)
+    try:
+        exec(program, names)
+        names['__builtins__'] = clean
+        exec(test, names)
+    except SystemExit:
+        exit(0)  # no nonce: code_exit
+    write(2, b'\\n' + nonce + b'\\n')
+__verify({program!r}, {test!r}, {nonce.encode()!r})
+"""
 
 
 def _same_output(got: str, expected: str) -> bool:
@@ -120,9 +171,12 @@ def _same_output(got: str, expected: str) -> bool:
     return norm(got) == norm(expected)
 
 
-def classify(result: SandboxResult, limits: CodeLimits) -> str:
-    """ "" (ran cleanly), "wrong" (an assertion failed) or a failure reason (module docstring)."""
+def classify(result: SandboxResult, limits: CodeLimits, nonce: str = "") -> str:
+    """ "" (ran cleanly), "wrong" (an assertion failed) or a failure reason (module docstring).
+    `nonce`: a Python test's, which must end its stderr for the test to count as run."""
     if result.ok:
+        if nonce and result.stderr.rstrip("\n").rsplit("\n", 1)[-1] != nonce:
+            return "code_exit"  # exit status 0, but the harness never reached its last line
         return ""
     error = result.error
     if error.startswith("CPU time limit") and result.wall_s < 0.9 * limits.sandbox(1).cpu_s:
@@ -131,6 +185,8 @@ def classify(result: SandboxResult, limits: CodeLimits) -> str:
         return "code_timeout"
     if error.startswith("output limit") or error.startswith("file size limit"):
         return "code_output_limit"
+    if error.startswith("memory limit"):
+        return "code_oom"
     name = _ERROR_LINE.match(error)
     kind = name.group(1).rsplit(".", 1)[-1] if name else ""
     if kind == "MemoryError":
@@ -142,7 +198,7 @@ def classify(result: SandboxResult, limits: CodeLimits) -> str:
     status = re.fullmatch(r"exited with status (\d+)", error)
     if status and int(status.group(1)) > 128:
         return "code_killed"
-    return "code_error"
+    return "code_exit" if status and nonce else "code_error"
 
 
 @dataclass
@@ -164,12 +220,13 @@ def run_tests(program: str, tests: Sequence[dict[str, str] | str], limits: CodeL
         if left <= 0.05:
             outcome.failure = outcome.failure or "code_budget"
             break
+        nonce = "" if isinstance(test, dict) else secrets.token_hex(16)
         sandbox = Sandbox(limits.sandbox(min(limits.time_s, left)))
         try:
-            result = sandbox.run(harness(program, test))
+            result = sandbox.run(harness(program, test, nonce))
         finally:
             sandbox.close()
-        verdict = classify(result, limits)
+        verdict = classify(result, limits, nonce)
         if verdict == "code_timeout" and left < limits.time_s:
             verdict = "code_budget"  # cut by what was left of the budget, not by its own limit
         if verdict == "" and (isinstance(test, str) or _same_output(result.output, test["output"])):
@@ -197,8 +254,10 @@ class CodeVerifier:
 
     batched = True
     own_deadline = True  # bounded by its per-test limits and per-sample budget, not timeout_s
+    needs_answer = False  # a row's tests decide, not its answer
 
     def __init__(self, limits: CodeLimits | None = None) -> None:
+        require_sandbox()  # at load: one line if it cannot run; logs the per-call bound
         self.limits = limits or CodeLimits()
         self._pool: ThreadPoolExecutor | None = None  # started on first use
         self._logged: set[str] = set()
@@ -234,7 +293,7 @@ class CodeVerifier:
         **columns: Any,
     ) -> list[Scored]:
         if tests is None:
-            raise ValueError("code: the rows have no `tests` column")
+            raise BadInput("code: the rows have no `tests` column")
         if self._pool is None:
             self._pool = ThreadPoolExecutor(self.limits.max_workers, "code-reward")
         # a group's samples often write the same program: each distinct (program, tests) runs once

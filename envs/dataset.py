@@ -21,6 +21,13 @@ fresh permutation each epoch, drawn from (shuffle_seed or run.seed, epoch), endl
 the stream is therefore a function of k alone, and `train_items(seed, start=k)` jumps straight to
 it: the learner's resume of its prompt position (`issued`) is exact and O(1).
 
+Bad rows: every row of the train and held-out sources is checked when they load, before any is
+issued (envs/rows.py): the prompt (text, or chat messages), the answer when the task's reward
+functions read it (`expect_answers`; `code` does not), the id. A bad row is one line naming the
+source, the line and the column, e.g. `data/train.jsonl:7: no 'question'`; so is an empty file
+or one `datasets` cannot read. `on_bad_row: skip` leaves bad rows out instead and logs, once per
+source, how many and why.
+
 `max_prompt_tokens`: rows whose rendered prompt is longer are left out of train and held-out sets
 (never truncated) and counted in the log at load. This renders and tokenizes every row once.
 
@@ -38,6 +45,8 @@ from pathlib import Path
 from typing import Any
 
 from rollflash.envs.base import Item
+from rollflash.envs.rows import ANSWER, ID, MESSAGES, TEXT, find_bad_rows, locate, unreadable
+from rollflash.errors import BadInput
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +56,7 @@ _BATCH = 1024  # rows per batch while measuring prompt lengths
 
 
 def _offline_hint(source: str, e: Exception) -> ValueError:
-    return ValueError(
+    return BadInput(
         f"task.params.path: {source!r} is not a local file or directory and no copy of that hub "
         f"dataset is in the Hugging Face cache ({e.__class__.__name__}); on a machine with "
         f"network run `python -c \"import datasets; datasets.load_dataset('{source}')\"` (or "
@@ -67,13 +76,18 @@ def load_source(source: str, split: str, name: str | None = None, cache_dir: str
     elif path.is_file():
         builder = _BUILDERS.get("".join(path.suffixes[-1:]).lower())
         if builder is None:
-            raise ValueError(
+            raise BadInput(
                 f"task.params.path: {path} is not .jsonl, .json, .parquet or .csv "
                 "(or a directory written by save_to_disk)"
             )
-        return datasets.load_dataset(
-            builder, data_files=str(path), split="train", cache_dir=cache_dir
-        )
+        if _blank(path):
+            raise BadInput(f"{source}: empty, no rows")
+        try:
+            return datasets.load_dataset(
+                builder, data_files=str(path), split="train", cache_dir=cache_dir
+            )
+        except Exception as e:  # whatever the reader raises: one line naming the file
+            raise unreadable(source, path, e) from None
     elif path.is_dir():
         ds = datasets.load_dataset(str(path), name, cache_dir=cache_dir)
     else:
@@ -83,11 +97,25 @@ def load_source(source: str, split: str, name: str | None = None, cache_dir: str
             raise _offline_hint(source, e) from None
     if isinstance(ds, datasets.DatasetDict):
         if split not in ds:
-            raise ValueError(
+            raise BadInput(
                 f"task.params.split: {source} has no split {split!r} (splits: {', '.join(ds)})"
             )
         ds = ds[split]
     return ds
+
+
+def _blank(path: Path) -> bool:
+    """True if a text file holds only whitespace (`datasets` fails on it with StopIteration)."""
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 16):
+            if chunk.strip():
+                return False
+    return True
+
+
+def _label(source: str, split: str) -> str:
+    """How a bad row's source is named: the file, or the dataset and its split."""
+    return source if Path(source).is_file() else f"{source}[{split}]"
 
 
 def _plain(value: Any) -> Any:
@@ -124,17 +152,23 @@ class DatasetTask:
         shuffle_seed: int | None = None,
         max_prompt_tokens: int | None = None,
         cache_dir: str | None = None,
+        on_bad_row: str = "error",
     ) -> None:
         """Keys as in the module docstring; `name`: the dataset's configuration (e.g. "main"
-        for gsm8k); `cache_dir`: where `datasets` keeps its Arrow files (None: its default)."""
+        for gsm8k); `cache_dir`: where `datasets` keeps its Arrow files (None: its default);
+        `on_bad_row`: "error" (one line naming the first bad row) or "skip" (leave them out)."""
         if not isinstance(path, str) or not path:
-            raise ValueError("task.params.path: a file, directory or hub dataset id is required")
+            raise BadInput("task.params.path: a file, directory or hub dataset id is required")
         if heldout_size < 0 or (heldout_size and (eval_split or eval_path)):
-            raise ValueError(
+            raise BadInput(
                 "task.params.heldout_size: must be >= 0, and 0 with eval_split or eval_path"
             )
         if max_prompt_tokens is not None and max_prompt_tokens <= 0:
-            raise ValueError(f"task.params.max_prompt_tokens: must be > 0, got {max_prompt_tokens}")
+            raise BadInput(f"task.params.max_prompt_tokens: must be > 0, got {max_prompt_tokens}")
+        if on_bad_row not in ("error", "skip"):
+            raise BadInput(f"task.params.on_bad_row: {on_bad_row!r} is not error or skip")
+        self.on_bad_row = on_bad_row
+        self.needs_answer = False  # set by the reward functions that score the rows
         self.path, self.source_name, self.split = path, name, split
         self.prompt_key, self.messages_key = prompt_key, messages_key
         self.answer_key, self.id_key = answer_key, id_key
@@ -152,6 +186,11 @@ class DatasetTask:
         """Render prompts with `formatter` (envs/chat.py); the learner calls it before use."""
         self.formatter = formatter
 
+    def expect_answers(self, needed: bool) -> None:
+        """Whether a row without an answer is bad: the reward functions that score this task
+        say whether they read it (envs/reward_functions.py)."""
+        self.needs_answer = needed
+
     # -- loading --------------------------------------------------------------------------------
 
     def _check_columns(self, ds: Any, where: str) -> list[str]:
@@ -163,7 +202,7 @@ class DatasetTask:
         keys += [("extra_keys", k) for k in self.extra_keys or []]
         for param, key in keys:
             if key is not None and key not in columns:
-                raise ValueError(
+                raise BadInput(
                     f"task.params.{param}: no column {key!r} in {where} "
                     f"(columns: {', '.join(columns)})"
                 )
@@ -172,37 +211,73 @@ class DatasetTask:
         used = {self.messages_key or self.prompt_key, self.answer_key, self.id_key}
         return [c for c in columns if c not in used]
 
-    def _fits(self, ds: Any) -> Any:
-        """Boolean mask of the rows whose rendered prompt fits max_prompt_tokens."""
+    def _bad_rows(self, ds: Any, source: str, split: str) -> Any:
+        """Boolean mask of the rows of `ds` to leave out as bad (module docstring); raises the
+        one line naming the first with on_bad_row: error."""
+        label = _label(source, split)
+        if len(ds) == 0:
+            raise BadInput(f"{label}: no rows")
+        columns = [(self.messages_key, MESSAGES) if self.messages_key else (self.prompt_key, TEXT)]
+        if self.answer_key is not None and self.needs_answer:
+            columns.append((self.answer_key, ANSWER))
+        if self.id_key is not None:
+            columns.append((self.id_key, ID))
+        bad = find_bad_rows(ds, columns)
+        if not bad.counts:
+            return bad.mask
+        where = locate(label, Path(source), bad.first.values())
+        if self.on_bad_row == "error":
+            problem, row = min(bad.first.items(), key=lambda kv: kv[1])
+            raise BadInput(f"{where[row]}: {problem}")
+        log.warning(
+            "dataset %s: on_bad_row: skip leaves out %d of %d rows: %s",
+            label,
+            int(bad.mask.sum()),
+            len(ds),
+            "; ".join(f"{n} {p} (first {where[bad.first[p]]})" for p, n in bad.counts.items()),
+        )
+        return bad.mask
+
+    def _fits(self, ds: Any, keep: Any) -> Any:
+        """Boolean mask of the rows in `keep` whose rendered prompt fits max_prompt_tokens."""
         import numpy as np
 
         if self.max_prompt_tokens is None:
-            return np.ones(len(ds), dtype=bool)
+            return keep.copy()
         if self.formatter is None or self.formatter.tokenizer is None:
-            raise ValueError("task.params.max_prompt_tokens: needs the model's tokenizer")
+            raise BadInput("task.params.max_prompt_tokens: needs the model's tokenizer")
         from rollflash.envs.chat import encode_prompts
 
         column = self.messages_key or self.prompt_key
+        rows = np.flatnonzero(keep)
         lengths = []
-        for batch in ds.select_columns([column]).iter(batch_size=_BATCH):
+        for batch in ds.select(rows).select_columns([column]).iter(batch_size=_BATCH):
             texts = [self.formatter.render(p, self.system_prompt) for p in batch[column]]
             lengths += [len(ids) for ids in encode_prompts(self.formatter.tokenizer, texts)]
-        return np.asarray(lengths) <= self.max_prompt_tokens
+        fits = np.zeros(len(ds), dtype=bool)
+        fits[rows] = np.asarray(lengths, dtype=np.int64) <= self.max_prompt_tokens
+        return fits
+
+    def _kept(self, ds: Any, source: str, split: str) -> tuple[Any, int]:
+        """The rows of `ds` that are good and fit, and how many good ones did not fit."""
+        good = ~self._bad_rows(ds, source, split)
+        fits = self._fits(ds, good)
+        return fits, int((good & ~fits).sum())
 
     def _load(self) -> None:
         import numpy as np
 
         ds = load_source(self.path, self.split, self.source_name, self.cache_dir)
         self._extra = self._check_columns(ds, self.path)
-        fits = self._fits(ds)
-        self.filtered["train"] = int((~fits).sum())
+        fits, self.filtered["train"] = self._kept(ds, self.path, self.split)
         if self.eval_path or self.eval_split:
             source = self.eval_path or self.path
             eval_ds = load_source(source, self.eval_split or "train", self.source_name,
                                   self.cache_dir)  # fmt: skip
             self._check_columns(eval_ds, source)
-            eval_fits = self._fits(eval_ds)
-            self.filtered["heldout"] = int((~eval_fits).sum())
+            eval_fits, self.filtered["heldout"] = self._kept(
+                eval_ds, source, self.eval_split or "train"
+            )
             prefix = "eval" if self.eval_path else self.eval_split
             self._heldout = (eval_ds, np.flatnonzero(eval_fits), prefix)
             train_rows = np.flatnonzero(fits)
@@ -214,7 +289,7 @@ class DatasetTask:
             self._heldout = (ds, held, self.split)
             train_rows = np.flatnonzero(fits)
         if len(train_rows) == 0:
-            raise ValueError(f"task.params.path: no training rows left in {self.path}")
+            raise BadInput(f"task.params.path: no training rows left in {self.path}")
         self._train = (ds, train_rows)
         if any(self.filtered.values()):
             log.warning(
@@ -238,11 +313,13 @@ class DatasetTask:
         elif isinstance(raw, str):
             prompt = f"{self.system_prompt}\n\n{raw}" if self.system_prompt else raw
         else:
-            raise ValueError("task.params.messages_key: chat rows need the model's chat template")
-        answer = "" if self.answer_key is None else row[self.answer_key]
+            raise BadInput("task.params.messages_key: chat rows need the model's chat template")
+        answer = None if self.answer_key is None else row[self.answer_key]
         item_id = str(row[self.id_key]) if self.id_key else f"{prefix}-{index:07d}"
         extra = {k: _plain(row.get(k)) for k in self._extra}
-        return Item(id=item_id, prompt=prompt, answer=str(answer), extra=extra)
+        return Item(
+            id=item_id, prompt=prompt, answer="" if answer is None else str(answer), extra=extra
+        )
 
     # -- the Task interface ---------------------------------------------------------------------
 
@@ -274,7 +351,7 @@ class DatasetTask:
         return [self._item(ds[int(i)], int(i), prefix) for i in rows]
 
     def score(self, item: Item, response: str) -> float:
-        raise ValueError(
+        raise BadInput(
             "reward.functions: task 'dataset' has no verifier of its own; name one or more "
             "reward functions (e.g. [math])"
         )

@@ -50,6 +50,7 @@ class JudgeReward:
         """`options`: the `reward.judge` section (broker/config_reward.py)."""
         self.url = options.url.rstrip("/") + "/v1/completions"
         self.template, self.max_score = options.template, float(options.max_score)
+        self.needs_answer = "{answer}" in self.template  # a row without one is bad only then
         self.pattern = re.compile(options.score_pattern)
         self.max_new_tokens, self.timeout_s = options.max_new_tokens, float(options.timeout_s)
         self._logged: set[str] = set()

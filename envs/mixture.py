@@ -44,6 +44,7 @@ from typing import Any
 
 from rollflash.envs.base import Item, Task, train_stream
 from rollflash.envs.multiturn import is_multi_turn
+from rollflash.errors import BadInput
 
 BLOCK = 1024  # items whose domains are drawn together
 _DOMAIN = re.compile(r"[a-z][a-z0-9_]{0,31}")
@@ -64,34 +65,32 @@ def _component(i: int, spec: Any) -> Component:
 
     where = f"task.params.components[{i}]"
     if not isinstance(spec, dict) or "task" not in spec:
-        raise ValueError(f"{where}: expected a mapping with a `task` key")
+        raise BadInput(f"{where}: expected a mapping with a `task` key")
     unknown = sorted(set(spec) - _KEYS)
     if unknown:
-        raise ValueError(
-            f"{where}: unknown key {unknown[0]!r}; accepted: {', '.join(sorted(_KEYS))}"
-        )
+        raise BadInput(f"{where}: unknown key {unknown[0]!r}; accepted: {', '.join(sorted(_KEYS))}")
     name = spec.get("name", spec["task"])
     if not isinstance(name, str) or not _DOMAIN.fullmatch(name):
-        raise ValueError(f"{where}.name: {name!r} is not a short snake_case domain name")
+        raise BadInput(f"{where}.name: {name!r} is not a short snake_case domain name")
     weight = spec.get("weight", 1.0)
     if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not weight > 0:
-        raise ValueError(f"{where}.weight: must be a number > 0, got {weight!r}")
+        raise BadInput(f"{where}.weight: must be a number > 0, got {weight!r}")
     limit = spec.get("max_new_tokens")
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
-        raise ValueError(f"{where}.max_new_tokens: must be an integer > 0, got {limit!r}")
+        raise BadInput(f"{where}.max_new_tokens: must be an integer > 0, got {limit!r}")
     reward = spec.get("reward")
     if reward is not None and (
         not isinstance(reward, dict) or not set(reward) <= {"functions", "weights"}
     ):
-        raise ValueError(f"{where}.reward: expected {{functions: [...], weights: [...]}}")
+        raise BadInput(f"{where}.reward: expected {{functions: [...], weights: [...]}}")
     if spec["task"] == "mixture":
-        raise ValueError(f"{where}.task: a mixture cannot contain a mixture")
+        raise BadInput(f"{where}.task: a mixture cannot contain a mixture")
     try:
         task = make_task(spec["task"], spec.get("params"))
     except ValueError as e:
-        raise ValueError(f"{where}: {e}") from None
+        raise BadInput(f"{where}: {e}") from None
     if is_multi_turn(task):
-        raise ValueError(f"{where}: multi-turn task {spec['task']!r} cannot be mixed")
+        raise BadInput(f"{where}: multi-turn task {spec['task']!r} cannot be mixed")
     return Component(name, task, float(weight), reward, limit)
 
 
@@ -102,11 +101,11 @@ class MixtureTask:
 
     def __init__(self, components: list[dict[str, Any]]) -> None:
         if not isinstance(components, list) or not components:
-            raise ValueError("task.params.components: a non-empty list of tasks is required")
+            raise BadInput("task.params.components: a non-empty list of tasks is required")
         self.components = [_component(i, c) for i, c in enumerate(components)]
         names = [c.name for c in self.components]
         if len(set(names)) != len(names):
-            raise ValueError(f"task.params.components: domain names repeat ({names}); set `name`")
+            raise BadInput(f"task.params.components: domain names repeat ({names}); set `name`")
         total = sum(c.weight for c in self.components)
         for c in self.components:
             c.weight /= total

@@ -24,6 +24,7 @@ from rollflash.envs.reward_functions import RewardFunctions, ScoredTask
 from rollflash.envs.simulated import SimulatedEnv
 from rollflash.envs.sokoban import Sokoban
 from rollflash.envs.tools import tool_use_task
+from rollflash.errors import BadInput
 
 _TASKS: dict[str, Callable[..., Task]] = {
     "arithmetic": ArithmeticTask,
@@ -54,11 +55,13 @@ def _parameters(factory: Callable[..., Any]) -> list[str]:
 def make_task(name: str, params: dict[str, Any] | None = None) -> Task:
     """Build the task `name` with constructor keyword arguments `params`.
 
-    Raises ValueError naming the known tasks for an unknown name, and naming the key (and the accepted
-    keys) for an unknown parameter, before the constructor runs.
+    Raises BadInput (a ValueError) naming the known tasks for an unknown name, and naming the key
+    (and the accepted keys) for an unknown parameter, before the constructor runs; a ValueError
+    of the constructor (a parameter out of range) becomes BadInput too, as the parameters are
+    what it checked.
     """
     if name not in known_tasks():
-        raise ValueError(f"unknown task {name!r}; known tasks: {', '.join(known_tasks())}")
+        raise BadInput(f"unknown task {name!r}; known tasks: {', '.join(known_tasks())}")
     params = dict(params or {})
     if name in _TASKS:
         accepted = _parameters(_TASKS[name])
@@ -67,11 +70,16 @@ def make_task(name: str, params: dict[str, Any] | None = None) -> Task:
         accepted = [*_parameters(env_class), "heldout_size"]
     for key in params:
         if key not in accepted:
-            raise ValueError(
+            raise BadInput(
                 f"unknown parameter {key!r} for task {name!r}; accepted: {', '.join(accepted)}"
             )
     if name in _TASKS:
-        return _TASKS[name](**params)
+        try:
+            return _TASKS[name](**params)
+        except BadInput:
+            raise
+        except ValueError as e:
+            raise BadInput(f"task.params ({name}): {e}") from e
     heldout_size = params.pop("heldout_size", heldout_size)
     return EnvTask(name, functools.partial(env_class, **params), heldout_size)
 
@@ -83,7 +91,7 @@ def task_from_config(cfg: Any) -> Task:
     r = cfg.reward
     if isinstance(task, MixtureTask):
         if r.functions:
-            raise ValueError(
+            raise BadInput(
                 "reward.functions: a mixture's rewards are set per component "
                 "(task.params.components[i].reward)"
             )
@@ -91,7 +99,7 @@ def task_from_config(cfg: Any) -> Task:
     if not r.functions:
         return task
     if is_multi_turn(task):
-        raise ValueError(
+        raise BadInput(
             f"reward.functions: score single responses; multi-turn task {cfg.task.name!r} is "
             "scored by its environment"
         )

@@ -11,15 +11,26 @@ each column a list) and returns one float per sample: one call per scoring batch
 that amortise a model or a process. The reward is sum_i weights[i] * fn_i (weights default to 1).
 
 A spec is "package.module:function" (imported, so the package must be importable in every
-generator and in the learner) or the name of a built-in verifier (envs/verifiers.py: math, exact,
-regex, json_schema).
+generator and in the learner), the name of a built-in verifier (envs/verifiers.py: math, exact,
+regex, json_schema), or "python:NAME", a Python function given to `rollflash.Run`, which the
+caller's process serves to the processes Run starts (envs/remote_rewards.py).
 
 Guarantees:
 - Import problems fail at load, one line: `reward.functions[0]: cannot import my_pkg.rewards:f
   (ModuleNotFoundError: No module named 'my_pkg')`.
 - Per sample, an exception, a call over `timeout_s` or a return that is not a finite number scores
   0 for that function and counts one error (`errors[spec]`, shown as `reward_errors` in the
-  generator's heartbeat); the first of each kind is logged with its traceback.
+  generator's heartbeat, and per step in the learner as `reward/error/<name>`); each function's
+  first failure is logged once, with its traceback and the id of the row it failed on.
+- With two or more functions, or where one failed, a sample's reward carries each function's own
+  score (`Scored.parts`: name -> unweighted score, None where it failed), which the generator puts
+  on the wire (`Sample.reward_parts`) and the learner averages per step as `reward/<name>`. A
+  function's name is a built-in's own, or the part after ":" of "pkg.module:fn", lowercased,
+  with any character other than a-z, 0-9 and _ made "_"; two functions of one list may not share
+  a name, nor take one of the learner's own (`mean`, `errors`, `code_*`, ...).
+- A row without an answer is bad (envs/dataset.py) only if one of the functions reads the
+  answer: every function does unless it says `needs_answer = False` (`code` does; `judge` when
+  its template has no {answer}).
 - A function that fails on every sample of a scoring batch of at least 2 samples raises
   `RewardFunctionFailed` naming it: the generator exits with code 3 and `rollctl run` stops the
   run, since every later batch would fail the same way.
@@ -40,6 +51,7 @@ from __future__ import annotations
 import importlib
 import logging
 import math
+import re
 import signal
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -47,17 +59,19 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from rollflash.envs import remote_rewards
 from rollflash.envs.base import Item, Task
 from rollflash.envs.verifiers import VERIFIERS
+from rollflash.errors import RollflashError
 
 log = logging.getLogger(__name__)
 
 
-class RewardFunctionError(ValueError):
+class RewardFunctionError(RollflashError, ValueError):
     """A reward function that cannot be loaded (a config error: one line, exit code 2)."""
 
 
-class RewardFunctionFailed(ValueError):
+class RewardFunctionFailed(RollflashError, ValueError):
     """A reward function failed on every sample of a batch: the run cannot go on."""
 
 
@@ -66,23 +80,60 @@ class RewardTimeout(Exception):
 
 
 class Scored(float):
-    """A reward that says why its sample failed (`failure`, "" when it did not): a float
-    everywhere else, so weighting and the wire see a plain number."""
+    """A reward that says why its sample failed (`failure`, "" when it did not) and, when several
+    functions made it, what each gave (`parts`: name -> score, None where the function failed):
+    a float everywhere else, so weighting and the wire see a plain number."""
 
     failure: str
+    parts: dict[str, float | None] | None
 
-    def __new__(cls, value: float, failure: str = "") -> Scored:
+    def __new__(
+        cls, value: float, failure: str = "", parts: dict[str, float | None] | None = None
+    ) -> Scored:
         out = super().__new__(cls, value)
-        out.failure = failure
+        out.failure, out.parts = failure, parts
         return out
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (Scored, (float(self), self.failure))
+        return (Scored, (float(self), self.failure, self.parts))
 
 
 def failure_of(reward: float) -> str:
     """The failure reason a reward carries ("" for a plain number)."""
     return getattr(reward, "failure", "")
+
+
+def parts_of(reward: float) -> dict[str, float | None] | None:
+    """Each function's score a reward carries (None: it carries none)."""
+    return getattr(reward, "parts", None)
+
+
+# metric names of the learner's own under reward/ (learner/metrics.py): no function may take one
+_RESERVED = {"mean", "errors", "error", "score_mean", "shaping_mean", "function_error"}
+_RESERVED_PREFIXES = ("code_", "judge_")  # the code and judge rewards' failure reasons
+
+
+def function_name(spec: str) -> str:
+    """The name of a reward function in metric names (module docstring)."""
+    name = re.sub(r"[^a-z0-9_]", "_", spec.rpartition(":")[2].lower()).lstrip("_0123456789")
+    return (name or "fn")[:48]
+
+
+def _names(specs: Sequence[str]) -> list[str]:
+    names = [function_name(s) for s in specs]
+    for i, (spec, name) in enumerate(zip(specs, names)):
+        if name in _RESERVED or name.startswith(_RESERVED_PREFIXES):
+            raise RewardFunctionError(
+                f"reward.functions[{i}]: {spec} would be named {name!r} in metrics "
+                f"(reward/{name}), a name the learner uses itself; rename the function"
+            )
+        if name in names[:i]:
+            other = specs[names.index(name)]
+            raise RewardFunctionError(
+                f"reward.functions[{i}]: {spec} and {other} share the metric name {name!r}; "
+                "rename one of them"
+            )
+    return names
 
 
 def batched(fn: Callable[..., Sequence[float]]) -> Callable[..., Sequence[float]]:
@@ -95,6 +146,15 @@ def load_function(spec: str, index: int, options: Any = None) -> Callable[..., A
     """The callable `spec` names; RewardFunctionError (one line) if it cannot be imported.
     `options`: the `reward:` section, which configures the built-ins that take options."""
     where = f"reward.functions[{index}]"
+    if spec.startswith(remote_rewards.PREFIX):
+        try:
+            return remote_rewards.remote_function(spec)
+        except (OSError, LookupError, ValueError) as e:
+            raise RewardFunctionError(
+                f"{where}: {spec} is a Python function given to rollflash.Run, which only the "
+                f"processes Run starts can call ({e}); name it by an import string "
+                "('package.module:function') to start processes otherwise"
+            ) from None
     if ":" not in spec:
         if spec in CONFIGURED:
             return CONFIGURED[spec](options)
@@ -173,7 +233,11 @@ class RewardFunctions:
     weights: list[float]
     timeout_s: float = 10.0
     errors: dict[str, int] = field(default_factory=dict)
-    _logged: set[tuple[str, str]] = field(default_factory=set)
+    names: list[str] = field(default_factory=list)  # in metrics: reward/<name> (function_name)
+    _logged: set[str] = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        self.names = self.names or _names(self.specs)
 
     @classmethod
     def load(
@@ -184,24 +248,40 @@ class RewardFunctions:
         options: Any = None,
     ) -> RewardFunctions:
         """`options`: the `reward:` section (for built-ins with options, e.g. `reward.code`)."""
+        names = _names(specs)  # before importing anything: a clash is a config error
         fns = [load_function(spec, i, options) for i, spec in enumerate(specs)]
         ws = [1.0] * len(fns) if weights is None else [float(w) for w in weights]
         if len(ws) != len(fns):
             raise RewardFunctionError(
                 f"reward.weights: {len(ws)} weights for {len(fns)} reward.functions"
             )
-        return cls(list(specs), fns, ws, timeout_s)
+        return cls(list(specs), fns, ws, timeout_s, names=names)
 
     @property
     def total_errors(self) -> int:
         return sum(self.errors.values())
 
-    def _failed(self, spec: str, e: BaseException, count: int = 1) -> None:
-        self.errors[spec] = self.errors.get(spec, 0) + count
-        kind = (spec, e.__class__.__name__)
-        if kind not in self._logged:  # the first of each kind, not one line per sample
-            self._logged.add(kind)
-            log.warning("reward function %s failed: %s: %s", spec, e.__class__.__name__, e)
+    @property
+    def needs_answer(self) -> bool:
+        """Whether any function reads the row's answer (module docstring)."""
+        return any(getattr(fn, "needs_answer", True) for fn in self.functions)
+
+    def _failed(self, k: int, e: BaseException, items: list[Item]) -> None:
+        spec = self.specs[k]
+        self.errors[spec] = self.errors.get(spec, 0) + len(items)
+        if spec not in self._logged:  # its first failure, not one line per sample
+            self._logged.add(spec)
+            row = items[0].id if len(items) == 1 else f"{items[0].id} (a batch of {len(items)})"
+            log.warning(
+                "reward function %s failed on row %s: %s: %s (further failures are counted as "
+                "reward/error/%s, not logged)",
+                spec,
+                row,
+                e.__class__.__name__,
+                e,
+                self.names[k],
+                exc_info=e,
+            )
 
     def _limit(self, k: int) -> float:
         return 0.0 if getattr(self.functions[k], "own_deadline", False) else self.timeout_s
@@ -212,7 +292,7 @@ class RewardFunctions:
                 value = self.functions[k](item.prompt, response, item.answer, **item.extra)
             return _as_reward(value)
         except Exception as e:
-            self._failed(self.specs[k], e)
+            self._failed(k, e, [item])
             return None
 
     def _column(self, k: int, items: list[Item], responses: list[str]) -> list[float | None]:
@@ -238,15 +318,16 @@ class RewardFunctions:
                 raise TypeError(f"returned {len(values)} rewards for {len(items)} samples")
             return [_as_reward(v) for v in values]
         except Exception as e:
-            self._failed(self.specs[k], e, len(items))
+            self._failed(k, e, items)
             return [None] * len(items)
 
     def score_flat(self, items: list[Item], responses: list[str]) -> list[float]:
         """The weighted reward of each (item, response) pair, a `Scored` naming the first
-        failure where there is one; raises RewardFunctionFailed if a function raised on every
-        one of at least 2 samples."""
+        failure where there is one and each function's score (module docstring); raises
+        RewardFunctionFailed if a function raised on every one of at least 2 samples."""
         total = [0.0] * len(items)
         failures = [""] * len(items)
+        columns = []
         for k, weight in enumerate(self.weights):
             column = self._column(k, items, responses)
             if len(column) >= 2 and all(v is None for v in column):
@@ -257,7 +338,15 @@ class RewardFunctions:
             for i, v in enumerate(column):
                 total[i] += weight * (v or 0.0)
                 failures[i] = failures[i] or ("function_error" if v is None else failure_of(v))
-        return [Scored(t, f) if f else t for t, f in zip(total, failures)]
+            columns.append(column)
+        out: list[float] = []
+        for i, (t, f) in enumerate(zip(total, failures)):
+            scores = [column[i] for column in columns]
+            parts = None
+            if len(scores) >= 2 or None in scores:
+                parts = {n: None if v is None else float(v) for n, v in zip(self.names, scores)}
+            out.append(Scored(t, f, parts) if f or parts else t)
+        return out
 
 
 class ScoredTask:
@@ -267,6 +356,9 @@ class ScoredTask:
     def __init__(self, task: Task, functions: RewardFunctions):
         self.task, self.functions = task, functions
         self.name = task.name
+        expect = getattr(task, "expect_answers", None)  # a dataset: is a row without one bad?
+        if expect is not None:
+            expect(functions.needs_answer)
 
     def __getattr__(self, attr: str) -> Any:
         return getattr(self.task, attr)

@@ -1,11 +1,12 @@
 """The inference-engine interface that the rollout loop drives, and the table of engines.
 
 Implementations: `hf` (Hugging Face transformers, CPU or GPU), `sim` (simulated timing, for
-scheduling benchmarks) and `vllm` (vLLM, GPU or its CPU build; `make test-vllm`). What they take and
-return (`SamplingParams`, `GeneratedSample`, the log-probability contract) is in
-generators/sampling.py, the only module of this package an engine imports. This module names the
-engines by import path in `ENGINES` and imports only the one a config asks for, so torch or vllm
-load only in a generator that uses them. A new engine is a class with a
+scheduling benchmarks) and `vllm` (vLLM, GPU or its CPU build; `make test-vllm`). A new weight
+version reaches an engine as tensors (`TensorEngine`: hf, sim) or as a file (`FileEngine`:
+vllm). What they take and return (`SamplingParams`, `GeneratedSample`, the log-probability
+contract) is in generators/sampling.py, the only module of this package an engine imports. This
+module names the engines by import path in `ENGINES` and imports only the one a config asks for,
+so torch or vllm load only in a generator that uses them. A new engine is a class with a
 `from_config(cfg, seed)` classmethod and one line in `ENGINES`.
 """
 
@@ -14,10 +15,13 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from rollflash.broker.config import Config, ConfigError
 from rollflash.generators.sampling import GeneratedSample, SamplingParams
+
+if TYPE_CHECKING:
+    import torch
 
 
 class Engine(Protocol):
@@ -30,8 +34,29 @@ class Engine(Protocol):
         mid-generation calls `on_step` between decode steps (interrupt mode)."""
         ...
 
+
+class TensorEngine(Engine, Protocol):
+    """Engines that swap in a version's tensors (`hf`, `sim`; generators/reload.py): the reload
+    thread fills the tensors `new_weights` allocates while the engine keeps sampling, and only
+    `swap_weights` pauses it."""
+
+    def new_weights(
+        self, layout: list[tuple[str, tuple[int, ...], torch.dtype]]
+    ) -> dict[str, torch.Tensor]:
+        """Empty tensors (on the engine's device) for a version of these names, shapes and
+        dtypes; ValueError, before anything is allocated, when they do not fit the model."""
+        ...
+
+    def swap_weights(self, weights: dict[str, torch.Tensor], version: int) -> None:
+        """Make the filled, verified `weights` the model's."""
+        ...
+
+
+class FileEngine(Engine, Protocol):
+    """Engines that load a version from a file (`vllm`: its worker reads the file itself)."""
+
     def load_weights(self, model_file: Path, version: int) -> None:
-        """Load a verified safetensors file into the running engine."""
+        """Load a verified safetensors file (a private copy) into the running engine."""
         ...
 
 

@@ -79,24 +79,42 @@ class HFEngine:
             trust_remote_code=cfg.model.trust_remote_code,
         )
 
-    def load_weights(self, model_file: Path, version: int) -> None:
-        """Load a verified safetensors file; names and shapes are checked before any weight is
-        copied, so a file that does not fit leaves the current weights whole. A LoRA adapter
-        loaded before is removed: a full version holds every weight."""
-        state = load_file(str(model_file))  # on the host: load_state_dict copies to the device
+    def new_weights(
+        self, layout: list[tuple[str, tuple[int, ...], torch.dtype]]
+    ) -> dict[str, torch.Tensor]:
+        """Empty tensors on the engine's device for a version; its names and shapes are checked
+        against the model first, so a version that does not fit is refused before any of it is
+        read or allocated, and the loaded weights stay whole."""
+        shapes = {name: torch.Size(shape) for name, shape, _ in layout}
         current = self._shapes  # the base model's, also while an adapter wraps it
         tied = {"lm_head.weight"} if self.model.config.tie_word_embeddings else set()
-        missing = sorted(set(current) - set(state) - tied)
-        unexpected = sorted(set(state) - set(current))
-        wrong = sorted(n for n in set(state) & set(current) if state[n].shape != current[n])
+        missing = sorted(set(current) - set(shapes) - tied)
+        unexpected = sorted(set(shapes) - set(current))
+        wrong = sorted(n for n in set(shapes) & set(current) if shapes[n] != current[n])
         if missing or unexpected or wrong:
             raise ValueError(
-                f"weights {model_file} do not fit the model: missing {missing}, "
-                f"unexpected {unexpected}, wrong shape {wrong}"
+                f"the weights do not fit the model: missing {missing}, unexpected "
+                f"{unexpected}, wrong shape {wrong}"
             )
+        return {n: torch.empty(s, dtype=d, device=self.device) for n, s, d in layout}
+
+    def swap_weights(self, weights: dict[str, torch.Tensor], version: int) -> None:
+        """Make the verified tensors the model's. They were allocated for it (`new_weights`: on
+        its device), so a tensor of the model's dtype becomes the parameter's storage (no copy:
+        the pause is a pointer per tensor, and the old weights are freed); one of another dtype
+        is copied into it, as `load_state_dict` would. A LoRA adapter loaded before is removed:
+        a full version holds every weight."""
         if self._adapter is not None:
             self.model, self._adapter = self.model.unload(), None
-        self.model.load_state_dict(state, strict=False)
+        targets = dict(self.model.named_parameters(remove_duplicate=False))
+        targets |= dict(self.model.named_buffers())
+        with torch.no_grad():
+            for name, t in weights.items():
+                target = targets[name]
+                if t.dtype == target.dtype and t.device == target.device:
+                    target.data = t
+                else:
+                    target.copy_(t)
         self.model.tie_weights()
 
     def load_adapter(self, adapter_dir: Path, version: int) -> None:

@@ -24,6 +24,8 @@ from typing import Any
 
 import torch
 
+from rollflash.errors import MissingFile
+
 log = logging.getLogger(__name__)
 
 MAX_BODY = 16 << 20  # bytes of one request
@@ -37,7 +39,7 @@ class JudgeModel:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         if not (Path(path) / "config.json").is_file():
-            raise FileNotFoundError(f"reward.judge.model_path: no Hugging Face model at {path}")
+            raise MissingFile(f"reward.judge.model_path: no Hugging Face model at {path}")
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         self.model = AutoModelForCausalLM.from_pretrained(path).to(device).eval()
         self.device = device
@@ -134,7 +136,7 @@ def serve(cfg: Any, host: str, port: int) -> None:
 
     path = cfg.reward.judge.model_path
     if not path:
-        raise FileNotFoundError("reward.judge.model_path: set the judge model to serve")
+        raise MissingFile("reward.judge.model_path: set the judge model to serve")
     judge = JudgeModel(path, resolve_device(cfg.rollout.device))
     server = make_server(judge, host, port)
     log.info("reward worker: judge %s at http://%s:%d", path, *server.server_address[:2])

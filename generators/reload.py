@@ -1,115 +1,111 @@
-"""Picking up new weight versions in a generator.
+"""Picking up new weight versions in a generator, off the sampling path.
 
-The `weights` hash in Redis is the source of truth; zmq notifications only wake us sooner. A version
-is read from the store once (`WeightStore.verified_copy_dir`): its bytes are checked against the
-manifest's digests (broker/digest.py) and the announced one, and written to a private directory
-this process owns, and the engine loads that copy, so what is loaded is exactly what was hashed,
-whatever happens to the shared store meanwhile. Links and anything outside the store are refused.
+A thread of its own follows the published versions: the `weights` hash in Redis is the source of
+truth, zmq notifications only wake it sooner. When a version newer than the loaded one is
+announced, the thread fetches and verifies it (generators/fetch.py: from the shared store or over
+HTTP, every chunk checked against the manifest that the announced digest authenticates) into
+what the engine swaps in: tensors the engine allocated on its device, or a verified private file
+for an engine that loads from a path. Meanwhile the engine keeps sampling. The rollout loop calls
+`maybe_reload` between batches (or decode steps); the only pause is the swap itself
+(`engine.swap_weights`, or `load_weights` / `load_adapter` from the verified path). One version
+waits staged at a time; once it is swapped in, the thread looks for the next.
 
-A version that fails the check (or was already deleted by retention), or that the engine cannot
-load, is refused: logged, counted (`reload_refused`, shown by `rollctl status`), and skipped; the
-generator keeps its current weights until a newer version loads, and never stops over it. The
-engines check names and shapes before they touch a weight, so a refused version leaves the old
-weights whole; an error in the middle of copying tensors (the engine itself failing) is counted
-the same way, but then the engine's state is only as good as that engine's own error handling.
+A version that fails (fetch, verification, or the engine's check or load) is tried again with
+backoff (broker/retry.py `backoff_delay`), `weights.reload_attempts` times in all, then refused:
+logged, counted (`reload_refused`, shown by `rollctl status`) and skipped; the generator keeps
+its current weights until a newer version loads, and never stops over it. The engines check names
+and shapes before they touch a weight, so a refused version leaves the old weights whole.
+Per version the generator reports how long the fetch took and how long sampling paused
+(`reload_fetch_s`, `reload_pause_s` in its heartbeat; the learner logs them as `gen/...`).
 """
 
 from __future__ import annotations
 
 import logging
-import shutil
-import tempfile
+import threading
 import time
-from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from rollflash.broker.generator_side import GeneratorBroker
+from rollflash.broker.manifest import CorruptWeights
 from rollflash.broker.notify import VersionSubscriber
-from rollflash.broker.weights import MODEL_FILE, CorruptWeights, WeightStore
-from rollflash.generators.engine import Engine
+from rollflash.broker.retry import backoff_delay
+from rollflash.generators.fetch import Announced
+
+if TYPE_CHECKING:
+    from rollflash.generators.fetch import Staged, VersionSource
 
 log = logging.getLogger(__name__)
+
+WAKE_S = 0.1  # how often the thread looks at notifications and requests
 
 
 class WeightFollower:
     def __init__(
         self,
-        broker: GeneratorBroker,
-        store: WeightStore,
-        engine: Engine,
+        broker: Any,
+        source: VersionSource,
+        engine: Any,
         poll_interval_s: float = 2.0,
+        attempts: int = 3,
     ):
-        self.broker, self.store, self.engine = broker, store, engine
-        self.poll_interval_s = poll_interval_s
+        """`broker` answers `weights()` (the `weights` hash); `source` stages a version."""
+        self.broker, self.source, self.engine = broker, source, engine
+        self.poll_interval_s, self.attempts = poll_interval_s, attempts
         self.loaded_version = 0  # v0 is the model at model.path, which the engine started from
         self.reloads = 0
-        self.reload_refused = 0  # versions not loaded: failed verification or the engine's load
-        self.reload_s = 0.0
-        self._refused_version = 0  # a version refused once is not retried (nor counted again)
-        self._private: Path | None = None  # mode 0700, made at the first reload
-        self._sub: VersionSubscriber | None = None
-        self._last_poll = 0.0
-        self._announced = 0
+        self.reload_refused = 0  # versions skipped after every attempt failed
+        self.reload_retries = 0  # failed attempts that were tried again
+        self.reload_fetch_s = 0.0  # the last version loaded: fetch and verification
+        self.reload_pause_s = 0.0  # ... and the swap, the only time sampling waited
+        self._lock = threading.Condition()
+        self._staged: Staged | None = None
+        self._tries: dict[int, int] = {}
+        self._skipped = 0  # the newest version given up on
+        self._retry_at = 0.0
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._follow, name="weights", daemon=True)
+        self._thread.start()
 
-    def _published(self) -> tuple[int, str | None]:
-        info = self.broker.weights()
-        endpoint = info.get("zmq_endpoint")
-        if endpoint and (self._sub is None or self._sub.endpoint != endpoint):
-            if self._sub is not None:
-                self._sub.close()
-            self._sub = VersionSubscriber(endpoint)
-        version = info.get("version")
-        return (int(version), info.get("sha256")) if version is not None else (0, None)
-
-    def newest(self, wait_s: float = 0.0) -> tuple[int, str | None]:
-        """Newest published version (and its sha256), reading the hash at most every poll interval
-        unless a notification arrived; waits up to `wait_s` for a notification."""
-        notified = self._sub.latest(int(wait_s * 1000)) if self._sub is not None else None
-        if notified is not None:
-            self._announced = max(self._announced, notified)
-        now = time.monotonic()
-        if self._announced > self.loaded_version or now - self._last_poll >= self.poll_interval_s:
-            self._last_poll = now
-            return self._published()
-        return self.loaded_version, None
-
+    # --- the rollout loop's thread ------------------------------------------------------------
     def maybe_reload(self, wait_s: float = 0.0) -> bool:
-        """Load the newest verified version if it is newer than the loaded one."""
-        version, sha = self.newest(wait_s)
-        if version <= max(self.loaded_version, self._refused_version):
+        """Swap in the staged version if there is one (waiting up to `wait_s` for it)."""
+        with self._lock:
+            if self._staged is None and wait_s > 0:
+                self._lock.wait(wait_s)
+            staged, self._staged = self._staged, None
+        if staged is None:
             return False
         started = time.monotonic()
-        if self._private is None:
-            self._private = Path(tempfile.mkdtemp(prefix="rollflash-weights-"))
-        copy = self._private / f"v{version:08d}"
         try:
-            kind, _ = self.store.verified_copy_dir(version, copy, expect_sha256=sha)
-            self._load(kind, copy, version)
+            self._swap(staged)
         except Exception as e:  # noqa: BLE001 - any refusal keeps the current weights
-            self.reload_refused += 1
-            self._refused_version = version
-            kind = "failed verification" if isinstance(e, CorruptWeights) else "failed to load"
-            log.error(
-                "refused weights v%d (%s: %s: %s); keeping v%d",
-                version,
-                kind,
-                type(e).__name__,
-                str(e).splitlines()[0] if str(e) else "",
-                self.loaded_version,
-            )
+            self._failed(staged.version, e)
             return False
         finally:
-            shutil.rmtree(copy, ignore_errors=True)
-        self.reload_s += time.monotonic() - started
+            staged.discard()
+            self._wake.set()  # look for the next version now
+        self.reload_pause_s = time.monotonic() - started
+        self.reload_fetch_s = staged.fetch_s
         self.reloads += 1
-        self.loaded_version = version
-        log.info("loaded weights v%d in %.2fs", version, time.monotonic() - started)
+        self.loaded_version = staged.version
+        log.info(
+            "loaded weights v%d: fetched and verified in %.2fs (%s), sampling paused %.3fs",
+            staged.version,
+            staged.fetch_s,
+            staged.source,
+            self.reload_pause_s,
+        )
         return True
 
-    def _load(self, kind: str, copy: Path, version: int) -> None:
-        """Hand the verified private copy to the engine: full weights, or a LoRA adapter on top
-        of the engine's base model (engines that have `load_adapter`)."""
-        if kind == "full":
-            self.engine.load_weights(copy / MODEL_FILE, version)
+    def _swap(self, staged: Staged) -> None:
+        """Hand the verified version to the engine: full weights as tensors or a file, or a LoRA
+        adapter directory on top of the engine's base model (engines with `load_adapter`)."""
+        if staged.kind == "full":
+            if staged.tensors is not None:
+                self.engine.swap_weights(staged.tensors, staged.version)
+            else:
+                self.engine.load_weights(staged.path, staged.version)
             return
         load_adapter = getattr(self.engine, "load_adapter", None)
         if load_adapter is None:
@@ -117,7 +113,7 @@ class WeightFollower:
                 f"the {type(self.engine).__name__} engine cannot load adapter versions; "
                 "publish full versions (trainer.publish: full)"
             )
-        load_adapter(copy, version)
+        load_adapter(staged.path, staged.version)
 
     def wait_for(self, version: int, timeout_s: float) -> None:
         """Block until at least `version` is loaded (synchronous mode needs it)."""
@@ -125,12 +121,97 @@ class WeightFollower:
         while self.loaded_version < version:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"weights v{version} were not published within {timeout_s}s")
-            self._last_poll = 0.0  # force a hash read: we know a newer version is due
-            if not self.maybe_reload(wait_s=0.5):
-                time.sleep(0.05)
+            self._wake.set()  # read the hash now: we know a newer version is due
+            self.maybe_reload(wait_s=0.5)
 
     def close(self) -> None:
-        if self._sub is not None:
-            self._sub.close()
-        if self._private is not None:
-            shutil.rmtree(self._private, ignore_errors=True)
+        self._stop.set()
+        self._wake.set()
+        self._thread.join(timeout=60)
+        with self._lock:
+            staged, self._staged = self._staged, None
+        if staged is not None:
+            staged.discard()
+        self.source.close()
+
+    # --- the follower's thread ----------------------------------------------------------------
+    def _follow(self) -> None:
+        sub: VersionSubscriber | None = None
+        notified_max, last_poll = 0, 0.0
+        while not self._stop.is_set():
+            try:
+                notified = sub.latest(int(WAKE_S * 1000)) if sub is not None else None
+                if sub is None:
+                    self._wake.wait(WAKE_S)
+                woken = self._wake.is_set()
+                self._wake.clear()
+                notified_max = max(notified_max, notified or 0)
+                now = time.monotonic()
+                due = now - last_poll >= self.poll_interval_s
+                if woken or due or self._wanted(notified_max):
+                    last_poll = now
+                    published, sub = self._published(sub)
+                    if self._wanted(published.version):
+                        self._stage(published)
+            except Exception as e:  # noqa: BLE001 - Redis trouble: the rollout loop waits it out
+                log.warning("reading the weights hash failed (%s); trying again", e)
+                self._stop.wait(1.0)
+        if sub is not None:
+            sub.close()
+
+    def _published(self, sub: VersionSubscriber | None) -> tuple[Announced, Any]:
+        info = self.broker.weights()
+        endpoint = info.get("zmq_endpoint")
+        if endpoint and (sub is None or sub.endpoint != endpoint):
+            if sub is not None:
+                sub.close()
+            sub = VersionSubscriber(endpoint)
+        version = info.get("version")
+        if version is None:
+            return Announced(0, None), sub
+        return Announced(int(version), info.get("sha256"), info.get("http_url")), sub
+
+    def _wanted(self, version: int) -> bool:
+        with self._lock:
+            waiting = self._staged is not None
+        return (
+            not waiting
+            and version > max(self.loaded_version, self._skipped)
+            and time.monotonic() >= self._retry_at
+        )
+
+    def _stage(self, announced: Announced) -> None:
+        started = time.monotonic()
+        try:
+            staged = self.source.fetch(announced, self.engine, {self.loaded_version})
+        except Exception as e:  # noqa: BLE001 - counted, tried again or refused
+            self._failed(announced.version, e)
+            return
+        staged.fetch_s = time.monotonic() - started
+        with self._lock:
+            self._staged = staged
+            self._lock.notify_all()
+
+    def _failed(self, version: int, e: Exception) -> None:
+        """One failed attempt at `version`: try again after a backoff, or refuse it."""
+        kind = "failed verification" if isinstance(e, CorruptWeights) else "failed to load"
+        reason = f"{kind}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        with self._lock:
+            tries = self._tries[version] = self._tries.get(version, 0) + 1
+            self._tries = {v: n for v, n in self._tries.items() if v >= version}
+        if tries < self.attempts:
+            self.reload_retries += 1
+            delay = backoff_delay(tries)
+            self._retry_at = time.monotonic() + delay
+            log.warning(
+                "weights v%d: attempt %d of %d %s; trying again in %.1fs",
+                version,
+                tries,
+                self.attempts,
+                reason,
+                delay,
+            )
+            return
+        self.reload_refused += 1
+        self._skipped = max(self._skipped, version)
+        log.error("refused weights v%d (%s); keeping v%d", version, reason, self.loaded_version)

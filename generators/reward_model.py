@@ -27,6 +27,7 @@ import torch
 from rollflash.broker.config import Config
 from rollflash.broker.rm_input import reward_model_input_ids
 from rollflash.envs import Item, Task, is_multi_turn
+from rollflash.errors import BadInput, MissingFile
 
 log = logging.getLogger(__name__)
 
@@ -48,14 +49,14 @@ class RewardModelScorer:
 
         path = Path(path)
         if not (path / "config.json").is_file():
-            raise FileNotFoundError(
+            raise MissingFile(
                 f"reward.model_path: no Hugging Face model directory at {path} "
                 "(train one with `rollctl train-rm`)"
             )
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         self.model = AutoModelForSequenceClassification.from_pretrained(path, dtype=_DTYPES[dtype])
         if self.model.config.num_labels != 1:
-            raise ValueError(
+            raise BadInput(
                 f"reward.model_path: {path} has {self.model.config.num_labels} labels; "
                 "a reward model needs a scalar head (num_labels 1)"
             )
@@ -145,7 +146,7 @@ def make_rewarder(cfg: Config, task: Task, device: str | torch.device | None = N
     if r.type == "rule":
         return RuleRewarder(task)
     if is_multi_turn(task):
-        raise ValueError(
+        raise BadInput(
             f"reward.type: {r.type!r} scores single responses; multi-turn task "
             f"{cfg.task.name!r} is scored by its environment (use 'rule')"
         )

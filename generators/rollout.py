@@ -34,12 +34,12 @@ from rollflash.broker.redis_io import is_oom
 from rollflash.broker.retry import retry_until
 from rollflash.broker.schema import PromptWork, Sample, Trajectory
 from rollflash.broker.secrets import redact
-from rollflash.broker.weights import WeightStore
 from rollflash.envs import Item, Task, is_multi_turn, task_from_config
-from rollflash.envs.reward_functions import failure_of
+from rollflash.envs.reward_functions import failure_of, parts_of
 from rollflash.generators.continuous import ContinuousRollout
 from rollflash.generators.engine import Engine, make_engine
 from rollflash.generators.episodes import rollout_episodes
+from rollflash.generators.fetch import version_source
 from rollflash.generators.reload import WeightFollower
 from rollflash.generators.reward_model import Rewarder, make_rewarder
 from rollflash.generators.sampling import GeneratedSample, SamplingParams
@@ -117,6 +117,7 @@ def to_trajectory(
                 finished=s.finished,
                 text=s.text,
                 reward_failure=failure_of(reward),  # e.g. code_timeout; "" if none
+                reward_parts=parts_of(reward),  # each function's score (2+ functions)
             )
         )
     return Trajectory.for_work(work, out, samples[0].prompt_ids, generator_id, version)
@@ -222,16 +223,34 @@ class Generator:
             busy_timeout_s=cfg.redis.connect_timeout_s,
         )
         # the learner creates the run and admits us (broker/roster.py): we only ask to join
-        self.broker.join_run(
-            cfg.fingerprint(),
-            timeout_s=cfg.trainer.wait_timeout_s,
-            beat={"state": "joining"},
-            ttl_s=cfg.rollout.heartbeat_ttl_s,
-        )
+        beat, ttl = {"state": "joining"}, cfg.rollout.heartbeat_ttl_s
+        self.broker.join_run(cfg.fingerprint(), cfg.trainer.wait_timeout_s, beat, ttl)
         self.engine = make_engine(cfg, seed=cfg.run.seed + sum(map(ord, generator_id)))
-        self.follower = WeightFollower(self.broker, WeightStore(cfg.run.run_dir), self.engine)
+        self.follower = WeightFollower(
+            self.broker,
+            version_source(cfg, generator_id),
+            self.engine,
+            attempts=cfg.weights.reload_attempts,
+        )
         self.rewarder = make_rewarder(cfg, self.task)  # reward: rule | model | mixed
         self.counters = Counters()
+        self._wait_while_done(cfg.trainer.wait_timeout_s)
+
+    def _wait_while_done(self, timeout_s: float) -> None:
+        """A run whose learner finished says `done` until a learner resuming it (with a larger
+        `trainer.total_steps`) starts training: a generator started beside that learner waits
+        for it (up to `timeout_s`) instead of stopping at once. A resumed learner publishes a
+        new version before it trains, so a new version also ends the wait (a learner with no
+        step left may say `done` again before this looks)."""
+        if not self.finished():
+            return
+        log.info("the run is done; waiting up to %.0fs for a learner to extend it", timeout_s)
+        deadline = time.monotonic() + timeout_s
+        version = self.broker.weights().get("version")
+        while self.finished() and time.monotonic() < deadline:
+            if self.broker.weights().get("version") != version:
+                return
+            time.sleep(0.5)
 
     def heartbeat(self, state: str) -> None:
         writes = self.broker.writes  # acknowledged / indeterminate trajectory writes
@@ -241,6 +260,9 @@ class Generator:
                 "state": state,
                 "reloads": self.follower.reloads,
                 "reload_refused": self.follower.reload_refused,
+                "reload_retries": self.follower.reload_retries,
+                "reload_fetch_s": round(self.follower.reload_fetch_s, 3),
+                "reload_pause_s": round(self.follower.reload_pause_s, 4),
                 "redis_lost": self.broker.lost["trajectories"],
                 "dead_letters": self.broker.dead_lettered,
                 "published": writes["acknowledged"],

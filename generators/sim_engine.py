@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from rollflash.broker.config import Config, SimConfig
 from rollflash.generators.sampling import GeneratedSample, SamplingParams
@@ -51,7 +52,16 @@ class SimEngine:
         """The timing of `cfg.sim`; `seed` draws the response lengths and token ids."""
         return cls(cfg.sim, seed)
 
-    def load_weights(self, model_file: Path, version: int) -> None:
+    def new_weights(self, layout: list[tuple[str, tuple[int, ...], Any]]) -> dict[str, Any]:
+        """Tensors that keep nothing (the meta device): a simulated model has no weights, like an
+        engine whose weights live on a GPU, the host keeps none of a version's bytes."""
+        import torch
+
+        return {
+            name: torch.empty(shape, dtype=dtype, device="meta") for name, shape, dtype in layout
+        }
+
+    def swap_weights(self, weights: dict[str, Any], version: int) -> None:
         self.version = version
 
     def load_adapter(self, adapter_dir: Path, version: int) -> None:

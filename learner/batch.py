@@ -36,6 +36,7 @@ class MicroBatch:
     ref_logp: torch.Tensor | None = None  # [b, L-1] float32, frozen reference (when kl_coef > 0)
     old_values: torch.Tensor | None = None  # [b, L-1] float32, critic values before the update
     returns: torch.Tensor | None = None  # [b, L-1] float32, critic targets (with a critic)
+    prox_logp: torch.Tensor | None = None  # [b, L-1] float32, policy before the step's updates
 
     @property
     def num_tokens(self) -> int:

@@ -12,6 +12,7 @@ then: publish v0, or resume after the checkpoint (learner/publish.py)
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,7 +29,9 @@ from rollflash.broker.model_dir import model_directory
 from rollflash.broker.wire import WireLimits
 from rollflash.envs import Item, Task, is_multi_turn, task_from_config, train_stream
 from rollflash.envs.chat import PromptFormatter, format_task
+from rollflash.errors import MissingFile
 from rollflash.learner.admission import Admission
+from rollflash.learner.best import BestVersion
 from rollflash.learner.checkpoint import CheckpointStore, LearnerState, RankProgress, restore_rng
 from rollflash.learner.checkpoint_io import Trainables
 from rollflash.learner.collect import Collector
@@ -37,14 +40,17 @@ from rollflash.learner.dist import Dist, init_dist, is_sharded, wrap_model
 from rollflash.learner.evaluate import heldout_accuracy, sampled_eval
 from rollflash.learner.filters import drop_reason
 from rollflash.learner.guards import GuardMonitor
+from rollflash.learner.history import History
 from rollflash.learner.ledger import Ledger
-from rollflash.learner.load import place
+from rollflash.learner.load import check_tied, place
 from rollflash.learner.lora import trainable_parameters, with_adapters
 from rollflash.learner.metrics import MetricsSink, open_sink
 from rollflash.learner.prepare import AlgoModels, build_algo_models
 from rollflash.learner.publish import Publisher, publish, resume_after
 from rollflash.learner.schedule import warmup_decay
 from rollflash.learner.simulated import SimulatedPolicy
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -79,6 +85,8 @@ class Learner:
     publisher: Publisher | None  # rank 0 only
     sink: MetricsSink | None  # rank 0 only
     ledger: Ledger  # every entry trained or dropped, durably before it is acknowledged
+    best: BestVersion | None = None  # rank 0 with eval.keep_best (learner/best.py)
+    history: History = field(default_factory=History)  # the summary's figures (checkpointed)
     progress: RankProgress = field(default_factory=RankProgress)  # trained, not yet acknowledged
     domain_eval: dict[str, float] = field(default_factory=dict)  # a mixture's last evaluation
 
@@ -189,6 +197,7 @@ def load_policy(cfg: Config, dist: Dist = Dist()) -> tuple[torch.nn.Module, Any]
         wrap,
         sharded=t.strategy == "fsdp" and dist.world_size > 1,
     )
+    check_tied(model)
     return model, AutoTokenizer.from_pretrained(path, trust_remote_code=remote)
 
 
@@ -210,9 +219,8 @@ def connect_broker(cfg: Config, dist: Dist, take_over: bool = False) -> LearnerB
 
 def learner_broker(cfg: Config) -> LearnerBroker:
     """A broker for the run with the config's limits (no lease yet)."""
-    r, t = cfg.redis, cfg.trainer
-    # an honest stream holds, unacknowledged, what admission lets be in flight and what was
-    # trained since the last checkpoint (acknowledged only once that is durable)
+    r, t = cfg.redis, cfg.trainer  # an honest stream holds, unacknowledged, what admission
+    # lets be in flight and what was trained since the last checkpoint (acked once durable)
     replicas = cfg.rollout.num_return_sequences + cfg.rollout.redundant_samples
     steps = math.ceil(1 + t.async_ratio) + t.checkpoint_every
     in_flight = steps * t.rollout_batch_size * (replicas if cfg.rollout.replicate_prompts else 1)
@@ -273,11 +281,45 @@ def resume_state(cfg: Config, dist: Dist, models: Models, optim: Optim, ckpt: Pa
     return state
 
 
+def rebase_admission(broker: LearnerBroker, state: LearnerState, batch_size: int) -> int:
+    """Make the run hash's admission counters hold what a resumed learner must continue from;
+    returns how many groups it credits as lost (learner/admission.py).
+
+    Redis holds `issued` and `replaced` exactly, and every prompt issued is still in it (in a
+    stream, or trained by a step the crash lost, then pending to the learner and trained again),
+    unless Redis itself is new or older than the checkpoint: `rollctl run` starts its embedded
+    Redis afresh, and a Redis restarted from an old snapshot forgets its tail. Then the prompts
+    issued after what Redis remembers are gone, and so are the groups they would have become;
+    without a credit the resumed learner would believe them in flight and issue that many fewer,
+    losing its asynchrony for the rest of the run. They are credited as replaced groups (at most
+    the checkpoint's prompts in flight, issued - step x B - replaced), so the first step after
+    resume has async_ratio x B prompts ahead, as on a fresh run."""
+    run = broker.run_fields()
+    redis_issued, redis_replaced = int(run.get("issued", 0)), int(run.get("replaced", 0))
+    in_flight = state.issued - state.step * batch_size - state.replaced
+    lost = max(0, min(state.issued - redis_issued, in_flight))
+    credit = max(0, state.replaced - redis_replaced) + lost
+    if credit:
+        broker.count_in_run("replaced", credit)
+    if lost:
+        log.warning(
+            "Redis holds %d of the %d prompts the checkpoint issued: %d groups in flight are "
+            "lost and issued again",
+            redis_issued,
+            state.issued,
+            lost,
+        )
+    return lost
+
+
 def build_collector(
     cfg: Config, dist: Dist, broker: LearnerBroker, task: Task, state: LearnerState, vocab: int
 ) -> Collector:
     """Admission (continuing the run's prompt count) and the collector, with the consumed ids
     of the checkpoint."""
+    if dist.is_main:
+        rebase_admission(broker, state, cfg.trainer.rollout_batch_size)
+    dist.barrier()
     run = broker.run_fields()
     state.issued = max(state.issued, int(run.get("issued", 0)))  # Redis is exact; see admission
     r = cfg.rollout
@@ -316,7 +358,7 @@ def start(cfg: Config, resume: bool | None = None, take_over: bool = False) -> L
     checkpoints = CheckpointStore(run_dir)
     ckpt = None if resume is False else checkpoints.latest()
     if resume and ckpt is None:
-        raise FileNotFoundError(f"--resume: no learner checkpoint in {checkpoints.root}")
+        raise MissingFile(f"--resume: no learner checkpoint in {checkpoints.root}")
     models = build_models(cfg, dist)
     # prompts are rendered (chat template) here, once, before they are issued: envs/chat.py
     task = format_task(
@@ -346,6 +388,8 @@ def start(cfg: Config, resume: bool | None = None, take_over: bool = False) -> L
         publisher=Publisher(cfg, broker, resuming=ckpt is not None) if main else None,
         sink=open_sink(cfg, state.trackers) if main else None,
         ledger=ledger,
+        best=BestVersion(run_dir) if main and cfg.eval.keep_best else None,
+        history=History.from_json(state.history),
     )
     ln.guard.load_state_dict(state.guards)  # adaptive kl_coef and guard streaks, resumed
     if ckpt is None:

@@ -8,7 +8,8 @@ Layout: `{run_dir}/checkpoints/step{step:08d}/` holds
   state: the frozen base is `model.path`, loaded again at resume;
 - `state.json`: step, last published version, the version -> step lineage, admission counters,
   the lr scheduler, every rank's CPU (and CUDA) RNG state, running reward statistics, the
-  adaptive KL coefficient and guard streaks (`GuardMonitor.state_dict`), the trajectory ids
+  adaptive KL coefficient and guard streaks (`GuardMonitor.state_dict`), the summary's figures
+  (learner/history.py), the trajectory ids
   consumed whose prompt is recent enough to be remembered (`seen`: issue step -> ids,
   learner/collect.py), and per rank the stream entries trained since the previous checkpoint
   (`rank{r}` -> entry refs and trajectory ids) and the size of its ledger file then
@@ -109,6 +110,7 @@ class LearnerState:
     scheduler: dict[str, Any] = field(default_factory=dict)  # LambdaLR.state_dict()
     guards: dict[str, Any] = field(default_factory=dict)  # adaptive kl_coef, guard streaks
     trackers: dict[str, str] = field(default_factory=dict)  # backend -> tracker run id (resume)
+    history: dict[str, Any] = field(default_factory=dict)  # the summary's figures (history.py)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -125,6 +127,7 @@ class LearnerState:
             "scheduler": self.scheduler,
             "guards": self.guards,
             "trackers": self.trackers,
+            "history": self.history,
         }
 
     @classmethod
@@ -143,6 +146,7 @@ class LearnerState:
             scheduler=d.get("scheduler", {}),
             guards=d.get("guards", {}),
             trackers=d.get("trackers", {}),
+            history=d.get("history", {}),
         )
 
 

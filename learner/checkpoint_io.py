@@ -13,6 +13,9 @@ weights and broadcasts them into the shards, every rank reads `optim.pt` onto th
 
 from __future__ import annotations
 
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -89,14 +92,31 @@ def _options(module: torch.nn.Module) -> StateDictOptions:
     return StateDictOptions(ignore_frozen_params=lora, strict=not lora)
 
 
+@contextmanager
+def _single_process_quiet(single: bool) -> Iterator[None]:
+    """DCP warns on every save and load of a single process ("torch.distributed is disabled,
+    unavailable or uninitialized, assuming the intent is to save in a single process") even when
+    asked for exactly that (`no_dist=True`); only that warning is silenced, only then."""
+    with warnings.catch_warnings():
+        if single:
+            warnings.filterwarnings(
+                "ignore", message="torch.distributed is disabled", category=UserWarning
+            )
+        yield
+
+
 def save_dcp(trainables: Trainables, directory: Path) -> None:
     """Collective: every rank writes its shard under `directory` (fsynced by DCP's writer)."""
-    dcp.save({"app": trainables}, checkpoint_id=str(directory), no_dist=not _distributed())
+    single = not _distributed()
+    with _single_process_quiet(single):
+        dcp.save({"app": trainables}, checkpoint_id=str(directory), no_dist=single)
 
 
 def load_dcp(trainables: Trainables, directory: Path) -> None:
     """Collective: every rank reads the pieces of its shards and loads them in place."""
-    dcp.load({"app": trainables}, checkpoint_id=str(directory), no_dist=not _distributed())
+    single = not _distributed()
+    with _single_process_quiet(single):
+        dcp.load({"app": trainables}, checkpoint_id=str(directory), no_dist=single)
 
 
 def load_legacy(trainables: Trainables, path: Path, dist: Dist) -> None:

@@ -65,6 +65,7 @@ from rollflash.broker.learner_side import LearnerBroker
 from rollflash.broker.schema import Trajectory
 from rollflash.broker.streams import Rejected
 from rollflash.broker.trajectories import split_ref
+from rollflash.errors import RollflashError
 from rollflash.learner.admission import Admission
 from rollflash.learner.assemble import GroupAssembler
 from rollflash.learner.checkpoint import Lineage
@@ -83,7 +84,7 @@ KEEP_MARGIN = 32
 _BLOCK_MS = 500
 
 
-class NoData(RuntimeError):
+class NoData(RollflashError, RuntimeError):
     """No trajectory arrived within the configured wait."""
 
 
@@ -110,6 +111,7 @@ class Collected:
     filtered_ids: list[str] = field(default_factory=list)  # groups dropped by a DAPO filter
     filtered: Counter = field(default_factory=Counter)  # filter reason -> dropped groups
     rejected: int = 0
+    issued: int = 0  # prompts rank 0 issued while collecting this step (admission top-ups)
     refused: int = 0  # entries of quarantined generators dropped
     wait_s: float = 0.0
     staleness: Counter = field(default_factory=Counter)  # steps of lag -> accepted groups
@@ -196,7 +198,7 @@ class Collector:
         have = sum(self.dist.gather(len(self.ready)))
         while True:
             if self.dist.is_main:
-                self.admission.top_up(self.broker, step, version)
+                out.issued += self.admission.top_up(self.broker, step, version)
             if self.lost is not None:
                 self.lost.before_read()
             # the ranks share what is missing, so that few groups are left over for the next step

@@ -14,6 +14,7 @@ acknowledges only its own entries.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any
@@ -156,29 +157,80 @@ def is_sharded(model: torch.nn.Module) -> bool:
     return isinstance(model, FSDPModule)
 
 
+Layout = list[tuple[str, tuple[int, ...], torch.dtype]]
+Destination = Callable[[Layout], dict[str, torch.Tensor]]
+
+
+def tied_parameters(module: torch.nn.Module) -> list[list[str]]:
+    """Names of the parameters that are one object registered under several names (a tied
+    embedding: [['model.embed_tokens.weight', 'lm_head.weight']]), one list per object."""
+    names: dict[int, list[str]] = {}
+    for name, p in module.named_parameters(remove_duplicate=False):
+        names.setdefault(id(p), []).append(name)
+    return [n for n in names.values() if len(n) > 1]
+
+
 def full_state_dict(
-    model: torch.nn.Module, dtype: torch.dtype | None = None, copy: bool = False
+    model: torch.nn.Module,
+    dtype: torch.dtype | None = None,
+    copy: bool = False,
+    into: Destination | None = None,
 ) -> dict[str, torch.Tensor]:
-    """The whole model's weights on the host, cast to `dtype` (None: as they are) on the device
-    before the one copy to the host. With FSDP every rank must call this (one tensor gathered at
-    a time); rank 0 gets the tensors, the others an empty dict. Tied tensors (lm_head =
-    embed_tokens) are returned once, under the first name. `copy`: never return a tensor that
-    shares memory with a parameter (needed when the weights are written while training goes on).
-    """
-    sharded = is_sharded(model)
-    out: dict[str, torch.Tensor] = {}
+    """The whole model's weights on the host, cast to `dtype` (None: as they are). With FSDP
+    every rank must call this (one tensor gathered at a time); rank 0 gets the tensors, the others
+    an empty dict. Tied tensors (lm_head = embed_tokens) are returned once, under the first name.
+    `copy`: never return a tensor that shares memory with a parameter (needed when the weights
+    are written while training goes on); `into`: see `host_copies`."""
+    sharded, inner = is_sharded(model), getattr(model, "module", model)
+    # shards can be empty (data_ptr 0), so a tie is found by the parameter's identity there;
+    # every rank skips the same names, so the gathers stay in step
+    later = {name for names in tied_parameters(inner) for name in names[1:]} if sharded else set()
     seen: set[int] = set()
-    for name, t in getattr(model, "module", model).state_dict().items():
-        key = id(t) if sharded else t.untyped_storage().data_ptr()
-        if key in seen:
+    entries = []
+    for name, t in inner.state_dict().items():
+        if name in later:
             continue
-        seen.add(key)
-        t = t.detach().to(dtype or t.dtype)  # cast the shard: half the bytes to gather
+        if not sharded:
+            if t.untyped_storage().data_ptr() in seen:
+                continue
+            seen.add(t.untyped_storage().data_ptr())
+        entries.append((name, t))
+    return host_copies(entries, dtype, copy, into, sharded)
+
+
+def host_copies(
+    entries: list[tuple[str, torch.Tensor]],
+    dtype: torch.dtype | None,
+    copy: bool,
+    into: Destination | None,
+    sharded: bool = False,
+) -> dict[str, torch.Tensor]:
+    """`entries` on the host, each cast to `dtype` on its device first (half the bytes to move
+    with bfloat16). `into(layout)`: the host tensors to copy into (the publishing process's
+    shared memory), so each tensor crosses from the device once, straight into them; into pinned
+    memory the copies are asynchronous and wait only once, at the end, so with FSDP the other
+    ranks never wait for rank 0's copies, only for each tensor's gather."""
+    main = not sharded or torch_dist.get_rank() == 0
+    layout = [(n, tuple(t.shape), dtype or t.dtype) for n, t in entries]
+    dest = into(layout) if into is not None and main else None
+    out: dict[str, torch.Tensor] = {}
+    on_device = False
+    for name, t in entries:
+        t = t.detach()
+        if sharded or t.device.type != "cpu" or dest is None:
+            t = t.to(dtype or t.dtype)  # on the device: fewer bytes to gather and to move
         if sharded and hasattr(t, "full_tensor"):
             t = t.full_tensor()  # collective: every rank gathers this tensor
-        if sharded and torch_dist.get_rank() != 0:
+        if not main:
             continue
-        out[name] = t.to("cpu", copy=copy).contiguous()
+        if dest is None:
+            out[name] = t.to("cpu", copy=copy).contiguous()
+            continue
+        on_device |= t.device.type == "cuda"
+        out[name] = dest[name]
+        out[name].copy_(t, non_blocking=t.device.type == "cuda" and out[name].is_pinned())
+    if on_device:
+        torch.cuda.synchronize()  # the asynchronous copies into pinned memory are done
     return out
 
 

@@ -5,38 +5,63 @@ model's config and tokenizer from `model.path`, so `AutoModelForCausalLM.from_pr
 `AutoTokenizer.from_pretrained(DIR)` load it anywhere. An adapter version (LoRA) is exported as a
 PEFT adapter directory (`PeftModel.from_pretrained(base, DIR)`, or peft's
 `AutoPeftModelForCausalLM.from_pretrained(DIR)`, which finds the base at `model.path`), or with
-`merge` as the merged model (`rollctl export --merge`). The version is verified against its
+`merge` as the merged model (`rollctl export --merge`). `rollctl export --best` exports the version
+with the best held-out accuracy (`eval.keep_best`, learner/best.py). The version is verified against its
 manifest first, and what is exported is the verified bytes: a corrupt version is never exported.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 import tempfile
 from pathlib import Path
 
 import torch
-from safetensors.torch import load
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rollflash.broker.config import Config
 from rollflash.broker.model_dir import model_directory
-from rollflash.broker.weights import ADAPTER_CONFIG, ADAPTER_FILE, MODEL_FILE, WeightStore
+from rollflash.broker.weight_stream import copy_verified, verified_tensors
+from rollflash.broker.weights import ADAPTER_CONFIG, WeightStore
+from rollflash.errors import MissingFile
+from rollflash.learner.best import BestVersion
 
 
-def export_version(cfg: Config, version: int | None, out: Path, merge: bool = False) -> Path:
-    store = WeightStore(cfg.run.run_dir)
-    version = store.latest() if version is None else version
-    if version is None:
-        raise FileNotFoundError(f"run.run_dir: no published weights in {store.root}")
-    kind, files = store.verified_files(version)
-    out.mkdir(parents=True, exist_ok=True)
-    if kind == "full":
-        _save_full(cfg, version, files[MODEL_FILE], out)
-    elif merge:
-        _save_merged(cfg, files, out)
+def export_version(
+    cfg: Config, version: int | None, out: Path, merge: bool = False, best: bool = False
+) -> Path:
+    """`version` (default: the latest) of the run's weight store, or with `best` the version
+    `eval.keep_best` kept (learner/best.py)."""
+    if best:
+        store = BestVersion(cfg.run.run_dir).store
+        kept = store.versions()
+        if not kept:
+            raise MissingFile(
+                f"--best: no best version in {store.root} (eval.keep_best keeps one once the "
+                "learner has evaluated)"
+            )
+        version = kept[-1]
     else:
-        _save_adapter(cfg, files, out)
+        store = WeightStore(cfg.run.run_dir)
+        version = store.latest() if version is None else version
+    if version is None:
+        raise MissingFile(f"run.run_dir: no published weights in {store.root}")
+    if store.manifest(version).kind == "full":
+        state = verified_tensors(store, version)  # before anything is written to `out`
+        out.mkdir(parents=True, exist_ok=True)
+        _save_full(cfg, version, state, out)
+    else:
+        with tempfile.TemporaryDirectory(prefix="rollflash-adapter-") as tmp:
+            adapter = Path(tmp) / "adapter"
+            copy_verified(store, version, adapter)
+            _name_the_base(cfg, adapter)
+            out.mkdir(parents=True, exist_ok=True)
+            if merge:
+                _save_merged(cfg, adapter, out)
+            else:
+                for f in adapter.iterdir():
+                    shutil.copyfile(f, out / f.name)
     source, remote = model_directory(cfg.model.path), cfg.model.trust_remote_code
     AutoTokenizer.from_pretrained(source, trust_remote_code=remote).save_pretrained(out)
     return out
@@ -48,9 +73,9 @@ def _base(cfg: Config) -> torch.nn.Module:
     return AutoModelForCausalLM.from_pretrained(source, trust_remote_code=remote)
 
 
-def _save_full(cfg: Config, version: int, data: bytes, out: Path) -> None:
+def _save_full(cfg: Config, version: int, state: dict[str, torch.Tensor], out: Path) -> None:
     model = _base(cfg)
-    missing, unexpected = model.load_state_dict(load(data), strict=False)
+    missing, unexpected = model.load_state_dict(state, strict=False)
     tied = {"lm_head.weight"} if model.config.tie_word_embeddings else set()
     if unexpected or set(missing) - tied:
         raise ValueError(
@@ -61,19 +86,16 @@ def _save_full(cfg: Config, version: int, data: bytes, out: Path) -> None:
     model.save_pretrained(out)
 
 
-def _save_adapter(cfg: Config, files: dict[str, bytes], out: Path) -> None:
-    """The adapter's verified bytes, with its config naming the base by absolute path."""
-    config = json.loads(files[ADAPTER_CONFIG])
+def _name_the_base(cfg: Config, adapter: Path) -> None:
+    """Make the verified adapter's config name the base by absolute path."""
+    config = json.loads((adapter / ADAPTER_CONFIG).read_text())
     config["base_model_name_or_path"] = str(Path(model_directory(cfg.model.path)).resolve())
-    (out / ADAPTER_FILE).write_bytes(files[ADAPTER_FILE])
-    (out / ADAPTER_CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True))
+    (adapter / ADAPTER_CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True))
 
 
-def _save_merged(cfg: Config, files: dict[str, bytes], out: Path) -> None:
+def _save_merged(cfg: Config, adapter: Path, out: Path) -> None:
     """The base at `model.path` with the adapter merged in (peft's merge_and_unload)."""
     from peft import PeftModel
 
-    with tempfile.TemporaryDirectory(prefix="rollflash-adapter-") as tmp:
-        _save_adapter(cfg, files, Path(tmp))
-        merged = PeftModel.from_pretrained(_base(cfg), tmp).merge_and_unload()
+    merged = PeftModel.from_pretrained(_base(cfg), str(adapter)).merge_and_unload()
     merged.save_pretrained(out)

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import sys
 
+from rollflash.errors import BadInput
+
 
 def torchrun_argv(
     nproc: int, nnodes: int, rdzv_endpoint: str | None, cli_args: list[str]
@@ -18,7 +20,7 @@ def torchrun_argv(
     argv = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}"]
     if nnodes > 1:
         if not rdzv_endpoint:
-            raise ValueError("--nnodes > 1 needs --rdzv-endpoint HOST:PORT")
+            raise BadInput("--nnodes > 1 needs --rdzv-endpoint HOST:PORT")
         argv += [f"--nnodes={nnodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv_endpoint}"]
     else:
         argv += ["--standalone"]

@@ -18,17 +18,19 @@ from contextlib import contextmanager
 import torch
 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
-from rollflash.learner.dist import Dist
+from rollflash.learner.dist import Dist, tied_parameters
 
 
 @contextmanager
 def params_on_meta() -> Iterator[None]:
-    """Modules built inside get their parameters on the meta device; buffers stay real."""
+    """Modules built inside get their parameters on the meta device; buffers stay real. A
+    parameter registered again under another name (a tie: `lm_head.weight =
+    embed_tokens.weight`) is already on meta and is kept as the same object, so the tie holds."""
     register = torch.nn.Module.register_parameter
 
     def on_meta(self: torch.nn.Module, name: str, param: torch.nn.Parameter | None) -> None:
         register(self, name, param)
-        if param is not None:
+        if param is not None and not param.is_meta:
             kind = type(self._parameters[name])
             meta = self._parameters[name].to(torch.device("meta"))
             self._parameters[name] = kind(meta, requires_grad=param.requires_grad)
@@ -40,10 +42,22 @@ def params_on_meta() -> Iterator[None]:
         torch.nn.Module.register_parameter = register  # type: ignore[method-assign]
 
 
+def retie(module: torch.nn.Module, ties: list[list[str]]) -> None:
+    """Register the first parameter of each tie under its other names again."""
+    for first, *others in ties:
+        param = module.get_parameter(first)
+        for name in others:
+            owner, _, attr = name.rpartition(".")
+            module.get_submodule(owner)._parameters[attr] = param
+
+
 def materialise(module: torch.nn.Module, device: torch.device) -> None:
-    """Meta parameters -> uninitialised ones on `device`; real buffers keep their values."""
+    """Meta parameters -> uninitialised ones on `device`; real buffers keep their values, and
+    tied parameters stay one parameter (`to_empty` makes a new one per name)."""
     buffers = {n: b.detach().clone() for n, b in module.named_buffers() if not b.is_meta}
+    ties = tied_parameters(module)
     module.to_empty(device=device)
+    retie(module, ties)
     with torch.no_grad():
         for name, value in buffers.items():
             module.get_buffer(name).copy_(value)
@@ -77,3 +91,23 @@ def place(
     if not sharded:
         module = wrap(module)
     return module
+
+
+def check_tied(module: torch.nn.Module) -> None:
+    """Raise if the model's config ties its output embedding to its input embedding
+    (`tie_word_embeddings`) but the built module holds two parameters: training would then
+    move one and publish the other. A LoRA policy is checked on its base; a head that peft
+    replaced (`modules_to_save`) is trained apart by request and is not checked."""
+    inner = getattr(module, "module", module)
+    base = inner.get_base_model() if hasattr(inner, "get_base_model") else inner
+    config = getattr(base, "config", None)
+    if not getattr(config, "tie_word_embeddings", False):
+        return
+    out, inp = base.get_output_embeddings(), base.get_input_embeddings()
+    if out is None or inp is None or "weight" not in out._parameters:
+        return
+    if out.weight is not inp.weight:
+        raise RuntimeError(
+            "model.path: the config ties the output embedding to the input embedding "
+            "(tie_word_embeddings), but the learner built two parameters"
+        )

@@ -12,7 +12,7 @@ pass, so it is used only where it saves memory worth having: when the whole upca
 UNSLICED_BYTES (at a 150k vocabulary that is ~110 positions, so any real batch is sliced; at the
 demo's 51 tokens it is ~330k positions, so it never is). The result is float32 whatever `dtype` is,
 because the PPO ratio exp(logp - logp_old) needs it. Entropy (the full softmax) is computed in the
-same slices.
+same slices, with a gradient only when the loss uses it (`entropy_grad`).
 """
 
 from __future__ import annotations
@@ -32,13 +32,17 @@ def _slice_logprobs(
     temperature: float,
     dtype: torch.dtype,
     with_entropy: bool,
+    entropy_grad: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """logits [b, t, V] (any dtype), targets [b, t] int64 -> (logp [b, t], entropy [b, t] or an
-    empty tensor) float32."""
+    empty tensor) float32; without `entropy_grad` the entropy is a detached diagnostic."""
     z = logits.to(dtype) / temperature
     picked = z.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
     logp = (picked - torch.logsumexp(z, dim=-1)).float()
-    entropy = entropy_from_logits(z).float() if with_entropy else logp.new_empty(0)
+    if not with_entropy:
+        return logp, logp.new_empty(0)
+    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+        entropy = entropy_from_logits(z if entropy_grad else z.detach()).float()
     return logp, entropy
 
 
@@ -49,17 +53,20 @@ def logprobs_from_logits(
     with_entropy: bool = False,
     chunk: int = 0,
     dtype: torch.dtype = torch.float32,
+    entropy_grad: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """logits [b, L, V], input_ids [b, L] int64 -> next-token logp [b, L-1] float32 (and entropy
-    [b, L-1] float32). `chunk` > 0: slices of about `chunk` positions (chunk // b columns of every
-    row), each recomputed in the backward pass; 0, or an upcast of at most UNSLICED_BYTES: one
-    slice, kept for the backward pass."""
+    [b, L-1] float32, detached without `entropy_grad`). `chunk` > 0: slices of about `chunk`
+    positions (chunk // b columns of every row), each recomputed in the backward pass; 0, or an
+    upcast of at most UNSLICED_BYTES: one slice, kept for the backward pass."""
     b, width = input_ids.shape[0], input_ids.shape[1] - 1
     targets = input_ids[:, 1:]
     upcast = b * width * logits.shape[-1] * dtype.itemsize
     step = max(1, chunk // max(b, 1)) if chunk > 0 and upcast > UNSLICED_BYTES else width
     if step >= width:
-        logp, ent = _slice_logprobs(logits[:, :-1], targets, temperature, dtype, with_entropy)
+        logp, ent = _slice_logprobs(
+            logits[:, :-1], targets, temperature, dtype, with_entropy, entropy_grad
+        )
         return logp, (ent if with_entropy else None)
     parts = [
         checkpoint(
@@ -69,6 +76,7 @@ def logprobs_from_logits(
             temperature,
             dtype,
             with_entropy,
+            entropy_grad,
             use_reentrant=False,
         )
         for s in range(0, width, step)
@@ -86,18 +94,22 @@ def token_logprobs(
     packed: bool = False,
     chunk: int = 0,
     dtype: torch.dtype = torch.float32,
+    entropy_grad: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """input_ids, attention_mask: [b, L] int64 -> (logp [b, L-1] float32, entropy [b, L-1] float32
-    or None): position t scores token t+1 given tokens 0..t. `packed` runs the forward pass on the
-    sequences laid end to end without padding (learner/packing.py); the result is the same.
+    or None; detached without `entropy_grad`): position t scores token t+1 given tokens 0..t.
+    `packed` runs the forward pass on the sequences laid end to end without padding
+    (learner/packing.py); the result is the same.
     `chunk`, `dtype`: `trainer.logprob_chunk` and `trainer.logprob_dtype` (see above)."""
     if packed:
         p = pack(input_ids, attention_mask)
         logits = forward_packed(model, p).logits
         logp, entropy = logprobs_from_logits(
-            logits, p.input_ids, temperature, with_entropy, chunk, dtype
+            logits, p.input_ids, temperature, with_entropy, chunk, dtype, entropy_grad
         )
         shape = (input_ids.shape[0], input_ids.shape[1] - 1)
         return unpack(logp, p, shape), (unpack(entropy, p, shape) if with_entropy else None)
     logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
-    return logprobs_from_logits(logits, input_ids, temperature, with_entropy, chunk, dtype)
+    return logprobs_from_logits(
+        logits, input_ids, temperature, with_entropy, chunk, dtype, entropy_grad
+    )

@@ -3,13 +3,14 @@
     ln = start(cfg)                                   # learner/build.py: broker, models, optimiser
     every step:
         batch = ln.collector.collect(step, version)   # this rank's share of B fresh complete groups
-        stats = train(ln, batch)                      # one decoupled-PPO update (DDP over the ranks)
+        stats = train(ln, batch)                      # M x E decoupled-PPO updates (over the ranks)
         publish(ln, version + 1)                      # rank 0: versioned safetensors + hash + zmq
         record(ln, batch)                             # the ledger line; entries to acknowledge
         every trainer.checkpoint_every steps:
             checkpoint(ln)                            # learner/publish.py: durable, then acknowledge
 
-v0 is the model at `model.path`. Without a crash version v holds v optimiser updates; a resumed
+v0 is the model at `model.path`. Without a crash version v holds v learner steps (each of
+`trainer.ppo_mini_batches` x `ppo_epochs` optimiser updates); a resumed
 learner continues the version numbers after the last published one, and learner/checkpoint.py's
 `Lineage` says which step each version holds. At the end the learner checkpoints, evaluates,
 writes `summary.json`, and sets the run's `state` to `done`, which stops the generators.
@@ -20,9 +21,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections import deque
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +59,7 @@ def step_metrics(c: Collected, train: dict[str, float], wall: dict[str, float]) 
         "async/retried": len(c.retried_ids),
         **{f"filter/dropped_{reason}": n for reason, n in sorted(c.filtered.items())},
         "async/rejected": c.rejected,
+        "async/prompts_issued": c.issued,
         "env/errors": sum(s.env_errors for g in c.groups for s in g.samples),
         **reward_breakdown(c.groups),
         "perf/wait_frac": c.wait_s / step_s,
@@ -100,6 +100,14 @@ def record(ln: Learner, batch: Collected) -> None:
     ln.ledger.trained(row)
 
 
+def add_to_history(ln: Learner, batch: Collected) -> None:
+    """The step's mean reward and largest staleness over the ranks, for the summary."""
+    rewards = [s.reward for g in batch.groups for s in g.samples]
+    ranks = ln.dist.gather([sum(rewards), len(rewards), max(batch.staleness, default=0)])
+    total, count = sum(r[0] for r in ranks), sum(r[1] for r in ranks)
+    ln.history.add(total / max(count, 1), max(r[2] for r in ranks))
+
+
 def make_durable(ln: Learner) -> float:
     """Checkpoint on checkpoint steps; returns the seconds it took. Without checkpoints the
     entries are acknowledged once published (a crash then loses these updates)."""
@@ -125,6 +133,7 @@ def learner_step(ln: Learner) -> dict[str, float]:
     state.version += 1
     publish_s = publish(ln, state.version, state.step)
     record(ln, batch)
+    add_to_history(ln, batch)  # before the checkpoint, which holds the history
     pause_point("after_update", state.step)
     checkpoint_s = make_durable(ln)
     wall = {
@@ -136,11 +145,30 @@ def learner_step(ln: Learner) -> dict[str, float]:
     metrics = merged_metrics(ln, batch, stats, wall)
     if ln.cfg.eval.every and state.step % ln.cfg.eval.every == 0:
         metrics["eval/heldout_acc"] = ln.evaluate()
+        keep_if_best(ln, metrics["eval/heldout_acc"])
         metrics.update(ln.domain_eval)  # a mixture's eval/<domain>/heldout_acc
         metrics.update(ln.evaluate_sampled())
     if ln.dist.is_main:
         _report(ln, metrics, batch.groups)
     return metrics
+
+
+def keep_if_best(ln: Learner, accuracy: float) -> None:
+    """Offer the version just evaluated (the current one) to `eval.keep_best` (rank 0)."""
+    best = ln.best
+    if best is None or ln.simulated or ln.publisher is None:
+        return
+    if best.accuracy is not None and accuracy <= best.accuracy:
+        return
+    ln.publisher.wait()  # the version is on disk, manifest last, before it is linked
+    best.offer(ln.publisher.store, ln.state.version, ln.state.step, accuracy)
+
+
+def best_fields(ln: Learner) -> dict[str, Any]:
+    """The summary's record of the kept best version (rank 0 with eval.keep_best)."""
+    if ln.best is None or ln.best.record is None:
+        return {}
+    return {"best_version": ln.best.latest(), "best_heldout_acc": round(ln.best.accuracy, 4)}
 
 
 def merged_metrics(
@@ -179,6 +207,7 @@ def _report(ln: Learner, metrics: dict[str, float], groups: list[Trajectory]) ->
     rows = pick_completions(groups, n, version, cfg.run.seed, step, decode)
     ln.sink.log_completions(step, rows)
     metrics["gen/idle_frac"], metrics["reward/errors"] = ln.broker.generator_stats()
+    metrics.update(ln.broker.generator_reloads())
     filtered = getattr(ln.task, "filtered", None)  # a dataset's prompts over max_prompt_tokens
     if filtered is not None:
         metrics["data/filtered_train"] = filtered["train"]
@@ -211,26 +240,9 @@ def _flat(key: str) -> str:
     return key.removeprefix("eval/").replace("/", "_")
 
 
-def _mean(values: list[float] | deque[float]) -> float:
+def _mean(values: Iterable[float]) -> float:
+    values = list(values)
     return round(sum(values) / len(values), 4) if values else 0.0
-
-
-@dataclass
-class History:
-    """What the summary needs from this process's steps, kept in constant memory however many
-    steps the run has."""
-
-    steps: int = 0
-    first_rewards: list[float] = field(default_factory=list)  # reward/mean of the first 10 steps
-    last_rewards: deque[float] = field(default_factory=lambda: deque(maxlen=10))  # of the last 10
-    max_staleness: float = 0
-
-    def add(self, metrics: dict[str, float]) -> None:
-        self.steps += 1
-        if len(self.first_rewards) < 10:
-            self.first_rewards.append(metrics["reward/mean"])
-        self.last_rewards.append(metrics["reward/mean"])
-        self.max_staleness = max(self.max_staleness, metrics["async/staleness_max"])
 
 
 def begin(ln: Learner) -> dict[str, float]:
@@ -240,6 +252,7 @@ def begin(ln: Learner) -> dict[str, float]:
     if ln.state.step == 0:
         ln.state.heldout_acc_before = ln.evaluate()
         log.info("held-out greedy accuracy before training: %.3f", ln.state.heldout_acc_before)
+        keep_if_best(ln, ln.state.heldout_acc_before)
         sampled = {f"{k.removeprefix('eval/')}_before": v for k, v in ln.evaluate_sampled().items()}
         sampled.update({f"{_flat(k)}_before": v for k, v in ln.domain_eval.items()})
     if ln.dist.is_main:
@@ -251,25 +264,24 @@ def begin(ln: Learner) -> dict[str, float]:
     return sampled
 
 
-def finish(
-    ln: Learner, history: History, started: float, sampled: dict[str, float]
-) -> dict[str, Any]:
+def finish(ln: Learner, started: float, sampled: dict[str, float]) -> dict[str, Any]:
     """Checkpoint the last steps, evaluate, write summary.json and set the run's state to
     `done`; returns the summary."""
-    cfg = ln.cfg
+    cfg, history = ln.cfg, ln.history
     every = cfg.trainer.checkpoint_every
-    if every and history.steps and ln.state.step % every:
+    if every and history.steps_this_process and ln.state.step % every:
         checkpoint(ln)  # the last steps' entries are acknowledged only once this is durable
     if ln.publisher is not None:
         ln.publisher.wait()  # the last version is announced before the run is done
     acc_after = ln.evaluate()
+    keep_if_best(ln, acc_after)
     by_domain = {_flat(k): v for k, v in ln.domain_eval.items()}
     after = ln.evaluate_sampled().items()
     sampled = {**sampled, **{f"{k.removeprefix('eval/')}_after": v for k, v in after}}
     summary = {
         "steps": ln.state.step,
-        "steps_this_process": history.steps,
-        "wall_s": round(time.monotonic() - started, 1),
+        "steps_this_process": history.steps_this_process,
+        "wall_s_this_process": round(time.monotonic() - started, 1),
         "final_version": ln.state.version,
         "reward_first10": _mean(history.first_rewards),
         "reward_last10": _mean(history.last_rewards),
@@ -281,6 +293,7 @@ def finish(
         "prompts_issued": ln.collector.admission.issued,
         "learner_ranks": ln.dist.world_size,
         "stopped_by_guard": ln.guard.stop_reason,
+        **best_fields(ln),
         **{k: round(v, 4) for k, v in sampled.items()},
         **{f"{k}_after": round(v, 4) for k, v in by_domain.items()},
     }
@@ -318,15 +331,13 @@ def _train(ln: Learner, cfg: Config, on_step: Callable[[dict], None] | None) -> 
     if ln.publisher is not None:
         ln.publisher.ready()  # a publishing process competes for the cores only while it starts
     freeze_heap()  # what start-up built stays: full collections then skip it
-    history = History()
     for _ in range(ln.state.step, cfg.trainer.total_steps):
         metrics = learner_step(ln)
-        history.add(metrics)
         if on_step is not None and ln.dist.is_main:
             on_step({"step": ln.state.step, **metrics})
         if ln.guard.stop_requested:  # guards.stop_on_guard
             break
-    summary = finish(ln, history, started, sampled_before)
+    summary = finish(ln, started, sampled_before)
     thaw_heap()
     ln.close()
     return summary

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from rollflash.learner.dist import full_state_dict
+from rollflash.learner.dist import Destination, full_state_dict, host_copies
 
 if TYPE_CHECKING:
     from rollflash.broker.config import Config
@@ -110,29 +110,32 @@ def merged_state_dict(model: Any) -> dict[str, torch.Tensor]:
 
 
 def published_weights(
-    model: torch.nn.Module, cfg: Config, dtype: torch.dtype | None = None, copy: bool = False
+    model: torch.nn.Module,
+    cfg: Config,
+    dtype: torch.dtype | None = None,
+    copy: bool = False,
+    into: Destination | None = None,
 ) -> tuple[dict[str, torch.Tensor], dict[str, Any] | None]:
     """What a weight version holds (`cfg.publish_kind`): the full state dict (merged for a LoRA
     policy) and None, or the adapter's tensors and its adapter_config.json; on the host, cast to
-    `dtype` (`trainer.publish_dtype`), never sharing memory with a parameter when `copy`."""
+    `dtype` (`trainer.publish_dtype`), never sharing memory with a parameter when `copy`, written
+    straight into `into(layout)`'s tensors when given (learner/dist.py `host_copies`)."""
     lora = peft_model(model)
     if lora is None:
-        return full_state_dict(model, dtype, copy=copy), None
+        return full_state_dict(model, dtype, copy=copy, into=into), None
     if cfg.publish_kind == "adapter":
-        return _host(adapter_state(lora), dtype, copy), adapter_config(lora, cfg.model.path)
-    return _host(merged_state_dict(lora), dtype, copy), None
+        state = _once(adapter_state(lora))
+        return host_copies(state, dtype, copy, into), adapter_config(lora, cfg.model.path)
+    return host_copies(_once(merged_state_dict(lora)), dtype, copy, into), None
 
 
-def _host(
-    state: dict[str, torch.Tensor], dtype: torch.dtype | None, copy: bool
-) -> dict[str, torch.Tensor]:
-    """`state` on the host, each tensor cast on its device first; tied tensors (one storage
-    under two names) are kept once, under the first name, as `full_state_dict` does."""
-    out: dict[str, torch.Tensor] = {}
+def _once(state: dict[str, torch.Tensor]) -> list[tuple[str, torch.Tensor]]:
+    """Tied tensors (one storage under two names) once, under the first name, as
+    `full_state_dict` keeps them."""
     seen: set[int] = set()
+    out = []
     for name, t in state.items():
-        if t.untyped_storage().data_ptr() in seen:
-            continue
-        seen.add(t.untyped_storage().data_ptr())
-        out[name] = t.detach().to(dtype or t.dtype).to("cpu", copy=copy).contiguous()
+        if t.untyped_storage().data_ptr() not in seen:
+            seen.add(t.untyped_storage().data_ptr())
+            out.append((name, t))
     return out

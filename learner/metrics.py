@@ -142,18 +142,28 @@ def completions_markdown(rows: list[dict[str, Any]], cols: Sequence[str] = COMPL
 
 def reward_breakdown(groups: list[Trajectory]) -> dict[str, float]:
     """Samples whose reward failed, by reason (`reward/<reason>`: `reward/code_timeout`, ...,
-    counts), and with a mixture of tasks (envs/mixture.py: prompt ids "<domain>/...") each
-    domain's mean reward `reward/<domain>/mean`."""
+    counts); with two or more reward functions each one's mean score `reward/<function>` and,
+    whenever one failed, its failures `reward/error/<function>` (counts; names as in
+    envs/reward_functions.py); and with a mixture of tasks (envs/mixture.py: prompt ids
+    "<domain>/...") each domain's mean reward `reward/<domain>/mean`."""
     out: dict[str, float] = {}
     sums: dict[str, list[float]] = {}
+    parts: dict[str, list[float]] = {}
     for g in groups:
         domain = g.prompt_id.split("/", 1)[0] if "/" in g.prompt_id else None
         for s in g.samples:
             if s.reward_failure:
                 key = f"reward/{s.reward_failure}"
                 out[key] = out.get(key, 0) + 1
+            for name, score in (s.reward_parts or {}).items():
+                if score is None:
+                    out[f"reward/error/{name}"] = out.get(f"reward/error/{name}", 0) + 1
+                else:
+                    parts.setdefault(name, []).append(score)
             if domain is not None:
                 sums.setdefault(domain, []).append(s.reward)
+    for name, scores in sorted(parts.items()):
+        out[f"reward/{name}"] = sum(scores) / len(scores)
     for domain, rewards in sorted(sums.items()):
         out[f"reward/{domain}/mean"] = sum(rewards) / len(rewards)
     return out
@@ -163,6 +173,7 @@ _SUMMED = (
     "async/dropped_stale",
     "async/duplicates",
     "async/late_samples",
+    "async/prompts_issued",
     "async/rejected",
     "async/retried",
     "async/staleness_hist/",
@@ -171,6 +182,7 @@ _SUMMED = (
     "reward/code_",
     "reward/judge_",
     "reward/function_error",
+    "reward/error/",
     "redis/",
 )  # redis/: counted on rank 0
 

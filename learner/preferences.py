@@ -12,10 +12,12 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from rollflash.errors import MissingFile, RollflashError
+
 FIELDS = ("prompt", "chosen", "rejected")
 
 
-class PreferenceFileError(ValueError):
+class PreferenceFileError(RollflashError, ValueError):
     """A preference file that cannot be used; the message is `path:line: what is wrong`."""
 
 
@@ -57,7 +59,7 @@ def load_preferences(path: str | Path) -> list[PreferencePair]:
     PreferenceFileError naming `path:line`."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(
+        raise MissingFile(
             f"rm.dataset: no preference file at {path} (make one with scripts/make_preferences.py)"
         )
     pairs = []

@@ -8,8 +8,13 @@
     adv, returns  = ADVANTAGE_ESTIMATORS[adv_estimator](...) over the group-major batch
     adv           = whiten(adv)                             (whiten_advantages)
 
+    prox_logp     = policy, before the step's first update  (ppo_mini_batches x ppo_epochs > 1)
+
 The estimators need whole groups, so everything above runs on one group-major padded batch on the
-host; the micro-batches are length-sorted slices of it (learner/batch.py), copied to the rank's
+host. With `trainer.ppo_mini_batches` M > 1 the step's groups are dealt into M mini-batches, one
+optimiser update each: the step's batch is the ranks' groups in rank order, and its group i goes
+to mini-batch i mod M, so N ranks deal exactly the mini-batches one rank would. The micro-batches
+of each mini-batch are length-sorted slices of its rows (learner/batch.py), copied to the rank's
 device. Batch statistics (reward_norm batch / running, whitening, the metrics) are over every
 rank's groups (learner/global_stats.py), so every rank calls `prepare_batch`, with no groups if it
 has none this step. `AlgoModels` holds what the chosen
@@ -43,10 +48,11 @@ from rollflash.learner.batch import (
     turn_inputs,
 )
 from rollflash.learner.critic import Critic, build_critic
-from rollflash.learner.device import batch_to_device
+from rollflash.learner.device import DTYPES, batch_to_device
 from rollflash.learner.dist import Dist, compute_context, is_sharded
 from rollflash.learner.filters import group_scores, truncated
 from rollflash.learner.global_stats import global_mean, normalize_scores, whiten
+from rollflash.learner.logprobs import token_logprobs
 from rollflash.learner.packing import budget_chunks
 from rollflash.learner.reference import AdaptersOffReference, ReferencePolicy
 
@@ -92,26 +98,62 @@ def build_algo_models(
 
 @dataclass
 class PreparedBatch:
-    micro_batches: list[MicroBatch]
+    mini_batches: list[list[MicroBatch]]  # one list of micro-batches per optimiser update
     metrics: dict[str, float]  # reward shaping, advantage and reference-KL statistics
+
+    @property
+    def micro_batches(self) -> list[MicroBatch]:
+        return [mb for mini in self.mini_batches for mb in mini]
+
+
+def mini_batch_rows(
+    num_groups: int, group_size: int, mini_batches: int, first_group: int = 0
+) -> list[torch.Tensor]:
+    """Rows of a group-major batch ([num_groups * group_size] rows) in each mini-batch: group j
+    of this rank is group first_group + j of the step, and group i goes to mini-batch i mod M.
+
+    4 groups of 2 samples, M = 2, first_group 1: groups 0, 2 -> mini-batch 1 (rows 0 1 4 5),
+    groups 1, 3 -> mini-batch 0 (rows 2 3 6 7)."""
+    rows = torch.arange(num_groups * group_size).reshape(num_groups, group_size)
+    of_group = (torch.arange(num_groups) + first_group) % mini_batches
+    return [rows[of_group == m].reshape(-1) for m in range(mini_batches)]
+
+
+def chunk_rows(full: MicroBatch, rows: torch.Tensor, cfg: Config) -> list[torch.Tensor]:
+    """The micro-batches of the given rows of `full`: at most `trainer.micro_batch_size`
+    sequences sorted by length, or with `trainer.token_budget` at most that many tokens."""
+    if cfg.trainer.token_budget:
+        return [rows[c] for c in budget_chunks(full.lengths[rows], cfg.trainer.token_budget)]
+    if len(rows) == full.input_ids.shape[0]:  # the whole batch: no indirection
+        return length_sorted_chunks(full, cfg.trainer.micro_batch_size)
+    lengths = full.lengths[rows]
+    order = rows[torch.argsort(lengths, stable=True)]
+    size = cfg.trainer.micro_batch_size
+    return [order[i : i + size] for i in range(0, len(order), size)]
 
 
 @torch.no_grad()
 def _model_inputs(
-    full: MicroBatch, chunks: list[torch.Tensor], cfg: Config, models: AlgoModels, dist: Dist
+    full: MicroBatch,
+    chunks: list[torch.Tensor],
+    cfg: Config,
+    models: AlgoModels,
+    dist: Dist,
+    policy: torch.nn.Module | None = None,
 ) -> None:
-    """Fill full.ref_logp and full.old_values ([B, L-1] float32, on the host), one micro-batch
-    at a time on the device. Sharded models gather their parameters in every forward pass, so
-    every rank then runs as many passes as the busiest one (the extra ones on a dummy row)."""
+    """Fill full.ref_logp, full.old_values and (given the policy) full.prox_logp ([B, L-1]
+    float32, on the host), one micro-batch at a time on the device. Sharded models gather their
+    parameters in every forward pass, so every rank then runs as many passes as the busiest one
+    (the extra ones on a dummy row)."""
     ref, critic = models.reference, models.critic
     if ref is not None:
         full.ref_logp = torch.zeros_like(full.behav_logp)
     if critic is not None:
         full.old_values = torch.zeros_like(full.behav_logp)
         critic.eval()
-    sharded = (ref is not None and is_sharded(ref.model)) or (
-        critic is not None and is_sharded(critic)
-    )
+    if policy is not None:
+        full.prox_logp = torch.zeros_like(full.behav_logp)
+    sharded = any(m is not None and is_sharded(m) for m in (ref and ref.model, critic, policy))
     passes = max(dist.gather(len(chunks))) if sharded else len(chunks)
     packed = cfg.trainer.token_budget > 0
     with compute_context(critic, dist, cfg.model.dtype):
@@ -129,6 +171,30 @@ def _model_inputs(
                 values = critic(mb.input_ids, mb.attention_mask, packed)
                 if i < len(chunks):
                     put(full.old_values, chunks[i], values.float().cpu())
+            if policy is not None:
+                logp = proximal_logprobs(policy, mb, cfg, dist)
+                if i < len(chunks):
+                    put(full.prox_logp, chunks[i], logp.cpu())
+
+
+def proximal_logprobs(
+    policy: torch.nn.Module, mb: MicroBatch, cfg: Config, dist: Dist
+) -> torch.Tensor:
+    """[b, L-1] float32: the policy's log-probs of the sampled tokens before the step's first
+    update, computed as the update computes them (same module, mode and precision), so that
+    the first mini-batch's ratio is exactly 1."""
+    policy.train()
+    with compute_context(policy, dist, cfg.model.dtype):
+        logp, _ = token_logprobs(
+            policy,
+            mb.input_ids,
+            mb.attention_mask,
+            cfg.rollout.temperature,
+            packed=cfg.trainer.token_budget > 0,
+            chunk=cfg.trainer.logprob_chunk,
+            dtype=DTYPES[cfg.trainer.logprob_dtype],
+        )
+    return logp
 
 
 def _advantages(
@@ -178,21 +244,26 @@ def _advantages(
 
 
 def prepare_batch(
-    groups: list[Trajectory], cfg: Config, models: AlgoModels, dist: Dist = Dist()
+    groups: list[Trajectory],
+    cfg: Config,
+    models: AlgoModels,
+    dist: Dist = Dist(),
+    policy: torch.nn.Module | None = None,
 ) -> PreparedBatch:
-    """Micro-batches for the groups (all of size n) on `dist.device`: at most
+    """Mini-batches of micro-batches for the groups (all of size n) on `dist.device`: at most
     `trainer.micro_batch_size` sequences, or with `trainer.token_budget` at most that many
-    tokens, packed (learner/packing.py). Collective with several ranks: every rank calls it."""
+    tokens, packed (learner/packing.py). `policy`: the trained module, given when the step makes
+    more than one update, for the proximal log-probs. Collective with several ranks: every rank
+    calls it."""
     n = cfg.rollout.num_return_sequences
     scores = torch.stack([group_scores(g, cfg) for g in groups]) if groups else torch.zeros(0, n)
     cut = torch.cat([truncated(g) for g in groups]) if groups else torch.zeros(0, dtype=torch.bool)
     full = pad_groups(groups, keep=~cut if cfg.algo.overlong_filter else None)
-    chunks = (
-        budget_chunks(full.lengths, cfg.trainer.token_budget)
-        if cfg.trainer.token_budget
-        else length_sorted_chunks(full, cfg.trainer.micro_batch_size)
-    )
-    _model_inputs(full, chunks, cfg, models, dist)
+    m = cfg.trainer.ppo_mini_batches
+    first = sum(dist.gather(len(groups))[: dist.rank]) if m > 1 else 0
+    minis = [chunk_rows(full, rows, cfg) for rows in mini_batch_rows(len(groups), n, m, first)]
+    chunks = [c for mini in minis for c in mini]
+    _model_inputs(full, chunks, cfg, models, dist, policy)
     metrics = _advantages(full, scores, cfg, models, groups, dist)
     raw = torch.tensor([s.reward for g in groups for s in g.samples], dtype=torch.float32)
     every = torch.ones(raw.shape, dtype=torch.bool)
@@ -204,5 +275,5 @@ def prepare_batch(
             "response/truncated_frac": global_mean(cut.float(), every, dist),
         }
     )
-    micro = [batch_to_device(take(full, rows), dist.device) for rows in chunks]
-    return PreparedBatch(micro, metrics)
+    mini_batches = [[batch_to_device(take(full, rows), dist.device) for rows in c] for c in minis]
+    return PreparedBatch(mini_batches, metrics)

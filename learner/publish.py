@@ -4,8 +4,9 @@
   run hash and announces it over zmq (every rank helps gather FSDP shards). The weights are cast
   to `trainer.publish_dtype` on the device, copied to the host once and hashed while written.
   With `trainer.background_publish` the write runs while the next step collects and trains: in
-  a thread (true), or in a helper process (`process`, learner/publish_process.py: the step only
-  copies the weights to shared memory, and the GIL is not shared); at most one version is in
+  a helper process (`process`, the default, learner/publish_process.py: the weights are copied
+  once, from the device straight into its shared memory, and the GIL is not shared), or in a
+  thread (true); at most one version is in
   flight, and a version is announced (run hash, zmq) only once its manifest is durable, so
   generators and stale-version rules never see a partial version.
 - `checkpoint`: model, optimiser, counters and the entries trained since the previous checkpoint
@@ -33,11 +34,12 @@ from rollflash.broker.config import Config
 from rollflash.broker.learner_side import LearnerBroker
 from rollflash.broker.trajectories import split_ref
 from rollflash.broker.weights import WeightStore
+from rollflash.errors import RunDirInUse
 from rollflash.learner.checkpoint import rng_state
 from rollflash.learner.checkpoint_io import Trainables
 from rollflash.learner.collect import Collected
 from rollflash.learner.device import DTYPES
-from rollflash.learner.dist import is_sharded
+from rollflash.learner.dist import Destination, is_sharded
 from rollflash.learner.ledger import acked_since, refs_of
 from rollflash.learner.lora import published_weights
 from rollflash.learner.pause import pause_point
@@ -58,7 +60,7 @@ class Publisher:
     def __init__(self, cfg: Config, broker: LearnerBroker, resuming: bool):
         self.store = WeightStore(cfg.run.run_dir)
         if self.store.versions() and not resuming:
-            raise FileExistsError(
+            raise RunDirInUse(
                 f"run.run_dir: {cfg.run.run_dir} holds weights but no learner "
                 "checkpoint to resume from; choose another run_dir or delete it"
             )
@@ -100,6 +102,14 @@ class Publisher:
         if self._process is not None:
             self._process.ready()
 
+    def buffers(self) -> Destination | None:
+        """Where the next version's tensors go straight from the device: the helper process's
+        shared memory (None in the other modes). Waits for the version in flight first."""
+        if self._process is None:
+            return None
+        self.wait()
+        return self._process.buffers
+
     def wait(self) -> None:
         """Until the version in flight is announced (its error, if it failed, is raised here)."""
         if self._process is not None:
@@ -119,7 +129,7 @@ class Publisher:
             if self._process is not None:
                 self._process.close()
             if self._writer is not None:
-                self._writer.zmq.close()
+                self._writer.close()
 
 
 def publish_dtype(cfg: Config) -> torch.dtype:
@@ -135,11 +145,12 @@ def publish(ln: Learner, version: int, step: int) -> float:
     if not (ln.dist.is_main or is_sharded(model)):
         return 0.0
     started = time.monotonic()
-    # a thread writes them while the next step changes the parameters: it needs its own copy
-    # (the helper process gets one in shared memory, made in `publish`)
+    # a thread writes them while the next step changes the parameters: it needs its own copy;
+    # the helper process gets one in its shared memory, copied there straight from the device
     copy = ln.publisher is not None and ln.publisher.threaded
+    into = ln.publisher.buffers() if ln.publisher is not None and ln.dist.is_main else None
     # full weights (merged with LoRA), or the adapter and its config (learner/lora.py)
-    weights, adapter = published_weights(model, ln.cfg, publish_dtype(ln.cfg), copy=copy)
+    weights, adapter = published_weights(model, ln.cfg, publish_dtype(ln.cfg), copy, into)
     if ln.publisher is None:
         return 0.0
     ln.publisher.publish(weights, version, step, adapter)
@@ -164,6 +175,7 @@ def checkpoint(ln: Learner) -> float:
         state.rng = {p[0]: p[6] for p in parts}  # every rank's own generators
         state.scheduler = ln.optim.scheduler.state_dict()
         state.guards = ln.guard.state_dict()
+        state.history = ln.history.to_json()
     trainables = Trainables.of(ln.models, ln.optim)
     ln.checkpoints.save(state, trainables, dist, fence=ln.broker.check_lease)  # collective
     if dist.is_main:

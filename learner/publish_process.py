@@ -1,12 +1,14 @@
 """Publishing in a process of its own (`trainer.background_publish: process`).
 
-The learner copies a version's tensors into views of one shared-memory block (allocated at the
-first publish, again only if the tensors' names, shapes or dtypes change) and hands the version
-to a helper process, which writes it to the weight store, announces it (the `weights` hash, then
-zmq: the helper binds the PUB socket) and applies retention: `VersionWriter.write`, the same work
-a publish does in the learner. The learner's step is left with one copy of the weights; the
-writing, hashing, fsyncs and Redis round trips run on another core. A thread cannot do this on a
-busy host: its Python work holds the GIL the training step needs.
+The learner copies a version's tensors from the device straight into views of one shared-memory
+block (`buffers`: allocated at the first publish, again only if the tensors' names, shapes or
+dtypes change; registered as pinned memory on a GPU host, so the copies are asynchronous) and
+hands the version to a helper process, which writes it to the weight store, announces it (the
+`weights` hash, then zmq: the helper binds the PUB socket), applies retention (`VersionWriter.write`,
+the same work a publish does in the learner) and, with `weights.transport: http`, serves the
+store (broker/weight_server.py). The learner's step is left with one copy of the weights, on
+their way to the host; the writing, hashing, fsyncs and Redis round trips run on another core.
+A thread cannot do this on a busy host: its Python work holds the GIL the training step needs.
 
 Rules, the same as with a thread (learner/publish.py):
 - at most one version in flight: `Publisher.publish` waits for the previous version to be
@@ -30,14 +32,18 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.multiprocessing as mp
 
+from rollflash.broker.config import ConfigError
+from rollflash.broker.config_weights import split_listen
 from rollflash.broker.learner_side import LearnerBroker
 from rollflash.broker.notify import VersionPublisher
+from rollflash.broker.secrets import weights_token
 from rollflash.broker.weights import VersionInfo, WeightStore
 
 if TYPE_CHECKING:
     from multiprocessing.connection import Connection
 
     from rollflash.broker.config import Config
+    from rollflash.broker.weight_server import WeightServer
 
 START_TIMEOUT_S = 120.0  # the helper imports torch and connects to Redis
 
@@ -51,7 +57,10 @@ class VersionWriter:
         self.store = WeightStore(cfg.run.run_dir)
         self.broker = broker
         self.keep = cfg.trainer.keep_versions
-        self.zmq = VersionPublisher()
+        self.server = serve_store(cfg, self.store) if cfg.weights.transport == "http" else None
+        host = split_listen(cfg.weights.listen)[0] if self.server is not None else "127.0.0.1"
+        self.zmq = VersionPublisher(f"tcp://{host}:*")
+        self.http_url = self.server.url if self.server is not None else ""
 
     def write(
         self,
@@ -63,10 +72,34 @@ class VersionWriter:
         fence = self.broker.check_lease  # a learner that lost the run publishes nothing
         fence()  # before the store looks: the run's new learner may have this version already
         info = self.store.publish(weights, version, step, adapter_config, fence)  # manifest last
-        self.broker.announce_weights(version, info.path, info.sha256, self.zmq.endpoint)
+        self.broker.announce_weights(
+            version, info.path, info.sha256, self.zmq.endpoint, self.http_url
+        )
         self.zmq.announce(version, info.path, info.sha256)
-        self.store.retain(self.keep, in_use=self.broker.loaded_versions())
+        doomed = self.store.retain(self.keep, in_use=self.broker.loaded_versions())
+        if self.server is not None:
+            self.server.forget(doomed)
         return info
+
+    def close(self) -> None:
+        self.zmq.close()
+        if self.server is not None:
+            self.server.close()
+
+
+def serve_store(cfg: Config, store: WeightStore) -> WeightServer:
+    """The learner's HTTP server of `store` (`weights.transport: http`), started."""
+    from rollflash.broker.weight_server import WeightServer, server_context
+
+    try:
+        token = weights_token(cfg.weights.token_file)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    host, port = split_listen(cfg.weights.listen)
+    context = server_context(cfg.weights.ssl_certfile, cfg.weights.ssl_keyfile)
+    server = WeightServer(token, host, port, context, store=store, fanout=cfg.weights.fanout)
+    server.start()
+    return server
 
 
 class PublishFailed(RuntimeError):
@@ -85,8 +118,22 @@ class PublishProcess:
         child.close()
         self._buffers: dict[str, torch.Tensor] = {}
         self._layout: Layout = []  # the buffers' names, shapes and dtypes
+        self._block: torch.Tensor | None = None
+        self._pinned: int | None = None  # the block's address once registered with CUDA
         self._in_flight = False
         self._started = False  # the helper starts while the learner does (`ready`)
+
+    def buffers(self, layout: Layout) -> dict[str, torch.Tensor]:
+        """Shared-memory tensors of `layout` for the next version (learner/dist.py `host_copies`
+        copies into them); the previous version must be announced (`wait`) first."""
+        assert not self._in_flight, "one version at a time"
+        self.ready()
+        if layout != self._layout:
+            self._release()
+            self._block, self._buffers = _shared_buffers(layout, self._send)
+            self._layout = layout
+            self.pin()
+        return self._buffers
 
     def submit(
         self,
@@ -95,17 +142,29 @@ class PublishProcess:
         step: int,
         adapter_config: dict[str, Any] | None = None,
     ) -> None:
-        """Copy `weights` into the shared buffers and hand the version to the helper; the
-        previous version must be announced (`wait`) first."""
-        assert not self._in_flight, "one version at a time"
-        self.ready()
-        layout = _layout(weights)
-        if layout != self._layout:
-            self._buffers, self._layout = _shared_buffers(layout, self._send), layout
+        """Hand the version to the helper; `weights` are copied into the shared buffers unless
+        they are those buffers already (`buffers`)."""
+        buffers = self.buffers(_layout(weights))
         for name, t in weights.items():
-            self._buffers[name].copy_(t)
+            if t.data_ptr() != buffers[name].data_ptr():
+                buffers[name].copy_(t)
         self._send(("publish", version, step, adapter_config))
         self._in_flight = True
+
+    def _release(self) -> None:
+        if self._pinned is not None:
+            torch.cuda.cudart().cudaHostUnregister(self._pinned)
+            self._pinned = None
+        self._block = None
+
+    def pin(self) -> None:
+        """Register the block as pinned memory (a GPU host): device copies into it are then
+        asynchronous. Where CUDA cannot, the copies stay synchronous."""
+        if self._block is None or self._pinned is not None or not torch.cuda.is_available():
+            return
+        ptr = self._block.data_ptr()
+        if torch.cuda.cudart().cudaHostRegister(ptr, self._block.numel(), 0) == 0:
+            self._pinned = ptr
 
     def ready(self) -> None:
         """Until the helper is up (it imports torch and connects to Redis meanwhile)."""
@@ -123,9 +182,10 @@ class PublishProcess:
         self._proc.join(timeout=5)
         return PublishFailed(f"the publishing process died (exit code {self._proc.exitcode})")
 
-    def wait(self) -> tuple[int, str, str, str] | None:
+    def wait(self) -> tuple[int, str, str, str, str] | None:
         """Until the version in flight is announced; returns its announcement (version, path,
-        sha256, zmq endpoint), None if there was none in flight; its failure is raised here."""
+        sha256, zmq endpoint, http url), None if there was none in flight; its failure is
+        raised here."""
         if not self._in_flight:
             return None
         self._in_flight = False
@@ -155,6 +215,7 @@ class PublishProcess:
             if self._proc.is_alive():
                 self._proc.kill()
             self._conn.close()
+            self._release()
 
 
 Layout = list[tuple[str, tuple[int, ...], torch.dtype]]
@@ -165,7 +226,9 @@ def _layout(weights: dict[str, torch.Tensor]) -> Layout:
     return [(n, tuple(t.shape), t.dtype) for n, t in weights.items()]
 
 
-def _shared_buffers(layout: Layout, send: Callable[[tuple], None]) -> dict[str, torch.Tensor]:
+def _shared_buffers(
+    layout: Layout, send: Callable[[tuple], None]
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """One shared-memory block holding a view per tensor of `layout` (one file descriptor, however
     many tensors), handed to the helper with the layout so that it builds the same views."""
     size = sum(_offsets(layout)[-1:]) or 1
@@ -177,7 +240,7 @@ def _shared_buffers(layout: Layout, send: Callable[[tuple], None]) -> dict[str, 
             f"(/dev/shm) and could not get it ({e!s:.80}); use background_publish: true"
         ) from None
     send(("buffers", block, layout))
-    return _views(block, layout)
+    return block, _views(block, layout)
 
 
 def _offsets(layout: Layout) -> list[int]:
@@ -227,8 +290,10 @@ def _serve(cfg: Config, conn: Connection, lease_token: str) -> None:
         except Exception as e:
             conn.send(("error", f"v{version}: {e.__class__.__name__}: {e}"))
             continue
-        conn.send(("published", (version, info.path, info.sha256, writer.zmq.endpoint)))
-    writer.zmq.close()
+        conn.send(
+            ("published", (version, info.path, info.sha256, writer.zmq.endpoint, writer.http_url))
+        )
+    writer.close()
     os._exit(0)  # nothing is left to flush, and tearing down torch's interpreter took ~0.5 s
 
 

@@ -19,7 +19,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from rollflash.learner.batch import MicroBatch
 from rollflash.learner.dist import Dist, shard
-from rollflash.learner.load import place
+from rollflash.learner.load import check_tied, place
 from rollflash.learner.logprobs import token_logprobs
 
 
@@ -53,6 +53,7 @@ class ReferencePolicy:
             shard if fsdp and dist.world_size > 1 else (lambda m: m),
             sharded=fsdp and dist.world_size > 1,
         )
+        check_tied(model)
         return cls(model)
 
     @torch.no_grad()

@@ -41,6 +41,7 @@ from rollflash.broker.config import Config
 from rollflash.broker.model_dir import model_directory
 from rollflash.broker.process import setup_process
 from rollflash.broker.rm_input import reward_model_input_ids
+from rollflash.errors import BadInput
 from rollflash.learner.device import adamw, autocast, to_device
 from rollflash.learner.dist import Dist, init_dist
 from rollflash.learner.preferences import (
@@ -273,7 +274,7 @@ def train_reward_model(cfg: Config, dist: Dist | None = None) -> dict[str, Any]:
 
     rm, dist = cfg.rm, dist or init_dist(cfg.trainer.device)
     if rm.train_batch_size % dist.world_size:
-        raise ValueError(
+        raise BadInput(
             f"rm.train_batch_size: {rm.train_batch_size} does not split over "
             f"{dist.world_size} ranks"
         )

@@ -23,9 +23,10 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from rollflash.broker.config import Config
+from rollflash.errors import RollflashError
 
 
-class TrackerUnavailable(RuntimeError):
+class TrackerUnavailable(RollflashError, RuntimeError):
     """A configured tracker cannot start; the message names it and the fix."""
 
 

@@ -1,29 +1,42 @@
-"""One optimisation step of the policy (and the critic) on one collected batch.
+"""One learner step on one collected batch: M x E optimiser updates of the policy (and critic).
 
     kept, dropped = filter_groups(groups)          # DAPO filters: only groups past collect's cap
-    batch = prepare_batch(kept)                    # scores, reference KL, old values, advantages
-    policy: loss = POLICY_LOSSES[policy_loss] + kl_coef * kl_loss + entropy_coef * entropy_bonus
-    critic: loss = value_loss(values, old_values, returns)          (critic: true)
+    batch = prepare_batch(kept)                    # scores, reference KL, old values, advantages,
+                                                   # proximal log-probs; M mini-batches
+    for epoch in range(ppo_epochs):                # E
+        for mini_batch in batch.mini_batches:      # M = trainer.ppo_mini_batches
+            policy: loss = POLICY_LOSSES[policy_loss] + kl_coef * kl_loss + entropy_coef * bonus
+            critic: loss = value_loss(values, old_values, returns)      (critic: true)
 
-The proximal policy of decoupled PPO is the learner's own policy at the start of the step. With one
-optimiser update per step it equals the current policy's detached log-probabilities, so no second
-forward pass is needed; the off-policy correction is the importance weight pi_prox / pi_behaviour
-that `algos` bounds per `algo.is_mode` / `is_level` / `tis_cap`. For the same reason the policy
-ratio is 1 at the update and the value clip (`clip_range_value`) never binds: both start to matter
-once a batch gets more than one update.
+The proximal policy of decoupled PPO (Hilton et al. 2022) is the learner's own policy at the start
+of the step: the trust-region centre of every update of the step, and the numerator of the
+off-policy weight pi_prox / pi_behaviour that `algos` bounds per `algo.is_mode` / `is_level` /
+`tis_cap`. With M x E > 1 its log-probs are computed once, in a no-grad forward pass before the
+first update (prepare_batch); the first mini-batch's ratio is then exactly 1 and later updates'
+ratios move away from it, which is where `clip_low` / `clip_high`, `dual_clip_c` and the critic's
+`clip_range_value` bind. With M = E = 1 the step's one update starts at the proximal policy, so
+its detached log-probs serve and the extra pass is skipped: the ratio is 1 and no clip binds.
 
-Gradient accumulation keeps the chosen aggregation exact: each micro-batch's loss (policy, KL,
-entropy and value alike, all aggregated by `loss_agg_mode`) is weighted by its share of the batch's
-selected tokens (token-mean) or of its non-empty sequences (the seq-mean modes).
+One weight version is published per learner step whatever M and E are, so staleness keeps
+counting learner steps; the lr schedule counts learner steps too (every update of a step uses the
+step's learning rate).
 
-With several ranks (learner/dist.py) the shares are of the step's total over all ranks, and each
-rank's loss is multiplied by the world size because DDP and FSDP average gradients: the summed
-gradient is then exactly the one-rank gradient of the whole batch. Gradients are synchronised once
-per step, on a rank's last micro-batch; a rank with less data runs zero-weighted passes so that it
-still takes part in the collectives. Batch-level statistics (`reward_norm: batch` and `running`,
-`whiten_advantages`, the batch metrics) are over every rank's groups (learner/global_stats.py), so
-N ranks prepare exactly the advantages one rank would; group-level estimators (GRPO, RLOO, ...)
-need no other rank.
+Gradient accumulation keeps the chosen aggregation exact within each update: each micro-batch's
+loss (policy, KL, entropy and value alike, all aggregated by `loss_agg_mode`) is weighted by its
+share of the mini-batch's selected tokens (token-mean) or of its non-empty sequences (the
+seq-mean modes).
+
+With several ranks (learner/dist.py) the shares are of the mini-batch's total over all ranks, and
+each rank's loss is multiplied by the world size because DDP and FSDP average gradients: the
+summed gradient is then exactly the one-rank gradient of the whole mini-batch. Gradients are
+synchronised once per update, on a rank's last micro-batch; a rank with less data runs
+zero-weighted passes so that it still takes part in the collectives. Batch-level statistics
+(`reward_norm: batch` and `running`, `whiten_advantages`, the batch metrics) are over every rank's
+groups (learner/global_stats.py), so N ranks prepare exactly the advantages one rank would;
+group-level estimators (GRPO, RLOO, ...) need no other rank.
+
+Entropy of the sampled positions (`policy/entropy`) is always logged, from the logits the update
+computes anyway; it takes part in the gradient only with `algo.entropy_coef` > 0.
 
 Precision (learner/device.py): parameters and optimiser state are float32; with `model.dtype:
 bfloat16` forward passes run under bf16 autocast (one rank, DDP) or FSDP2's MixedPrecisionPolicy,
@@ -168,15 +181,16 @@ def policy_loss(
         mb.input_ids,
         mb.attention_mask,
         cfg.rollout.temperature,
-        with_entropy=a.entropy_coef > 0,
+        with_entropy=True,
         packed=cfg.trainer.token_budget > 0,
         chunk=cfg.trainer.logprob_chunk,
         dtype=DTYPES[cfg.trainer.logprob_dtype],
+        entropy_grad=a.entropy_coef > 0,
     )
     out = POLICY_LOSSES[a.policy_loss](
         PolicyLossInputs(
             logp=logp,
-            prox_logp=logp.detach(),
+            prox_logp=logp.detach() if mb.prox_logp is None else mb.prox_logp,
             behav_logp=mb.behav_logp,
             advantages=mb.advantages,
             mask=mb.mask,
@@ -203,9 +217,10 @@ def policy_loss(
         metrics["loss/kl"] = kl.loss.detach()
     if entropy is not None:
         ent = entropy_bonus(entropy, mb.mask, agg_mode=a.loss_agg_mode, norm_len=norm_len(cfg))
-        total = total + a.entropy_coef * ent.loss
         metrics.update(ent.metrics)
-        metrics["loss/entropy"] = ent.loss.detach()
+        if a.entropy_coef > 0:
+            total = total + a.entropy_coef * ent.loss
+            metrics["loss/entropy"] = ent.loss.detach()
     metrics["loss/total"] = total.detach()
     return total, metrics
 
@@ -284,21 +299,41 @@ def train_step(
     models: AlgoModels,
     dist: Dist = Dist(),
 ) -> dict[str, float]:
-    """Update the policy (and critic) on this rank's share of the step's groups; returns the
-    rank's flat metrics.
+    """Update the policy (and critic) on this rank's share of the step's groups: M x E
+    optimiser updates; returns the rank's flat metrics, each update's metrics averaged over
+    the updates (`*_max`: their maximum) and `optim/updates`.
 
     Groups the DAPO filters reject are left out here too: collect replaces them up to its cap of
     4 x B per step, and any kept past that cap are dropped here. If no rank has anything left the
-    step makes no update and reports `optim/skipped` = 1.
+    step makes no update and reports `optim/skipped` = 1; a mini-batch that is empty on every rank
+    (fewer groups kept than mini-batches) is skipped.
     """
     kept, dropped = filter_groups(groups, cfg)
     stats = {"filter/dropped_in_step": float(len(dropped)), "optim/skipped": 0.0}
     if dist.sum(len(kept)) == 0:
         return {**stats, "optim/skipped": 1.0, "loss/policy": 0.0, "optim/grad_norm": 0.0}
-    prepared = prepare_batch(kept, cfg, models, dist)  # collective: every rank, even with none
+    t = cfg.trainer
+    policy = getattr(model, "module", model) if t.updates_per_step > 1 else None
+    # collective: every rank, even with none
+    prepared = prepare_batch(kept, cfg, models, dist, policy)
     stats.update(prepared.metrics)
-    micro_batches = prepared.micro_batches
-    stats.update(policy_update(model, optimizer, micro_batches, cfg, dist))
-    if models.critic is not None:
-        stats.update(critic_update(models, micro_batches, cfg, dist))
-    return stats
+    minis = prepared.mini_batches
+    if len(minis) > 1:  # every rank skips the mini-batches that are empty on all of them
+        minis = [m for m, n in zip(minis, dist.sums([len(m) for m in minis])) if n > 0]
+    updates = []
+    for _ in range(t.ppo_epochs):
+        for mini in minis:
+            update = policy_update(model, optimizer, mini, cfg, dist)
+            if models.critic is not None:
+                update.update(critic_update(models, mini, cfg, dist))
+            updates.append(update)
+    return {**stats, **mean_over_updates(updates), "optim/updates": float(len(updates))}
+
+
+def mean_over_updates(updates: list[dict[str, float]]) -> dict[str, float]:
+    """Each metric's mean over the step's updates that report it (`*_max`: the maximum)."""
+    out: dict[str, float] = {}
+    for name in dict.fromkeys(k for u in updates for k in u):
+        values = [u[name] for u in updates if name in u]
+        out[name] = max(values) if name.endswith("_max") else sum(values) / len(values)
+    return out

@@ -1,100 +1,29 @@
 """`rollctl`: the command line. Each command parses, sets up, and calls one function.
 
 Heavy imports (torch, transformers) happen inside the commands so that `rollctl --help` is instant.
-Every expected failure (bad config, unreachable Redis, missing model) ends with one line on stderr
-naming the cause, and exit code 2.
+The app, the shared options and the error handling are in rollctl/cli_base.py; the commands a person
+runs beside a run (status, inspect, redis-cli) in rollctl/operate.py.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
 import typer
 
-app = typer.Typer(
-    add_completion=False,
-    no_args_is_help=True,
-    pretty_exceptions_enable=False,
-    help="Asynchronous RL post-training: learner, generators, Redis streams.",
+from rollflash.rollctl.cli_base import (
+    ConfigOpt,
+    RedisOpt,
+    SetOpt,
+    app,
+    config_app,
 )
-
-ConfigOpt = typer.Option(None, "--config", "-c", help="Run config YAML (see configs/).")
-SetOpt = typer.Option(
-    None, "--set", help="Override a config key, e.g. --set algo.clip_high=0.28 (repeatable)."
-)
-RedisOpt = typer.Option(
-    None, "--redis-url", help="Redis URL (redis://, rediss://, unix://); overrides redis.url."
-)
-
-
-config_app = typer.Typer(
-    no_args_is_help=True,
-    help="The config reference: every key with its type, default and one-line doc.",
-)
-app.add_typer(config_app, name="config")
-
-
-def _fail(message: str, code: int = 2) -> None:
-    typer.echo(f"rollctl: error: {message}", err=True)
-    raise typer.Exit(code)
-
-
-def _load(config: Path | None, overrides: list[str] | None, redis_url: str | None):
-    from rollflash.broker.config import ConfigError, load_config
-
-    sets = list(overrides or [])
-    if redis_url:
-        sets.append(f"redis.url={redis_url}")
-    try:
-        return load_config(config, sets)
-    except ConfigError as e:
-        _fail(str(e))
-
-
-def _expected_errors() -> tuple[type[BaseException], ...]:
-    from rollflash.broker.connection import BrokerUnavailable
-    from rollflash.broker.redis_io import RunMismatch
-    from rollflash.broker.redis_server import RedisServerError
-    from rollflash.broker.weights import CorruptWeights
-    from rollflash.envs.sandbox import SandboxUnavailable
-    from rollflash.learner.trackers import TrackerUnavailable
-
-    return (
-        BrokerUnavailable,
-        SandboxUnavailable,
-        TrackerUnavailable,
-        RunMismatch,
-        RedisServerError,
-        CorruptWeights,
-        FileNotFoundError,
-        FileExistsError,
-        TimeoutError,
-        ValueError,
-    )
-
-
-def _guarded(fn, *args):
-    from rollflash.envs.reward_functions import RewardFunctionFailed
-    from rollflash.rollctl.local import EXIT_RUN_FATAL
-
-    try:
-        return fn(*args)
-    except RewardFunctionFailed as e:
-        _fail(str(e), EXIT_RUN_FATAL)
-    except _expected_errors() as e:
-        _fail(str(e).splitlines()[0] if str(e) else e.__class__.__name__)
-    except KeyboardInterrupt:
-        typer.echo("rollctl: interrupted", err=True)
-        raise typer.Exit(130) from None
-
-
-def _need_redis(cfg) -> None:
-    if not cfg.redis.url:
-        _fail(
-            "redis.url: not set; pass --redis-url or set it in the config "
-            "(only `rollctl run` starts its own Redis)"
-        )
+from rollflash.rollctl.cli_base import fail as _fail
+from rollflash.rollctl.cli_base import guarded as _guarded
+from rollflash.rollctl.cli_base import load as _load
+from rollflash.rollctl.cli_base import need_redis as _need_redis
 
 
 @app.command("start-learner")
@@ -126,7 +55,6 @@ def start_learner(
 ) -> None:
     """Run the learner: train, publish weights, checkpoint, write metrics and summary.json.
     One learner per run: a second one stops at once and names the one holding the run."""
-    import os
 
     cfg = _load(config, set_, redis_url)
     _need_redis(cfg)
@@ -164,7 +92,6 @@ def start_generator(
     ),
 ) -> None:
     """Run one generator: claim prompts, sample, score, stream trajectories."""
-    import os
     import socket
 
     cfg = _load(config, (set_ or []) + ([f"rollout.engine={engine}"] if engine else []), redis_url)
@@ -261,28 +188,6 @@ def run(
     raise typer.Exit(code)
 
 
-@app.command("status")
-def status(
-    config: Path | None = ConfigOpt,
-    set_: list[str] | None = SetOpt,
-    redis_url: str | None = RedisOpt,
-    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
-    watch: bool = typer.Option(
-        False, "--watch", "-w", help="Redraw a compact view every --interval seconds."
-    ),
-    interval: float = typer.Option(2.0, "--interval", min=0.1, help="Seconds between redraws."),
-) -> None:
-    """Show queues, pending counts, the weight version and live generators."""
-    cfg = _load(config, set_, redis_url)
-    _need_redis(cfg)
-    from rollflash.rollctl.status import show_status, watch_status
-
-    if watch:
-        _guarded(watch_status, cfg, interval)
-    else:
-        _guarded(show_status, cfg, as_json)
-
-
 @app.command("export")
 def export(
     config: Path | None = ConfigOpt,
@@ -292,12 +197,18 @@ def export(
     merge: bool = typer.Option(
         False, "--merge", help="LoRA adapter versions: write the merged model, not the adapter."
     ),
+    best: bool = typer.Option(
+        False, "--best", help="The version with the best held-out accuracy (eval.keep_best)."
+    ),
 ) -> None:
     """Write a published weight version as a Hugging Face model (or PEFT adapter) directory."""
     cfg = _load(config, set_, None)
+    if best and version is not None:
+        typer.echo("--best and --version name two versions; give one", err=True)
+        raise typer.Exit(2)
     from rollflash.learner.export import export_version
 
-    path = _guarded(export_version, cfg, version, out, merge)
+    path = _guarded(export_version, cfg, version, out, merge, best)
     typer.echo(f"exported to {path}")
 
 
@@ -389,6 +300,9 @@ def config_schema() -> None:
     from rollflash.broker.config_reference import json_schema
 
     typer.echo(json.dumps(json_schema(), indent=1))
+
+
+from rollflash.rollctl import operate  # noqa: E402, F401  (registers status, inspect, redis-cli)
 
 
 def main() -> None:

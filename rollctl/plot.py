@@ -20,11 +20,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rollflash.errors import RollflashError
+
 REWARD_PARTS = ("reward/score_mean", "reward/shaping_mean")
 KL_KEYS = ("kl/ref_kl", "kl/behav_ref_kl", "policy/approx_kl")
 
 
-class PlotError(ValueError):
+class PlotError(RollflashError, ValueError):
     """A run directory that cannot be plotted; the message names it."""
 
 

@@ -2,7 +2,8 @@
 
 Shows stream lengths, each consumer group's pending and lag, the published weight version, the
 learner's progress, the reward-hacking guards' last warnings, what Redis forgot after a restart
-(broker/audit.py) and every live generator with its loaded version and counters. `--watch`
+(broker/audit.py), every live generator with its loaded version and counters, and every generator
+that is gone: it took prompts, and its heartbeat hash has expired. `--watch`
 redraws a compact view of the same status (`compact_lines`) every few seconds until Ctrl-C.
 """
 
@@ -10,30 +11,64 @@ from __future__ import annotations
 
 import json
 import time
+from typing import Any
+
+import redis
 
 from rollflash.broker.config import Config
 from rollflash.broker.connection import connect
-from rollflash.broker.redis_io import RunRedis
+from rollflash.broker.keys import GEN_GROUP
+from rollflash.broker.redis_io import RunRedis, text
 from rollflash.broker.registry import RunRegistry
 
 
 def collect_status(cfg: Config) -> dict:
-    registry = RunRegistry(
-        RunRedis(connect(cfg.redis.url, min(cfg.redis.connect_timeout_s, 5.0)), cfg.run.run_id)
-    )
+    io = RunRedis(connect(cfg.redis.url, min(cfg.redis.connect_timeout_s, 5.0)), cfg.run.run_id)
+    registry = RunRegistry(io)
     now = time.time()
     gens = {}
     for gid, f in sorted(registry.live_generators().items()):
         gens[gid] = {**f, "last_seen_s": round(now - float(f.get("heartbeat_at", now)), 1)}
     return {
+        "gone": gone_generators(io, gens),
         "run": cfg.run.run_id,
-        "learner": registry.fields(),
+        "learner": {k: v for k, v in registry.fields().items() if k != "fingerprint_keys"},
         "weights": registry.weights(),
         "streams": registry.stream_status(),
         "generators": gens,
         "dead_letters": registry.dead_letters_by_code(),
         "quarantined": registry.quarantined(),
     }
+
+
+def gone_generators(io: RunRedis, live: dict) -> dict[str, dict]:
+    """Generators that took prompts (consumers of the prompts stream's group) and whose heartbeat
+    has expired (`rollout.heartbeat_ttl_s` after their last beat): stopped, killed or cut off.
+    With how long since each last read and the prompts it still holds, which another generator
+    takes over after `rollout.reclaim_idle_s`."""
+    keys = io.keys
+    if not io.client.exists(keys.prompts):
+        return {}
+    try:
+        consumers: Any = io.client.xinfo_consumers(keys.prompts, GEN_GROUP)
+    except redis.ResponseError:  # no such group (the run was never started)
+        return {}
+    gone = {
+        text(c["name"]): {"idle_s": round(c["idle"] / 1000, 1), "pending": c["pending"]}
+        for c in consumers
+        if text(c["name"]) not in live
+    }
+    return dict(sorted(gone.items(), key=lambda kv: kv[1]["idle_s"]))
+
+
+def gone_lines(gone: dict[str, dict], most: int = 10) -> list[str]:
+    lines = [
+        f"generator {gid}: gone (no heartbeat) idle={g['idle_s']}s holding={g['pending']}"
+        for gid, g in list(gone.items())[:most]
+    ]
+    if len(gone) > most:
+        lines.append(f"... and {len(gone) - most} more gone")
+    return lines
 
 
 def guard_line(learner: dict) -> str:
@@ -95,13 +130,16 @@ def compact_lines(s: dict, total_steps: int) -> list[str]:
         dead_letter_line(s["dead_letters"]),
         guard_line(lr),
         *quarantine_lines(s.get("quarantined", {})),
-        f"generators: {len(s['generators'])} alive",
+        f"generators: {len(s['generators'])} alive"
+        + (f", {len(s['gone'])} gone" if s.get("gone") else ""),
     ]
     for gid, g in s["generators"].items():
         lines.append(
             f"  {gid}  {g.get('state')}  v{g.get('loaded_version')}  idle {g.get('idle_frac')}"
             f"  groups {g.get('groups')}  seen {g['last_seen_s']}s ago"
         )
+    for gid, g in list(s.get("gone", {}).items())[:10]:
+        lines.append(f"  {gid}  gone  last read {g['idle_s']}s ago  holding {g['pending']}")
     return lines
 
 
@@ -181,6 +219,8 @@ def show_status(cfg: Config, as_json: bool) -> None:
         print(f"{name:<13} length={st['length']:<6} {groups}")
     if not s["generators"]:
         print("generators: none alive")
+    for line in gone_lines(s["gone"]):
+        print(line)
     for gid, g in s["generators"].items():
         print(
             f"generator {gid}: {g.get('state')} loaded=v{g.get('loaded_version')} "

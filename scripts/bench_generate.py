@@ -4,9 +4,9 @@ Each engine lives in a child process of its own (vLLM's model in a further worke
 run alternately on the same prompts and sampling parameters, so background load hits both alike;
 the ratio is the number to read (STYLE.md: ratios, not absolute times). Throughput counts response
 tokens actually produced (EOS included, padding of finished rows excluded) over the wall time of
-`engine.generate`: the best of `--repeats` runs after one warm-up. Reload time is
-`engine.load_weights` of a verified file from the weight store, median of `--repeats` after one
-warm-up.
+`engine.generate`: the best of `--repeats` runs after one warm-up. Reload time is a generator's
+reload of a version from the weight store (the streamed, verified read, then the swap), median of
+`--repeats` after one warm-up.
 
 Without `--model` a model with the demo's shape is built in a temp dir (no SFT: speed only).
 Prints one JSON line:
@@ -101,21 +101,32 @@ def paired_throughput(
     return out
 
 
-def reload_time(engine, paths: list[tuple[int, Path]]) -> float:
-    """Median seconds of `engine.load_weights`, the first load excluded as warm-up."""
+def reload_time(engine, versions: tuple[Path, list[tuple[int, str]]]) -> float:
+    """Median seconds of a generator's reload (generators/fetch.py: the streamed, verified read
+    of the store, then the engine's swap), the first excluded as warm-up."""
+    from rollflash.broker.weights import WeightStore
+    from rollflash.generators.fetch import Announced, SharedStoreSource
+
+    run_dir, announced = versions
+    source = SharedStoreSource(WeightStore(run_dir), run_dir / f"copies-{os.getpid()}")
     times = []
-    for version, path in paths:
+    for version, sha in announced:
         started = time.perf_counter()
-        engine.load_weights(path, version)
+        staged = source.fetch(Announced(version, sha), engine, set())
+        if staged.tensors is not None:
+            engine.swap_weights(staged.tensors, version)
+        else:
+            engine.load_weights(staged.path, version)
+        staged.discard()
         times.append(time.perf_counter() - started)
     return round(statistics.median(times[1:]), 4)
 
 
 def publish_versions(
     model_dir: Path, run_dir: Path, count: int
-) -> tuple[list[tuple[int, Path]], int]:
-    """Publish `count` perturbed versions of the model; returns their verified files and the
-    parameter count."""
+) -> tuple[tuple[Path, list[tuple[int, str]]], int]:
+    """Publish `count` perturbed versions of the model; returns the store and the versions with
+    their digests, and the parameter count."""
     from transformers import AutoModelForCausalLM
 
     from rollflash.broker.weights import WeightStore
@@ -127,9 +138,9 @@ def publish_versions(
         with torch.no_grad():
             for p in model.parameters():
                 p.add_(0.01 * torch.randn_like(p))
-        store.publish(model.state_dict(), version=version, step=version)
-        out.append((version, store.verified_path(version)))
-    return out, sum(p.numel() for p in model.parameters())
+        info = store.publish(model.state_dict(), version=version, step=version)
+        out.append((version, info.sha256))
+    return (run_dir, out), sum(p.numel() for p in model.parameters())
 
 
 def bench(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:

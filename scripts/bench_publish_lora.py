@@ -5,12 +5,13 @@ with LoRA adapters (`--rank`, every linear layer but the head), their B matrices
 values. Each repetition publishes the policy twice through the learner's own path
 (`learner/lora.py` `published_weights` + `WeightStore.publish`): as a full version (the merged
 weights, what `trainer.publish: full` writes) and as an adapter version; then a generator's
-`WeightFollower` reloads each into an HF engine (verify sha256, private copy, `load_weights` or
-`load_adapter`). Times are medians of `--repeats`; bytes are what one version puts on the shared
-filesystem. The ratios full / adapter are the numbers to read. `*_train_state_bytes` is the
-learner's training state after one AdamW step, full fine-tuning against LoRA: parameters,
-gradients and optimiser moments (activations excluded; they depend on the batch). `--model DIR`
-measures an existing model (the demo's) instead of a random one. Prints one JSON line.
+`WeightFollower` reloads each into an HF engine (the streamed, verified read, then `swap_weights`,
+or a verified private copy and `load_adapter`). Times are medians of `--repeats`; bytes are what
+one version puts on the shared filesystem. The ratios full / adapter are the numbers to read.
+`*_train_state_bytes` is the learner's training state after one AdamW step, full fine-tuning
+against LoRA: parameters, gradients and optimiser moments (activations excluded; they depend on
+the batch). `--model DIR` measures an existing model (the demo's) instead of a random one.
+Prints one JSON line.
 
     python scripts/bench_publish_lora.py [--hidden 512] [--layers 8] [--vocab 32000] [--rank 16]
 """
@@ -33,6 +34,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 from rollflash.broker.config import config_from_dict  # noqa: E402
 from rollflash.broker.weights import WeightStore  # noqa: E402
+from rollflash.generators.fetch import SharedStoreSource  # noqa: E402
 from rollflash.generators.hf_engine import HFEngine  # noqa: E402
 from rollflash.generators.reload import WeightFollower  # noqa: E402
 from rollflash.learner.lora import (  # noqa: E402
@@ -94,7 +96,8 @@ def handoff(
     for kind, cfg in cfgs.items():
         store, hash_ = WeightStore(workdir / f"run-{kind}"), _Hash()
         engine = HFEngine(str(model_dir))
-        follower = WeightFollower(hash_, store, engine, poll_interval_s=0.0)
+        source = SharedStoreSource(store, workdir / f"copies-{kind}")
+        follower = WeightFollower(hash_, source, engine, poll_interval_s=0.001, attempts=1)
         for _ in range(repeats):
             version += 1
             started = time.perf_counter()
@@ -103,7 +106,7 @@ def handoff(
             results[kind]["publish_s"].append(time.perf_counter() - started)
             hash_.info = {"version": str(version), "sha256": info.sha256}
             started = time.perf_counter()
-            assert follower.maybe_reload(), f"{kind} v{version} was not loaded"
+            follower.wait_for(version, timeout_s=600)  # fetched in the follower's thread
             results[kind]["reload_s"].append(time.perf_counter() - started)
             size = sum(f.stat().st_size for f in Path(info.path).iterdir())
             results[kind]["bytes"].append(size)

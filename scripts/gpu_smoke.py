@@ -140,11 +140,10 @@ def publish_reload(model, base, work: Path, step: int) -> bool:
     weights = full_state_dict(model, torch.bfloat16)
     store = WeightStore(work / f"run{step}")
     store.publish(weights, version=step, step=step)
-    copy_path = store.verified_copy(step, work / f"copy{step}.safetensors")
-    from safetensors.torch import load_file
+    from rollflash.broker.weight_stream import verified_tensors
 
     reloaded = copy.deepcopy(base).bfloat16()
-    reloaded.load_state_dict(load_file(str(copy_path)), strict=False)
+    reloaded.load_state_dict(verified_tensors(store, step), strict=False)
     memory = copy.deepcopy(base).bfloat16()
     memory.load_state_dict(weights, strict=False)
     prompt = torch.randint(3, base.config.vocab_size, (2, 5))

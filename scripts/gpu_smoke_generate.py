@@ -4,8 +4,9 @@ initialised model of Qwen2-0.5B's shape (hidden 896, 24 layers, 14 heads / 2 KV 
 
 - tokens/s of `HFEngine.generate` at batch 1, 16 and 64 (n = 1, `--max-new-tokens` each; a random
   model rarely stops early, so rows are full length), after one warm-up call;
-- reload time: a version published to a weight store, then what a generator does
-  (`WeightStore.verified_copy`: read once, sha256, private copy; then `engine.load_weights`);
+- reload time: a version published to a weight store, then what a generator does (the streamed,
+  verified read into tensors on the engine's device, generators/fetch.py; then the swap,
+  `engine.swap_weights`);
 - log-probability match: the engine's behaviour log-probabilities of its samples against the
   learner's recomputation (`learner.logprobs.token_logprobs` over the same tokens, same model and
   dtype), max and mean |difference| over response tokens.
@@ -120,18 +121,22 @@ def logprob_match(engine, samples: list) -> dict[str, float]:
 
 
 def reload_time(engine, work: Path) -> dict[str, float]:
-    """Publish the engine's weights as v1, then verify + copy + load them as a generator does."""
+    """Publish the engine's weights as v1, then fetch, verify and swap them as a generator does."""
     from rollflash.broker.weights import WeightStore
+    from rollflash.generators.fetch import Announced, SharedStoreSource
 
     store = WeightStore(work / "run")
     info = store.publish(engine.model.state_dict(), version=1, step=1)
     started = time.perf_counter()
-    copy = store.verified_copy(1, work / "private.safetensors", expect_sha256=info.sha256)
+    staged = SharedStoreSource(store, work / "copies").fetch(
+        Announced(1, info.sha256), engine, set()
+    )
+    sync(engine.device)
     verified = time.perf_counter()
-    engine.load_weights(copy, 1)
+    engine.swap_weights(staged.tensors, 1)
     sync(engine.device)
     done = time.perf_counter()
-    return {"reload_s": done - started, "verify_copy_s": verified - started}
+    return {"reload_s": done - started, "verify_s": verified - started, "swap_s": done - verified}
 
 
 def measure(name: str, shape: dict, args: argparse.Namespace, work: Path) -> dict[str, Any]:

@@ -41,13 +41,14 @@ def run_id() -> str:
 def learner_broker(redis_url, run_id):
     """A learner's broker holding the run's lease, with the run created and registered, and
     admitting generators (what rank 0 does)."""
+    from rollflash.broker.config import load_config
     from rollflash.broker.connection import connect
     from rollflash.broker.learner_side import LearnerBroker
 
     b = LearnerBroker(connect(redis_url, 5.0), run_id, max_payload_bytes=1_000_000)
     b.take_lease()
     b.ensure_groups()
-    b.register_run("fp")
+    b.register_run(load_config(None).fingerprint())
     b.track_trajectory_writes()
     yield b
     b.release()

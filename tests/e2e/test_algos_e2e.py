@@ -24,13 +24,13 @@ STEPS = 25
 MIN_GAIN = 0.15
 
 
-def _run(config: str, tmp_path: Path, model: Path) -> dict:
+def _run(config: str, tmp_path: Path, model: Path, steps: int = STEPS) -> dict:
     run_dir = tmp_path / "run"
     overrides = [
         f"model.path={model}",
         f"run.run_dir={run_dir}",
         f"run.run_id={tmp_path.name}",
-        f"trainer.total_steps={STEPS}",
+        f"trainer.total_steps={steps}",
         "task.params={ops: ['+']}",
         "eval.size=200",
     ]
@@ -59,3 +59,16 @@ def test_short_run_raises_heldout_accuracy(config, tmp_path, warm_model_dir):
     summary = _run(config, tmp_path, warm_model_dir)
     assert summary["steps"] == STEPS
     assert summary["heldout_acc_after"] - summary["heldout_acc_before"] >= MIN_GAIN, summary
+
+
+@pytest.mark.slow
+def test_dapo_mini_batches_make_the_clip_bind(tmp_path, warm_model_dir):
+    """configs/dapo.yaml makes 4 updates per step (trainer.ppo_mini_batches); from the second
+    one the ratio to the proximal policy moves, so clip-higher and the low bound bind."""
+    summary = _run("dapo.yaml", tmp_path, warm_model_dir, steps=6)
+    assert summary["steps"] == 6
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert all(r["optim/updates"] == 4 for r in rows if not r["optim/skipped"])
+    assert max(r["policy/clip_frac"] for r in rows) > 0
+    assert max(r["policy/approx_kl"] for r in rows) > 0
+    assert all(r["policy/entropy"] > 0 for r in rows)

@@ -32,8 +32,9 @@ def test_unknown_key_names_the_key(tmp_path):
         "rollctl: error: trainer.actor_lrr: unknown key (known: actor_lr, async_ratio, "
         "background_publish, checkpoint_every, compile, device, gradient_checkpointing, "
         "keep_versions, logprob_chunk, logprob_dtype, lr_schedule, lr_warmup_steps, "
-        "max_grad_norm, micro_batch_size, num_trainer_workers, publish, publish_dtype, "
-        "rollout_batch_size, strategy, token_budget, total_steps, wait_timeout_s, weight_decay)"
+        "max_grad_norm, micro_batch_size, num_trainer_workers, ppo_epochs, ppo_mini_batches, "
+        "publish, publish_dtype, rollout_batch_size, strategy, token_budget, total_steps, "
+        "wait_timeout_s, weight_decay)"
     ]
 
 
@@ -66,3 +67,60 @@ def test_generator_gives_up_on_unreachable_redis_with_a_clear_message(tmp_path):
 def test_learner_without_redis_url_says_so():
     out = _rollctl("start-learner")
     assert out.returncode == 2 and "redis.url: not set" in out.stderr
+
+
+# `rollctl start-learner` with the learner's loop replaced by one that fails the way training
+# can: the command's own error handling (rollctl/cli_base.py `guarded`) decides what is printed
+_FAILING_LEARNER = """
+import sys
+import rollflash.learner.collect as collect
+import rollflash.learner.loop as loop
+
+HOW = sys.argv[-1]
+
+def train_step(batch):
+    if HOW == "bug":
+        raise ValueError("shapes [4, 3] and [4, 2] do not broadcast")
+    raise collect.NoData("no trajectory arrived for 600s at step 3: are generators running?")
+
+def run(cfg, resume, on_step):
+    train_step(None)
+
+loop.run = run
+from rollflash.rollctl.cli import main
+sys.argv = ["rollctl", *sys.argv[1:-1]]
+main()
+"""
+
+
+def _failing_learner(*args: str, how: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", _FAILING_LEARNER, *args, how],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_a_value_error_from_inside_training_prints_its_traceback():
+    out = _failing_learner("start-learner", "--redis-url", "unix:///nowhere", how="bug")
+    assert out.returncode == 1
+    assert "Traceback (most recent call last)" in out.stderr
+    assert "in train_step" in out.stderr  # where it was raised, not only where it surfaced
+    assert out.stderr.strip().splitlines()[-1] == (
+        "ValueError: shapes [4, 3] and [4, 2] do not broadcast"
+    )
+
+
+def test_the_projects_own_error_is_one_line_and_debug_adds_its_traceback():
+    out = _failing_learner("start-learner", "--redis-url", "unix:///nowhere", how="nodata")
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines() == [
+        "rollctl: error: no trajectory arrived for 600s at step 3: are generators running?"
+    ]
+    debug = _failing_learner("--debug", "start-learner", "--redis-url", "unix:///x", how="nodata")
+    assert debug.returncode == 2
+    assert "Traceback (most recent call last)" in debug.stderr and "in train_step" in debug.stderr
+    assert debug.stderr.strip().splitlines()[-1] == (
+        "rollctl: error: no trajectory arrived for 600s at step 3: are generators running?"
+    )

@@ -70,7 +70,7 @@ def test_export_refuses_a_corrupt_version(tmp_path, tiny_model_dir):
         timeout=120,
     )
     assert res.returncode == 2
-    assert "sha256 mismatch, refusing to load" in res.stderr
+    assert "sha256 mismatch in model.safetensors" in res.stderr and "refusing to load" in res.stderr
     assert not (tmp_path / "x").exists()
 
 

@@ -39,11 +39,11 @@ def test_lora_grpo_improves_heldout_accuracy(tmp_path, redis_url, warm_model_dir
     assert s["steps"] == 20 and s["final_version"] == 20
     assert s["heldout_acc_after"] >= s["heldout_acc_before"] + 0.15, s
     store = WeightStore(run_dir)
-    kind, files = store.verified_files(20)
-    assert kind == "adapter"
+    adapter = store.manifest(20)
+    assert adapter.kind == "adapter"
     # the adapters of 2 layers x 7 linear layers at rank 16 are a small part of the model's bytes
     full_bytes = (Path(warm_model_dir) / "model.safetensors").stat().st_size
-    assert sum(len(b) for b in files.values()) < full_bytes / 3
+    assert adapter.size < full_bytes / 3
     metrics = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert all("kl/behav_ref_kl" in m for m in metrics)  # the reference ran every step
     assert max(abs(m["kl/behav_ref_kl"]) for m in metrics[-5:]) > 0  # the policy left the base

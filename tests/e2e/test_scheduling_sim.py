@@ -10,8 +10,8 @@ import msgpack
 import numpy as np
 import pytest
 import redis
-from safetensors.torch import load_file
 
+from rollflash.broker.weight_stream import verified_tensors
 from rollflash.broker.weights import WeightStore
 
 N = 4
@@ -197,7 +197,7 @@ def test_continuous_batching_at_ratio_0_is_on_policy(tmp_path, redis_url, run_id
     kept = store.versions()
     assert kept[-3:] == [2, 3, 4] and set(kept) <= {1, 2, 3, 4} and store.latest() == 4
     for v in kept:  # the simulated policy adds 1 to its weight per update: version v holds v
-        weights = load_file(str(store.verified_path(v)))
+        weights = verified_tensors(store, v)
         assert weights["weight"].tolist() == [float(v)] * 4
 
 
@@ -243,3 +243,22 @@ def test_continuous_batching_restarts_groups_too_stale_to_be_trained(tmp_path, r
     assert len(trained) == 8 * 4
     metrics = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert max(m["async/staleness_max"] for m in metrics) <= 1
+
+
+def test_a_run_over_http_gives_every_generator_its_versions_through_its_own_store(
+    tmp_path, redis_url, run_id
+):
+    """`weights.transport: http` under `rollctl run` (which makes the run's weights token): the
+    generators fetch each version from the learner's publishing process or from each other, into
+    stores of their own under run_dir/local, and load them."""
+    entries, ledger = _run(
+        tmp_path, redis_url, run_id, "weights.transport=http", "rollout.interrupt=true"
+    )
+    assert sum(len(row["trained"]) for row in ledger) == 3 * 4  # 3 steps x 4 groups
+    run_dir = tmp_path / "run"
+    for i in range(2):
+        log = (run_dir / "logs" / f"gen-{i}.log").read_text()
+        assert "relaying weight versions at http://127.0.0.1:" in log
+        assert "B from http://127.0.0.1:" in log  # loaded versions fetched over HTTP
+        own = WeightStore(run_dir / "local" / f"gen-{i}")
+        assert own.versions() and own.root != WeightStore(run_dir).root

@@ -5,10 +5,11 @@ a late duplicate. Training must finish, with every group trained exactly once.""
 import json
 import os
 import signal
+import time
 
 import redis
 import yaml
-from harness import ledgers, start, streams, trained_ids, traj_ids, wait_until
+from harness import ledgers, start, streams, trained_ids, traj_ids, wait_until, write_config
 
 STEPS, B = 10, 4
 
@@ -110,3 +111,47 @@ def test_killed_and_frozen_generators_lose_nothing_and_train_nothing_twice(
         g for row in ledger for g in row.get("stale", [])
     }
     assert sum(m["async/retried"] for m in metrics) == len(retried)
+
+
+def test_a_killed_generator_is_gone_from_status_once_its_heartbeat_expires(
+    tmp_path, redis_url, run_id
+):
+    """kill -9 of a real generator: `rollctl status` shows it alive before, and gone (not alive)
+    at most `heartbeat_ttl_s` + 1 s after: its last beat came before the kill, so its hash
+    expires within the TTL of the kill, and Redis no longer returns a key once its TTL passed."""
+    from rollflash.broker.config import load_config
+    from rollflash.broker.connection import connect
+    from rollflash.broker.learner_side import LearnerBroker
+    from rollflash.rollctl.status import collect_status, compact_lines
+
+    ttl = 2.0
+    config = write_config(tmp_path, redis_url, run_id, 1, 1, rollout={"heartbeat_ttl_s": ttl})
+    cfg = load_config(config)
+    learner = LearnerBroker(connect(redis_url, 5), run_id, cfg.redis.max_payload_bytes)
+    learner.ensure_groups()
+    learner.register_run(cfg.fingerprint())  # the run the generator joins; no prompts needed
+    gen = start("start-generator", config, "--id", "doomed")
+    try:
+        wait_until(
+            lambda: (
+                "doomed" in collect_status(cfg)["generators"]
+                and _is_consumer(redis_url, run_id, "doomed")
+            ),
+            120,
+            "the generator's heartbeat and its first read of the prompts",
+        )
+        assert "doomed" not in collect_status(cfg)["gone"]
+    finally:
+        gen.kill()  # SIGKILL: no goodbye, its hash stays until its TTL runs out
+        gen.wait()
+    killed = time.monotonic()
+    time.sleep(max(0.0, killed + ttl + 1 - time.monotonic()))
+    status = collect_status(cfg)
+    assert "doomed" not in status["generators"] and set(status["gone"]) == {"doomed"}
+    assert "generators: 0 alive, 1 gone" in compact_lines(status, 1)
+
+
+def _is_consumer(redis_url, run_id, name) -> bool:
+    r = redis.Redis.from_url(redis_url)
+    names = {c["name"].decode() for c in r.xinfo_consumers(f"rl:{run_id}:prompts", "gen")}
+    return name in names

@@ -177,8 +177,7 @@ def test_lora_learner_killed_after_an_update_resumes_exactly_once(
     dcp.load(updates, checkpoint_id=str(ckpt / "dcp"), no_dist=True)
     assert len(updates) == 2 and [int(v) for v in updates.values()] == [steps, steps]
     store = WeightStore(run_dir)
-    kind, _ = store.verified_files(store.latest())
-    assert kind == "adapter"
+    assert store.manifest(store.latest()).kind == "adapter"
 
 
 def test_three_kill_9s_leave_one_ledger_record_per_acknowledged_entry(

@@ -86,3 +86,30 @@ def test_everything_stops(tmp_path, how):
         proc.wait()
     assert _gone(children) == [], f"orphans left after {how}"
     assert _gone(_session_pids(sid)) == []
+
+
+def test_ctrl_c_exits_130_with_one_line(tmp_path):
+    """A terminal's Ctrl-C (SIGINT to the foreground process group: `rollctl run`, its children
+    and, but for its own group, the embedded redis-server) ends the run with exit code 130 and
+    one line on stderr, and the embedded Redis still writes its snapshot for the resume."""
+    out, err = open(tmp_path / "out", "w"), open(tmp_path / "err", "w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rollflash.rollctl.cli", "run", "--generators", "1"]
+        + ["--set", f"run.run_dir={tmp_path / 'run'}", "--set", "rollout.engine=sim"]
+        + ["--set", "sim.learner_step_s=0.5", "--set", "trainer.total_steps=1000"]
+        + ["--set", "eval.size=1"],
+        stdout=out,
+        stderr=err,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not (tmp_path / "run" / "metrics.jsonl").exists():
+        time.sleep(0.2)  # training under way
+    os.killpg(os.getsid(proc.pid), signal.SIGINT)
+    assert proc.wait(timeout=60) == 130
+    assert (tmp_path / "err").read_text().splitlines() == [
+        "rollctl: interrupted; stopped the learner and 1 generator(s) (the same command "
+        "resumes the run)"
+    ]
+    assert "Traceback" not in (tmp_path / "out").read_text()
+    assert (tmp_path / "run" / "redis" / "dump.rdb").is_file()

@@ -20,6 +20,7 @@ from pathlib import Path
 import redis
 from harness import start, stop_all, trained_ids, write_config
 
+from rollflash.broker.weight_stream import verified_tensors
 from rollflash.broker.weights import WeightStore
 
 PUBLISHER = textwrap.dedent("""
@@ -51,14 +52,14 @@ PUBLISHER = textwrap.dedent("""
 
 def _check_store(store: WeightStore, announcements: Path) -> None:
     for v in store.versions():
-        store.verified_path(v)  # raises CorruptWeights for anything partial
+        verified_tensors(store, v)  # raises CorruptWeights for anything partial
     if store.latest() is not None:
-        store.verified_path(store.latest())
+        verified_tensors(store, store.latest())
     lines = announcements.read_text().splitlines() if announcements.exists() else []
     announced = [(int(v), sha) for v, sha in (line.split() for line in lines)]
     assert [v for v, _ in announced] == sorted({v for v, _ in announced})  # only ever up
     for v, sha in announced:  # announced only once durable: each loads as announced
-        store.verified_path(v, expect_sha256=sha)
+        verified_tensors(store, v, expect_sha256=sha)
 
 
 def test_publisher_killed_mid_publish_leaves_nothing_loadable_and_is_cleaned(

@@ -1,27 +1,34 @@
 """One learner rank for tests/integration/test_distributed_learner.py, run under torchrun (or
-alone as the one-rank reference): two `train_step`s on this rank's share of fixed groups, then
-rank 0 saves the weights (with `ddp-lora`: LoRA adapters on q_proj and v_proj, a KL term whose
-reference is the base with the adapters off, and only the adapters saved; `ddp+lora` runs ddp
-to OUT and then ddp-lora to OUT.lora in the same processes, saving a launch).
+alone as the one-rank reference). The model, its optimiser and the algorithm's models are built by
+the builders `rollctl start-learner` uses (learner/build.py `build_models`, `build_optim`); then
+STEPS `train_step`s on this rank's share of fixed groups. Rank r trains a contiguous slice of the
+groups, so the ranks' groups in rank order are the one rank's batch. After the steps every rank
+checks that a tied model is still tied, and rank 0 saves what a weight version would hold
+(learner/lora.py `published_weights`: the whole model with a tied tensor once, or a LoRA
+adapter).
 
     python -m torch.distributed.run --standalone --nproc-per-node 2 dist_worker.py MODEL OUT GROUPS \
-        ddp|fsdp|ddp-lora|ddp+lora
+        STAGES_JSON
+
+STAGES_JSON: a list of {"strategy": ddp|fsdp, "trainer": {...}, "algo": {...}, "lora": {...}|null};
+stage i saves to OUT + ".stage{i}" (several stages share one launch).
 """
 
+import json
 import sys
 
 import numpy as np
 import torch
 from safetensors.torch import save_file
-from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rollflash.broker.config import config_from_dict
 from rollflash.broker.schema import Sample, Trajectory
-from rollflash.broker.weights import unique_tensors
-from rollflash.learner.dist import init_dist, wrap_model
-from rollflash.learner.lora import checkpoint_weights, trainable_parameters, with_adapters
-from rollflash.learner.prepare import build_algo_models
+from rollflash.learner.build import build_models, build_optim
+from rollflash.learner.dist import init_dist, split_quotas
+from rollflash.learner.lora import peft_model, published_weights
 from rollflash.learner.train import train_step
+
+STEPS = 2
 
 
 def make_groups(tok, count: int, n: int = 4) -> list[Trajectory]:
@@ -49,40 +56,55 @@ def make_groups(tok, count: int, n: int = 4) -> list[Trajectory]:
     return groups
 
 
-def train(dist, model_dir: str, out: str, count: int, strategy: str) -> None:
-    torch.manual_seed(0)  # every run (and rank) starts from the same adapters
-    lora = {"rank": 4, "target_modules": ["q_proj", "v_proj"]} if strategy == "ddp-lora" else None
+def my_share(groups: list, rank: int, world: int) -> list:
+    """This rank's contiguous slice: [3, 2] of 5 groups on 2 ranks."""
+    quotas = split_quotas([len(groups)] * world, len(groups))
+    start = sum(quotas[:rank])
+    return groups[start : start + quotas[rank]]
+
+
+def tied(model: torch.nn.Module) -> bool:
+    inner = getattr(model, "module", model)
+    base = peft_model(inner).get_base_model() if peft_model(inner) is not None else inner
+    return base.get_output_embeddings().weight is base.get_input_embeddings().weight
+
+
+def train(dist, model_dir: str, out: str, count: int, stage: dict) -> None:
+    torch.manual_seed(0)  # every run (and rank) starts from the same adapters and heads
     cfg = config_from_dict(
         {
-            "model": {"path": model_dir, "lora": lora},
+            "model": {"path": model_dir, "lora": stage.get("lora")},
             "rollout": {"num_return_sequences": 4, "max_new_tokens": 6},
-            "trainer": {"micro_batch_size": 3},
-            "algo": {"kl_coef": 0.1 if lora else 0.0},
+            "trainer": {
+                "micro_batch_size": 3,
+                "rollout_batch_size": count,
+                "strategy": stage["strategy"],
+                "device": "cpu",
+                "actor_lr": 1e-3,
+                **stage.get("trainer", {}),
+            },
+            "algo": stage.get("algo", {}),
         }
     )
-    tok = AutoTokenizer.from_pretrained(model_dir)
-    policy = AutoModelForCausalLM.from_pretrained(model_dir)
-    if cfg.model.lora is not None:
-        policy = with_adapters(policy, cfg.model.lora)
-    model = wrap_model(policy, dist, strategy.removesuffix("-lora"))
-    optimizer = torch.optim.AdamW(trainable_parameters(policy), lr=1e-3)
-    groups = make_groups(tok, count)
-    mine = groups[dist.rank :: dist.world_size]
-    algo = build_algo_models(cfg, dist, policy)
-    for _ in range(2):
-        stats = train_step(model, optimizer, mine, cfg, algo, dist)
+    models = build_models(cfg, dist)
+    optim = build_optim(cfg, models)
+    mine = my_share(make_groups(models.tokenizer, count), dist.rank, dist.world_size)
+    for _ in range(STEPS):
+        stats = train_step(models.model, optim.optimizer, mine, cfg, models.algo, dist)
         assert stats["optim/skipped"] == 0.0
-    weights = checkpoint_weights(model)  # the whole model, or only the adapters with LoRA
+        assert stats["optim/updates"] == cfg.trainer.updates_per_step
+        optim.scheduler.step()
+    assert tied(models.model), f"rank {dist.rank}: lm_head is no longer embed_tokens"
+    weights, _ = published_weights(models.model, cfg)
     if dist.is_main:
-        save_file(unique_tensors(weights), out)
+        save_file(weights, out)
 
 
-def main(model_dir: str, out: str, count: int, strategy: str) -> None:
-    """`ddp+lora`: the ddp run to OUT, then the ddp-lora run to OUT.lora, in one launch."""
+def main(model_dir: str, out: str, count: int, stages: str) -> None:
     torch.use_deterministic_algorithms(True)
-    dist = init_dist()
-    for i, name in enumerate(strategy.split("+")):
-        train(dist, model_dir, out + ".lora" * i, count, "ddp-lora" if name == "lora" else name)
+    dist = init_dist("cpu")
+    for i, stage in enumerate(json.loads(stages)):
+        train(dist, model_dir, f"{out}.stage{i}", count, stage)
     dist.close()
 
 

@@ -9,6 +9,9 @@
    step; the sharded model and optimiser are saved with DCP to OUT/ckpt, and rank 0 writes the
    gathered weights to OUT/mp.safetensors for the one-rank load to compare against.
 
+Models and optimisers are built by learner/build.py's builders, as `rollctl start-learner` builds
+them (a tied model, sharded on the meta device and broadcast from rank 0).
+
     python -m torch.distributed.run --standalone --nproc-per-node 2 sharded_worker.py MODEL OUT CKPT_IN
 """
 
@@ -17,12 +20,13 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoTokenizer
 
 from rollflash.broker.config import config_from_dict
 from rollflash.learner.batch import pad_groups
+from rollflash.learner.build import build_models, build_optim
 from rollflash.learner.checkpoint_io import Trainables, load_dcp, save_dcp
-from rollflash.learner.dist import Dist, full_state_dict, init_dist, wrap_model
+from rollflash.learner.dist import Dist, full_state_dict, init_dist
 from rollflash.learner.filters import group_scores
 from rollflash.learner.global_stats import global_std
 from rollflash.learner.guards import score_std
@@ -31,12 +35,19 @@ from rollflash.learner.train import train_step
 from tests.integration.dist_worker import make_groups
 
 
-def _cfg(model_dir: str, **algo):
+def _cfg(model_dir: str, dtype: str = "float32", **algo):
+    """The config of every check; its sharded models are built by the builders `rollctl
+    start-learner` uses (learner/build.py)."""
     return config_from_dict(
         {
-            "model": {"path": model_dir},
+            "model": {"path": model_dir, "dtype": dtype},
             "rollout": {"num_return_sequences": 4, "max_new_tokens": 6},
-            "trainer": {"micro_batch_size": 3},
+            "trainer": {
+                "micro_batch_size": 3,
+                "strategy": "fsdp",
+                "device": "cpu",
+                "actor_lr": 1e-3,
+            },
             "algo": algo,
         }
     )
@@ -69,9 +80,8 @@ def check_global_stats(model_dir: str, tok, dist: Dist) -> None:
 
 def check_resume_from_one_rank(model_dir: str, tok, dist: Dist, ckpt_in: Path, out: Path) -> None:
     cfg = _cfg(model_dir)
-    policy = AutoModelForCausalLM.from_pretrained(model_dir)
-    model = wrap_model(policy, dist, "fsdp")
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    models = build_models(cfg, dist)
+    model, optimizer = models.model, build_optim(cfg, models).optimizer
     load_dcp(Trainables(model, optimizer), ckpt_in)
     groups = make_groups(tok, 4)[2:]
     train_step(model, optimizer, groups[dist.rank :: 2], cfg, AlgoModels(), dist)
@@ -81,11 +91,9 @@ def check_resume_from_one_rank(model_dir: str, tok, dist: Dist, ckpt_in: Path, o
 
 
 def check_mixed_precision(model_dir: str, tok, dist: Dist, out: Path) -> None:
-    cfg = _cfg(model_dir)
-    cfg.model.dtype = "bfloat16"
-    policy = AutoModelForCausalLM.from_pretrained(model_dir)
-    model = wrap_model(policy, dist, "fsdp", "bfloat16")
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    cfg = _cfg(model_dir, dtype="bfloat16")
+    models = build_models(cfg, dist)
+    model, optimizer = models.model, build_optim(cfg, models).optimizer
     with torch.no_grad():
         logits = model(input_ids=torch.tensor([[1, 2, 3]])).logits
     assert logits.dtype == torch.bfloat16  # bf16 compute

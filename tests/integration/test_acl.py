@@ -10,6 +10,7 @@ import redis
 
 from rollflash.broker import functions
 from rollflash.broker.acl import generator_acl, generator_user, learner_acl, learner_user
+from rollflash.broker.config import load_config
 from rollflash.broker.connection import connect
 from rollflash.broker.generator_side import GeneratorBroker
 from rollflash.broker.keys import RunKeys
@@ -36,7 +37,7 @@ def _run(learner_url, gen_url, run_id):
     learner = LearnerBroker(connect(learner_url, 5), run_id, 100_000)
     learner.take_lease()
     learner.ensure_groups()
-    learner.register_run("fp")
+    learner.register_run(load_config(None).fingerprint())
     learner.track_trajectory_writes()
     learner.add_prompts(
         [PromptWork("p0", "g0", 1, 0, {"id": "p0", "prompt": "1+1=", "answer": "2"})]
@@ -45,7 +46,7 @@ def _run(learner_url, gen_url, run_id):
     gen = GeneratorBroker(connect(gen_url, 5), run_id, "gen-0", 100_000)
     gen.ask_to_join({"state": "up"}, ttl_s=30)
     learner.maintain_now()  # admits gen-0 (under the learner's user: no SCAN needed)
-    gen.join_run("fp", timeout_s=5)
+    gen.join_run(load_config(None).fingerprint(), timeout_s=5)
     return learner, gen
 
 

@@ -1,8 +1,11 @@
 """Two gloo ranks under torchrun train to the same weights as one rank on the same batches,
-with DDP (full and LoRA) and with FSDP2: the loss shares are of the whole step, gradients are averaged
-over the ranks, and a rank with less (or no) data this step still takes part in every collective.
-Runs tests/integration/dist_worker.py as real processes."""
+with DDP (full and LoRA) and with FSDP2, PPO mini-batches and epochs included: the loss shares are
+of the whole mini-batch, gradients are averaged over the ranks, a rank with less (or no) data this
+update still takes part in every collective, and the tiny model's tied embedding stays tied on
+every rank. Runs tests/integration/dist_worker.py as real processes, which builds the learner
+through learner/build.py as `rollctl start-learner` does."""
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -13,51 +16,73 @@ from safetensors.torch import load_file
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).with_name("dist_worker.py")
+PPO = {"ppo_mini_batches": 2, "ppo_epochs": 2}
+LORA = {"rank": 4, "target_modules": ["q_proj", "v_proj"]}
 
 
-def _train(model_dir, out, groups, nproc, strategy="ddp"):
+def _train(model_dir, out, groups, nproc, stages):
     launch = (
         [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
         if nproc > 1
         else [sys.executable]
     )
     proc = subprocess.run(
-        [*launch, str(WORKER), str(model_dir), str(out), str(groups), strategy],
+        [*launch, str(WORKER), str(model_dir), str(out), str(groups), json.dumps(stages)],
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=240,
         env={"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"},
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return load_file(str(out))
+    return [load_file(f"{out}.stage{i}") for i in range(len(stages))]
+
+
+def _full_matches(one: dict, two: dict, start: dict) -> None:
+    # a version holds the tied pair once, under the embedding's name
+    assert "model.embed_tokens.weight" in one and "lm_head.weight" not in one
+    assert one.keys() == two.keys()
+    for name, w in one.items():
+        torch.testing.assert_close(two[name], w, atol=1e-5, rtol=0)
+    assert any(not torch.equal(start[k], w) for k, w in one.items())  # the steps moved it
 
 
 def _lora_matches(one: dict, two: dict) -> None:
     """LoRA adapters on q_proj and v_proj with a KL term against the base with the adapters
-    off: the adapters two ranks train equal one rank's, and only the adapters are saved."""
-    # 1 layer x (q_proj, v_proj) x (lora_A, lora_B): the checkpoint holds these 4 tensors only
+    off: the adapters two ranks train equal one rank's, and a version holds only them."""
+    # 1 layer x (q_proj, v_proj) x (lora_A, lora_B): the adapter holds these 4 tensors only
     assert len(one) == 4 and all(".lora_A." in k or ".lora_B." in k for k in one)
     for name, w in one.items():
         torch.testing.assert_close(two[name], w, atol=1e-5, rtol=0)
     assert all(one[k].abs().max() > 0 for k in one if ".lora_B." in k)  # B started at zero
 
 
-@pytest.mark.parametrize(
-    "strategy,groups",
-    [("ddp+lora", 5), ("fsdp", 1)],
-    ids=["ddp-uneven-3-2-and-lora", "fsdp-one-rank-idle"],
-)
-def test_two_gloo_ranks_match_one_rank(tiny_model_dir, tmp_path, strategy, groups):
-    """The ddp case runs the same two-rank launch again with LoRA (dist_worker.py `ddp+lora`)."""
-    lora = strategy.endswith("+lora")
-    one = _train(tiny_model_dir, tmp_path / "one.safetensors", groups, 1, "ddp" + "+lora" * lora)
-    two = _train(tiny_model_dir, tmp_path / "two.safetensors", groups, 2, strategy)
+CASES = {
+    # M = 2, E = 2 with a critic (GAE), the reference KL and packing; then LoRA, in one launch
+    "ddp-uneven-3-2-gae-kl-packed-and-lora": (
+        5,
+        [
+            {
+                "strategy": "ddp",
+                "trainer": {**PPO, "token_budget": 40},
+                "algo": {"adv_estimator": "gae", "critic": True, "kl_coef": 0.1},
+            },
+            {"strategy": "ddp", "trainer": PPO, "lora": LORA, "algo": {"kl_coef": 0.1}},
+        ],
+    ),
+    "fsdp-uneven-3-2-kl": (5, [{"strategy": "fsdp", "trainer": PPO, "algo": {"kl_coef": 0.1}}]),
+    "fsdp-one-rank-idle": (1, [{"strategy": "fsdp"}]),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_two_gloo_ranks_match_one_rank(tiny_model_dir, tmp_path, case):
+    groups, stages = CASES[case]
+    one = _train(tiny_model_dir, tmp_path / "one", groups, 1, stages)
+    two = _train(tiny_model_dir, tmp_path / "two", groups, 2, stages)
     start = load_file(str(tiny_model_dir / "model.safetensors"))
-    moved = 0
-    for name, w in one.items():
-        torch.testing.assert_close(two[name], w, atol=1e-5, rtol=0)
-        moved += name in start and not torch.equal(start[name], w)
-    assert moved > 0  # the steps did change the weights
-    if lora:
-        _lora_matches(*[load_file(str(tmp_path / f"{n}.safetensors.lora")) for n in ("one", "two")])
+    for stage, a, b in zip(stages, one, two):
+        if stage.get("lora"):
+            _lora_matches(a, b)
+        else:
+            _full_matches(a, b, start)

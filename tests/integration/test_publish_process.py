@@ -64,7 +64,7 @@ def test_the_helper_publishes_what_the_step_publishes(tmp_path, redis_url, run_i
         publisher.close()
         store = WeightStore(tmp_path / mode)
         assert store.versions() == [1, 2, 3] and store.latest() == 3
-        assert [store.verified_files(v)[0] for v in (1, 2, 3)] == ["full"] * 3  # intact
+        assert [store.open_version(v).manifest.kind for v in (1, 2, 3)] == ["full"] * 3
         runs[mode] = [(store.version_dir(v) / MODEL_FILE).read_bytes() for v in (1, 2, 3)]
         announced = learner_broker._registry.weights()
         assert announced["version"] == "3" and announced["path"] == str(store.version_dir(3))
@@ -105,3 +105,31 @@ def test_a_killed_helper_is_reported_at_the_next_publish(
         publisher.wait()
     publisher.close()
     assert learner_broker._registry.weights()["version"] == "1"
+
+
+def test_the_step_copies_the_weights_once_straight_into_the_helpers_shared_memory(
+    tmp_path, redis_url, run_id, learner_broker
+):
+    """`publish` hands `published_weights` the helper's buffers: every tensor is cast and copied
+    into shared memory in one copy (float32 parameters, bfloat16 buffers), and `submit` sends
+    them on as they are; the version holds the step's weights."""
+    from rollflash.learner.lora import published_weights
+
+    publisher = _publisher(tmp_path, redis_url, run_id, learner_broker, "process")
+    model = torch.nn.Linear(3, 2)
+    cfg = load_config(None)
+    try:
+        weights, _ = published_weights(model, cfg, torch.bfloat16, False, publisher.buffers())
+        assert all(t.is_shared() and t.dtype == torch.bfloat16 for t in weights.values())
+        layout = [(n, tuple(t.shape), t.dtype) for n, t in weights.items()]
+        again = publisher.buffers()(layout)  # the same layout: the same block, not allocated
+        assert all(again[n].data_ptr() == t.data_ptr() for n, t in weights.items())
+        publisher.publish(weights, 1, 1)
+        publisher.wait()
+    finally:
+        publisher.close()
+    from rollflash.broker.weight_stream import verified_tensors
+
+    got = verified_tensors(WeightStore(tmp_path), 1)
+    for name, p in model.state_dict().items():
+        torch.testing.assert_close(got[name], p.to(torch.bfloat16), atol=0, rtol=0)

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import redis
 
+from rollflash.broker.config import load_config
 from rollflash.broker.connection import BrokerUnavailable, connect
 from rollflash.broker.generator_side import GeneratorBroker
 from rollflash.broker.keys import GEN_GROUP, RunKeys
@@ -25,7 +26,7 @@ from rollflash.broker.redis_io import RunLost
 from rollflash.broker.redis_server import EmbeddedRedis
 from rollflash.broker.schema import PromptWork, Sample, Trajectory
 
-FP = "fp0"
+FP = load_config(None).fingerprint()
 KEYS = RunKeys("r")
 
 

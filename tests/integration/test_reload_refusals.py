@@ -1,7 +1,10 @@
-"""A generator whose engine cannot load a published version keeps running on the weights it has,
-and `rollctl status` shows the refusal (real Redis; the sim engine with a failing loader)."""
+"""A generator whose engine cannot load a published version tries it `weights.reload_attempts`
+times, then keeps running on the weights it has, and `rollctl status` shows the refusal (real
+Redis; the sim engine with a failing loader)."""
 
 from __future__ import annotations
+
+import time
 
 from rollflash.broker.config import config_from_dict
 from rollflash.broker.weights import WeightStore
@@ -25,6 +28,7 @@ def test_a_loader_error_is_counted_in_status_and_the_generator_keeps_its_version
             "run": {"run_id": run_id, "run_dir": str(tmp_path / "run")},
             "redis": {"url": redis_url},
             "rollout": {"engine": "sim"},
+            "weights": {"reload_attempts": 2},
         }
     )
     learner_broker = LearnerBroker(connect(redis_url, 5), run_id, 1_000_000)
@@ -42,12 +46,12 @@ def test_a_loader_error_is_counted_in_status_and_the_generator_keeps_its_version
     admitter.start()
     loaded = []
 
-    def load_weights(self, model_file, version):
+    def swap_weights(self, weights, version):
         if version == 1:
             raise RuntimeError("the engine cannot load v1")
         loaded.append(version)
 
-    monkeypatch.setattr(sim_engine.SimEngine, "load_weights", load_weights)
+    monkeypatch.setattr(sim_engine.SimEngine, "swap_weights", swap_weights)
     gen = Generator(cfg, "gen-x")  # joins, and waits until it is admitted
     admitted.set()
     admitter.join()
@@ -56,8 +60,10 @@ def test_a_loader_error_is_counted_in_status_and_the_generator_keeps_its_version
         for version in (1, 2):
             info = store.publish({"w": torch.zeros(2) + version}, version, version)
             learner_broker.announce_weights(version, info.path, info.sha256, "")
-            gen.follower._last_poll = 0.0  # read the hash now
-            gen.follower.maybe_reload()
+            deadline = time.monotonic() + 60  # the rollout loop's turns, until v settles
+            while (gen.follower.loaded_version, gen.follower.reload_refused) == (0, version - 1):
+                assert time.monotonic() < deadline, f"v{version} never settled"
+                gen.follower.maybe_reload(wait_s=0.05)
             gen.heartbeat("up")
             show_status(cfg, as_json=False)
             lines = capsys.readouterr().out.splitlines()
@@ -65,6 +71,7 @@ def test_a_loader_error_is_counted_in_status_and_the_generator_keeps_its_version
             expected = "loaded=v0 reloads=0 refused=1" if version == 1 else "loaded=v2 reloads=1"
             assert expected in line, line
         assert "refused=1" in line and loaded == [2]
+        assert gen.follower.reload_retries == 1  # v1: two attempts, then refused
     finally:
         gen.follower.close()
         learner_broker.release()

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import redis
 
+from rollflash.broker.config import load_config
 from rollflash.broker.connection import connect
 from rollflash.broker.keys import RunKeys
 from rollflash.broker.learner_side import LearnerBroker
@@ -23,7 +24,7 @@ def _learner(url, run_id, **kw) -> LearnerBroker:
     b = LearnerBroker(connect(url, 5.0), run_id, 100_000, **kw)
     b.take_lease()
     b.ensure_groups()
-    b.register_run("fp")
+    b.register_run(load_config(None).fingerprint())
     b.track_trajectory_writes()
     return b
 

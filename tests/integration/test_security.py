@@ -26,6 +26,7 @@ import torch
 
 from rollflash.broker.acl import generator_acl, learner_acl
 from rollflash.broker.connection import BrokerUnavailable, connect
+from tests.helpers.certs import make_certs
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -36,62 +37,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _certs(d: Path) -> None:
-    def ssl(*args):
-        subprocess.run(["openssl", *args], check=True, capture_output=True, cwd=d)
-
-    ssl(
-        "req",
-        "-x509",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-days",
-        "1",
-        "-subj",
-        "/CN=test-ca",
-        "-keyout",
-        "ca.key",
-        "-out",
-        "ca.pem",
-    )
-    ssl(
-        "req",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-subj",
-        "/CN=127.0.0.1",
-        "-keyout",
-        "server.key",
-        "-out",
-        "server.csr",
-    )
-    (d / "ext.cnf").write_text("subjectAltName=IP:127.0.0.1\n")
-    ssl(
-        "x509",
-        "-req",
-        "-in",
-        "server.csr",
-        "-CA",
-        "ca.pem",
-        "-CAkey",
-        "ca.key",
-        "-CAcreateserial",
-        "-days",
-        "1",
-        "-extfile",
-        "ext.cnf",
-        "-out",
-        "server.pem",
-    )
-
-
 @pytest.fixture
 def tls_redis(tmp_path):
     if shutil.which("openssl") is None:
         pytest.skip("openssl is not installed: cannot make test certificates")
-    _certs(tmp_path)
+    make_certs(tmp_path)
     port = _free_port()
     proc = subprocess.Popen(
         [
@@ -245,8 +195,6 @@ def test_embedded_redis_listens_on_a_private_unix_socket_only():
 
 
 def test_nothing_on_the_wire_or_in_weights_reaches_pickle(tmp_path, monkeypatch):
-    from safetensors.torch import load_file
-
     from rollflash.broker.notify import VersionPublisher, VersionSubscriber  # noqa: F401 (imports work)
     from rollflash.broker.schema import (
         PromptWork,
@@ -257,7 +205,8 @@ def test_nothing_on_the_wire_or_in_weights_reaches_pickle(tmp_path, monkeypatch)
         encode_prompt,
         encode_trajectory,
     )
-    from rollflash.broker.weights import WeightStore
+    from rollflash.broker.weight_stream import verified_tensors
+    from rollflash.broker.weights import CorruptWeights, WeightStore
     from rollflash.broker.wire import WireLimits
     from rollflash.generators.sim_engine import SimEngine  # noqa: F401
 
@@ -288,7 +237,7 @@ def test_nothing_on_the_wire_or_in_weights_reaches_pickle(tmp_path, monkeypatch)
     assert decode_trajectory(fields(encode_trajectory(t)), WireLimits(10_000, 10)).traj_id == "g"
     store = WeightStore(tmp_path)
     store.publish({"w": torch.ones(3)}, 1, 1)
-    assert load_file(str(store.verified_path(1)))["w"].sum() == 3
+    assert verified_tensors(store, 1)["w"].sum() == 3
     assert calls and all(
         kw.get("max_bin_len")
         and kw.get("max_str_len")
@@ -302,13 +251,10 @@ def test_nothing_on_the_wire_or_in_weights_reaches_pickle(tmp_path, monkeypatch)
     torch.save({"w": torch.ones(3)}, model)
     import json
 
-    from rollflash.broker.weights import sha256_file
+    from rollflash.broker.digest import file_digest
 
     manifest = json.loads((model.parent / "manifest.json").read_text())
-    manifest["files"]["model.safetensors"] = {
-        "size": model.stat().st_size,
-        "sha256": sha256_file(model),
-    }
+    manifest["files"]["model.safetensors"] = file_digest(model.read_bytes()).manifest_entry()
     (model.parent / "manifest.json").write_text(json.dumps(manifest))
-    with pytest.raises(Exception, match="(?i)header|safetensor|invalid"):
-        load_file(str(store.verified_path(1)))
+    with pytest.raises(CorruptWeights, match="(?i)header"):
+        verified_tensors(store, 1)

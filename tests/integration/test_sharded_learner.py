@@ -9,10 +9,12 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import load_file
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoTokenizer
 
 from rollflash.broker.config import config_from_dict
+from rollflash.learner.build import build_models, build_optim
 from rollflash.learner.checkpoint_io import Trainables, load_dcp, save_dcp
+from rollflash.learner.dist import Dist
 from rollflash.learner.prepare import AlgoModels
 from rollflash.learner.train import train_step
 from tests.integration.dist_worker import make_groups
@@ -21,18 +23,23 @@ ROOT = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).with_name("sharded_worker.py")
 
 
-def _one_rank_run(model_dir, tmp_path):
-    """One process: a step on groups 0-1, checkpointed with DCP, then a step on groups 2-3."""
+def _built(model_dir):
+    """(config, policy, optimiser) of one rank, from learner/build.py's builders."""
     cfg = config_from_dict(
         {
             "model": {"path": str(model_dir)},
             "rollout": {"num_return_sequences": 4, "max_new_tokens": 6},
-            "trainer": {"micro_batch_size": 3},
+            "trainer": {"micro_batch_size": 3, "device": "cpu", "actor_lr": 1e-3},
         }
     )
+    models = build_models(cfg, Dist())
+    return cfg, models.model, build_optim(cfg, models).optimizer
+
+
+def _one_rank_run(model_dir, tmp_path):
+    """One process: a step on groups 0-1, checkpointed with DCP, then a step on groups 2-3."""
+    cfg, model, optimizer = _built(model_dir)
     groups = make_groups(AutoTokenizer.from_pretrained(model_dir), 4)
-    model = AutoModelForCausalLM.from_pretrained(model_dir)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     train_step(model, optimizer, groups[:2], cfg, AlgoModels())
     save_dcp(Trainables(model, optimizer), tmp_path / "one")
     train_step(model, optimizer, groups[2:], cfg, AlgoModels())
@@ -60,8 +67,7 @@ def test_two_ranks_share_statistics_shards_and_checkpoints_with_one(tiny_model_d
             torch.testing.assert_close(resumed[name], w, atol=1e-5, rtol=0)
     # saved on 2 ranks (FSDP, bf16 compute), resumed on 1: the same weights and optimiser state
     gathered = load_file(str(tmp_path / "mp.safetensors"))
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    _, model, optimizer = _built(tiny_model_dir)
     load_dcp(Trainables(model, optimizer), tmp_path / "ckpt")
     start = load_file(str(tiny_model_dir / "model.safetensors"))
     for name, w in gathered.items():

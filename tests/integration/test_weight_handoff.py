@@ -4,8 +4,8 @@ half-written version, and every version it does get verifies and loads."""
 import multiprocessing as mp
 
 import torch
-from safetensors.torch import load_file
 
+from rollflash.broker.weight_stream import verified_tensors
 from rollflash.broker.weights import WeightStore
 
 VERSIONS = 12
@@ -19,7 +19,7 @@ def _reader(root: str, queue) -> None:
             if v in seen:
                 continue
             try:
-                t = load_file(str(store.verified_path(v)))["w"]
+                t = verified_tensors(store, v)["w"]
                 if not torch.all(t == float(v)):
                     problems.append(f"v{v} has wrong content")
             except Exception as e:  # any failure on a listed version is a bug

@@ -34,6 +34,19 @@ assert "scratch" in os.listdir("/"), "the audit hook is still on"
 """
 
 
+# Hostile code's way to make any system call with any arguments: `call(nr, *args)` returns "ok"
+# or the errno
+RAW_SYSCALL = """
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+def call(nr, *args):
+    ctypes.set_errno(0)
+    r = libc.syscall(ctypes.c_long(nr), *[ctypes.c_long(a) for a in args])
+    return "ok" if r >= 0 else ctypes.get_errno()
+"""
+
+
 def host_processes_with(token: str) -> list[int]:
     """Host pids whose command line contains `token`."""
     found = []

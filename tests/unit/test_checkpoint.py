@@ -172,3 +172,18 @@ def test_only_complete_checkpoints_are_used_and_two_are_kept(tmp_path):
     (store.root / "step00000004").mkdir()
     (store.root / "LATEST").write_text("4\n")
     assert store.latest().name == "step00000003"
+
+
+def test_a_single_process_checkpoint_warns_of_nothing(tmp_path):
+    # DCP warns "torch.distributed is disabled, unavailable or uninitialized ..." on every save
+    # and load of a single process; the learner's checkpoints say nothing of the kind
+    import warnings
+
+    model = torch.nn.Linear(3, 2)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    store = CheckpointStore(tmp_path)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        store.save(LearnerState(step=1, version=1), Trainables(model, opt))
+        CheckpointStore.load(store.latest(), Trainables(torch.nn.Linear(3, 2)))
+    assert [str(w.message) for w in caught] == []

@@ -1,5 +1,6 @@
 """`rollctl --help`, `rollctl status` and `rollctl acl` must stay instant: the CLI module, the config
-loader and the status and ACL modules may not import torch, transformers, vllm or algos."""
+loader, the status, run-finding and ACL modules, and `import rollflash` may not import torch,
+transformers, vllm or algos."""
 
 import subprocess
 import sys
@@ -17,6 +18,8 @@ HEAVY = ("torch", "transformers", "vllm", "safetensors.torch", "rollflash.algos"
         "rollflash.broker.config_reference",
         "rollflash.rollctl.status",
         "rollflash.broker.acl",
+        "rollflash.rollctl.find",
+        "rollflash.rollctl.operate",
     ],
 )
 def test_light_modules_pull_no_heavy_modules(module):

@@ -6,6 +6,7 @@ Skipped only with ROLLFLASH_SKIP_SANDBOX_TESTS=1 (never in CI); without bubblewr
 
 from __future__ import annotations
 
+import ast
 import os
 
 import numpy as np
@@ -38,8 +39,11 @@ def _score(verifier: CodeVerifier, cases: list[tuple[str, object]]) -> list[Scor
 def test_extract_program_takes_the_last_fence_or_the_whole_text():
     assert extract_program("here:\n```python\nprint(1)\n```\nand\n```\nprint(2)\n```") == "print(2)"
     assert extract_program("  print(3)\n") == "print(3)"
-    # the program is data in the harness, never spliced into its code
-    assert "exec(__program" in harness("'''; import os", "assert True")
+    # the program is data in the harness (a string constant), never spliced into its code
+    for test in ("assert True", {"input": "", "output": ""}):
+        tree = ast.parse(harness("'''; import os", test, "n"))
+        constants = [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant)]
+        assert "'''; import os" in constants
 
 
 def test_passes_wrong_answers_and_every_failure_mode_with_its_reason():
@@ -57,6 +61,7 @@ def test_passes_wrong_answers_and_every_failure_mode_with_its_reason():
         ("```python\n```", ASSERTS),
         (ADD_STDIO, "not json"),
         (ADD_STDIO, [{"input": "1"}]),
+        (ADD_STDIO, ["assert add(1,"]),  # the row's test does not compile: not the program's fault
     ]
     got = [(float(s), s.failure) for s in _score(v, cases)]
     v.close()
@@ -71,6 +76,7 @@ def test_passes_wrong_answers_and_every_failure_mode_with_its_reason():
         (0.0, "code_output_limit"),
         (0.0, "code_error"),
         (0.0, "code_no_program"),
+        (0.0, "code_bad_tests"),
         (0.0, "code_bad_tests"),
         (0.0, "code_bad_tests"),
     ]

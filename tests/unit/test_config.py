@@ -70,6 +70,21 @@ def test_dotted_overrides_parse_yaml_values(tmp_path):
     assert cfg.algo.dual_clip_c is None
 
 
+def test_exponent_numbers_are_floats_in_files_and_overrides(tmp_path):
+    # YAML 1.1 (PyYAML) needs a dot in a float; `1e-4` as people write it is a float here too
+    path = tmp_path / "run.yaml"
+    path.write_text("trainer:\n  actor_lr: 1e-4\nalgo:\n  critic_lr: 5E-6\n  kl_coef: 2e-2\n")
+    cfg = load_config(path, ["algo.clip_high=3e-1", "reward.max_abs_reward=+1e3"])
+    assert (cfg.trainer.actor_lr, cfg.algo.critic_lr, cfg.algo.kl_coef) == (1e-4, 5e-6, 0.02)
+    assert (cfg.algo.clip_high, cfg.reward.max_abs_reward) == (0.3, 1000.0)
+    with pytest.raises(ConfigError, match="^algo.clip_high: .*-1000"):
+        load_config(None, ["algo.clip_high=-1e3"])  # a float, refused by the bound, not the type
+    # strings that are not numbers keep the message they had
+    for bad in ("1e", "e-4", "1e-4x", "'1e-4'"):
+        with pytest.raises(ConfigError, match="^trainer.actor_lr: expected a number, got"):
+            load_config(None, [f"trainer.actor_lr={bad}"])
+
+
 def test_override_of_unknown_key_fails():
     with pytest.raises(ConfigError, match="^algo.clip_hihg: unknown key"):
         load_config(None, ["algo.clip_hihg=0.3"])
@@ -92,7 +107,7 @@ def test_saved_config_round_trips_and_fingerprint_ignores_local_fields(tmp_path)
     again.redis.url = "unix:///elsewhere.sock"
     again.rollout.num_rollout_workers = 7
     assert again.fingerprint() == cfg.fingerprint()
-    again.trainer.actor_lr = 0.02
+    again.rollout.temperature = 0.5
     assert again.fingerprint() != cfg.fingerprint()
 
 
@@ -105,43 +120,80 @@ def test_logging_is_learner_local_and_left_out_of_the_fingerprint():
     assert other.fingerprint() == base.fingerprint()
 
 
-# Fingerprints computed by the loader this config replaced (dataclasses, hand-written checks) on
-# the same files, then updated for each key added since (reward.max_abs_reward, reward.dtype;
-# model.chat_template, reward.functions / weights / timeout_s and the eval section;
-# reward.code and reward.judge; model.trust_remote_code, trainer.eval_every and
-# task.eval_size moved to eval.every and eval.size; model.lora and trainer.publish; the
-# logging section and the GPU keys rollout.device, rollout.vllm and placement are not
-# hashed): processes of one run compare them, so the config's representation may not
-# change them. A new field or default
-# changes them on purpose (update the values then).
+# Fingerprints of the shipped configs (broker/fingerprint.py): processes of one run compare
+# them, so the config's representation may not change them. A new shared key or a new default
+# of one changes them on purpose (update the values then; weights.transport was the last).
 @pytest.mark.parametrize(
     "name, overrides, expected",
     [
-        (None, [], "855ef61d08ca8fdf"),
-        ("demo.yaml", [], "3cad688252ce1656"),  # run.torch_threads left to rollctl run
-        ("ppo_gae.yaml", [], "bd0bcd135d43f3d9"),
-        ("dapo.yaml", [], "b8490314345762d0"),
-        ("rlhf.yaml", [], "3c9b143d83fbdf3b"),
-        ("rm.yaml", [], "dfb0f2891384e043"),
-        ("agentic_gridworld.yaml", [], "dba3531342893d26"),
-        (
-            None,
-            # ints given for floats are hashed as the floats they are stored as (1 -> 1.0)
-            [
-                "trainer.actor_lr=1",
-                "algo.tis_cap=null",
-                "task.params={max_operand: 9}",
-                "rollout.temperature=2",
-                "algo.kl_target=0.1",
-                "algo.kl_coef=1",
-            ],
-            "c34804edb81d1326",
-        ),
+        (None, [], "1d26e8bb8b86e3e1"),
+        ("demo.yaml", [], "418fbb568ecd7fdd"),
+        ("ppo_gae.yaml", [], "832d3699cf044beb"),  # the two differ in trainer: and algo: only
+        ("dapo.yaml", [], "832d3699cf044beb"),
+        ("rlhf.yaml", [], "eb0a8566f0db9c4d"),
+        ("rm.yaml", [], "1d26e8bb8b86e3e1"),  # rm: alone, which only `rollctl train-rm` reads
+        ("agentic_gridworld.yaml", [], "6141361f14875fff"),
+        (None, ["trainer.actor_lr=1", "task.params={max_operand: 9}", "rollout.temperature=2"],
+         "6331365514dcc28a"),
     ],
-)
-def test_fingerprint_is_unchanged_from_the_dataclass_config(name, overrides, expected):
+)  # fmt: skip
+def test_fingerprint_is_unchanged_by_the_config_representation(name, overrides, expected):
     path = ROOT / "configs" / name if name else None
-    assert load_config(path, overrides).fingerprint() == expected
+    assert load_config(path, overrides).fingerprint().digest == expected
+
+
+def test_an_int_given_for_a_float_is_fingerprinted_as_the_float():
+    one = load_config(None, ["rollout.temperature=2"]).fingerprint()
+    assert one == load_config(None, ["rollout.temperature=2.0"]).fingerprint()
+
+
+# what may differ between processes and between a run and its resumption (docs/config.md)
+MAY_DIFFER = [
+    "trainer.total_steps=300",
+    "trainer.actor_lr=0.5",
+    "trainer.async_ratio=3",
+    "logging.completions_per_step=4",
+    "eval.every=7",
+    "eval.size=5",
+    "rollout.engine=sim",
+    "rollout.interrupt=true",
+    "rollout.prompts_per_pull=3",
+    "rollout.heartbeat_ttl_s=5",
+    "rollout.num_rollout_workers=5",
+    "rollout.vllm.max_num_seqs=7",
+    "sim.per_token_s=0.5",
+    "algo.clip_high=0.28",
+    "reward.micro_batch_size=3",
+    "redis.connect_timeout_s=3",
+    "run.seed=7",
+]
+MUST_AGREE = [
+    ("model.path=models/other", "model.path"),
+    ("model.dtype=bfloat16", "model.dtype"),
+    ("task.params={ops: ['*']}", "task.params"),
+    ("reward.code.time_s=5", "reward.code.time_s"),
+    ("reward.max_abs_reward=5", "reward.max_abs_reward"),
+    ("rollout.temperature=0.7", "rollout.temperature"),
+    ("rollout.top_p=0.9", "rollout.top_p"),
+    ("rollout.max_new_tokens=4", "rollout.max_new_tokens"),
+    ("rollout.num_return_sequences=2", "rollout.num_return_sequences"),
+    ("redis.max_payload_bytes=1000", "redis.max_payload_bytes"),
+]
+
+
+@pytest.mark.parametrize("override", MAY_DIFFER)
+def test_a_key_that_may_differ_leaves_the_fingerprint(override):
+    assert load_config(None, [override]).fingerprint() == load_config(None).fingerprint()
+
+
+@pytest.mark.parametrize("override, key", MUST_AGREE)
+def test_a_shared_key_is_named_where_it_differs(override, key):
+    from rollflash.broker.fingerprint import differences
+
+    base, other = load_config(None).fingerprint(), load_config(None, [override]).fingerprint()
+    assert other != base
+    (difference,) = differences(base.values, other)
+    assert difference.startswith(f"{key} (the run: ")
 
 
 def test_saved_yaml_has_every_section_and_key_in_declaration_order(tmp_path):
@@ -150,7 +202,7 @@ def test_saved_yaml_has_every_section_and_key_in_declaration_order(tmp_path):
     saved = yaml.safe_load((tmp_path / "resolved.yaml").read_text())
     assert list(saved) == [
         "run", "redis", "model", "task", "rollout", "trainer", "algo", "sim", "reward", "eval",
-        "rm", "guards", "logging", "placement",
+        "rm", "guards", "logging", "placement", "weights",
     ]  # fmt: skip
     assert list(saved["run"]) == ["run_id", "run_dir", "seed", "torch_threads"]
     assert saved["trainer"]["actor_lr"] == 1.0 and isinstance(saved["trainer"]["actor_lr"], float)
@@ -158,13 +210,14 @@ def test_saved_yaml_has_every_section_and_key_in_declaration_order(tmp_path):
     # model +4 (chat_template, attn_implementation, trust_remote_code, lora), reward +6
     # (functions, weights, timeout_s, dtype, the code and judge sections), rollout +2 (device, the
     # vllm section), trainer +8 (the learner's device and precision keys, publish) and -1
-    # (eval_every moved to eval.every), task -1 (eval_size moved to eval.size), redis +4 (the
-    # lease's TTL, how long acknowledged trajectories stay, the dead letters' retention: count
-    # and age), and eval (6), logging (8) and
-    # placement (4)
+    # (eval_every moved to eval.every) and +2 (ppo_mini_batches, ppo_epochs), task -1 (eval_size
+    # moved to eval.size), redis +4 (the lease's TTL, how long acknowledged trajectories stay,
+    # the dead letters' retention: count and age), and eval (7), logging (8), placement (4) and
+    # weights (10)
     assert {name: len(section) for name, section in saved.items()} == {
-        "run": 4, "redis": 8, "model": 6, "task": 2, "rollout": 16, "trainer": 23, "algo": 29,
-        "sim": 6, "reward": 13, "eval": 6, "rm": 14, "guards": 11, "logging": 8, "placement": 4,
+        "run": 4, "redis": 8, "model": 6, "task": 2, "rollout": 16, "trainer": 25, "algo": 29,
+        "sim": 6, "reward": 13, "eval": 7, "rm": 14, "guards": 11, "logging": 8, "placement": 4,
+        "weights": 10,
     }  # fmt: skip
     assert len(saved["rollout"]["vllm"]) == 10
     assert (len(saved["reward"]["code"]), len(saved["reward"]["judge"])) == (6, 7)
@@ -249,7 +302,7 @@ def test_saved_yaml_has_every_section_and_key_in_declaration_order(tmp_path):
         (
             {"bogus": {}},
             "bogus: unknown key (known: algo, eval, guards, logging, model, placement, redis, reward, rm, "
-            "rollout, run, sim, task, trainer)",
+            "rollout, run, sim, task, trainer, weights)",
         ),
     ],
 )
@@ -267,7 +320,7 @@ def test_a_top_level_that_is_not_a_mapping_is_refused():
 
 def test_every_field_has_a_type_and_a_description():
     sections = Config.model_fields
-    assert len(sections) == 14
+    assert len(sections) == 15
     for name, section in sections.items():
         assert section.description, name
         for key, info in section.annotation.model_fields.items():

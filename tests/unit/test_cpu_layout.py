@@ -61,3 +61,29 @@ def test_rollctl_run_gives_each_child_the_layouts_threads(tmp_path, monkeypatch)
 def test_the_layout_leaves_other_engines_alone(tmp_path):
     cfg = _config(tmp_path, engine="sim")
     assert cpu_layout(cfg) is None and cfg.rollout.num_rollout_workers == 2  # the default
+
+
+def test_the_cpu_layout_is_what_dry_run_prints_first(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from rollflash.rollctl.cli import app
+
+    monkeypatch.setattr("rollflash.rollctl.cpu_layout.usable_cores", lambda: 2)
+    monkeypatch.setattr("rollflash.rollctl.local.usable_cores", lambda: 2)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    _config(tmp_path)  # the small model directory
+    sets = [f"model.path={tmp_path / 'model'}", "rollout.device=cpu", "trainer.device=cpu"]
+    args = ["run", "--dry-run", "--set", f"run.run_dir={tmp_path / 'run'}"]
+    result = CliRunner().invoke(app, args + [a for s in sets for a in ("--set", s)])
+    assert result.exit_code == 0, result.output
+    layout, learner, gen = result.output.splitlines()
+    # 2 cores, small model: the learner on one core, one generator on the other
+    assert layout == (
+        "layout: 2 cores: learner 1 thread(s), 1 generator(s) x 1 thread(s) (rollctl/cpu_layout.py)"
+    )
+    assert learner.split()[:3] == [
+        "learner",
+        "CUDA_VISIBLE_DEVICES=(inherited)",
+        "OMP_NUM_THREADS=1",
+    ]
+    assert gen.split()[:3] == ["gen-0", "CUDA_VISIBLE_DEVICES=(inherited)", "OMP_NUM_THREADS=1"]

@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import json
 import shutil
+import time
 
 import pytest
 import torch
@@ -16,6 +17,7 @@ from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rollflash.broker.config import config_from_dict
+from rollflash.broker.digest import file_digest
 from rollflash.broker.weights import (
     ADAPTER_CONFIG,
     ADAPTER_FILE,
@@ -23,6 +25,7 @@ from rollflash.broker.weights import (
     WeightStore,
     unique_tensors,
 )
+from rollflash.generators.fetch import SharedStoreSource
 from rollflash.generators.reload import WeightFollower
 from rollflash.learner.batch import MicroBatch
 from rollflash.learner.build import Models, build_optim
@@ -162,6 +165,11 @@ class _Hash:
         return self.info
 
 
+def _follower(store: WeightStore, hash_: _Hash, engine) -> WeightFollower:
+    source = SharedStoreSource(store, store.root.parent / "copies")
+    return WeightFollower(hash_, source, engine, poll_interval_s=0.01, attempts=1)
+
+
 def _publish(store: WeightStore, hash_: _Hash, policy, cfg, version: int) -> None:
     tensors, config = published_weights(policy, cfg)
     info = store.publish(tensors, version, version, adapter_config=config)
@@ -191,25 +199,24 @@ def test_hf_engine_log_probs_after_an_adapter_version_equal_the_learners(tiny_mo
     cfg, policy = _policy(tiny_model_dir)
     assert cfg.publish_kind == "adapter"
     engine, store, hash_ = HFEngine(str(tiny_model_dir)), WeightStore(tmp_path), _Hash()
-    follower = WeightFollower(hash_, store, engine, poll_interval_s=0.0)
+    follower = _follower(store, hash_, engine)
     _publish(store, hash_, policy, cfg, 1)
-    assert follower.maybe_reload() and follower.loaded_version == 1
+    follower.wait_for(1, timeout_s=60)
     assert _max_error(engine, policy, tok, 0.8) < 1e-4
     _, policy2 = _policy(tiny_model_dir, seed=5)  # the next version: the same slot, new tensors
     _publish(store, hash_, policy2, cfg, 2)
-    assert follower.maybe_reload() and follower.loaded_version == 2
+    follower.wait_for(2, timeout_s=60)
     assert _max_error(engine, policy2, tok, 1.0) < 1e-4
-    # a full file that does not fit is refused before the adapter is touched
+    # full weights that do not fit are refused before the adapter is touched
     merged = merged_state_dict(policy)
-    bad = {k: v for k, v in merged.items() if not k.endswith("up_proj.weight")}
-    save_file(unique_tensors(bad), str(tmp_path / "bad.safetensors"))
+    bad = unique_tensors({k: v for k, v in merged.items() if not k.endswith("up_proj.weight")})
     with pytest.raises(ValueError, match="up_proj"):
-        engine.load_weights(tmp_path / "bad.safetensors", 3)
+        engine.new_weights([(k, tuple(v.shape), v.dtype) for k, v in bad.items()])
     assert hasattr(engine.model, "peft_config")
     assert _max_error(engine, policy2, tok, 1.0) < 1e-4
     # a merged full version replaces the adapter: the model holds every weight again
     hash_.info = {"version": "3", "sha256": store.publish(merged, 3, 3).sha256}
-    assert follower.maybe_reload() and follower.loaded_version == 3
+    follower.wait_for(3, timeout_s=60)
     assert not hasattr(engine.model, "peft_config")
     assert _max_error(engine, policy, tok, 1.0) < 1e-4
     follower.close()
@@ -223,9 +230,6 @@ class _Recorder:
     def __init__(self) -> None:
         self.adapters: list[tuple[int, dict]] = []
 
-    def load_weights(self, model_file, version: int) -> None:
-        raise AssertionError("no full version is published here")
-
     def load_adapter(self, adapter_dir, version: int) -> None:
         self.adapters.append((version, json.loads((adapter_dir / ADAPTER_CONFIG).read_text())))
 
@@ -234,7 +238,6 @@ class _Recorder:
 def test_a_tampered_adapter_version_is_never_loaded(tiny_model_dir, tmp_path, tamper):
     cfg, policy = _policy(tiny_model_dir)
     store, hash_, engine = WeightStore(tmp_path), _Hash(), _Recorder()
-    follower = WeightFollower(hash_, store, engine, poll_interval_s=0.0)
     _publish(store, hash_, policy, cfg, 1)
     d = store.version_dir(1)
     if tamper == "tensors":
@@ -246,19 +249,18 @@ def test_a_tampered_adapter_version_is_never_loaded(tiny_model_dir, tmp_path, ta
         config["lora_alpha"] = 64.0  # 8x the update, same tensors
         (d / ADAPTER_CONFIG).write_text(json.dumps(config))
         if tamper == "config_and_manifest":  # the manifest rewritten to match: the announced
-            import hashlib  # digest still covers the config
-
-            manifest = json.loads((d / MANIFEST).read_text())
-            data = (d / ADAPTER_CONFIG).read_bytes()
-            manifest["files"][ADAPTER_CONFIG] = {
-                "size": len(data),
-                "sha256": hashlib.sha256(data).hexdigest(),
-            }
+            manifest = json.loads((d / MANIFEST).read_text())  # digest still covers the config
+            entry = file_digest((d / ADAPTER_CONFIG).read_bytes()).manifest_entry()
+            manifest["files"][ADAPTER_CONFIG] = entry
             (d / MANIFEST).write_text(json.dumps(manifest))
-    assert follower.maybe_reload() is False
+    follower = _follower(store, hash_, engine)  # follows from here: v1 is tampered already
+    deadline = time.monotonic() + 60
+    while follower.reload_refused == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
     assert follower.reload_refused == 1 and follower.loaded_version == 0 and engine.adapters == []
     _publish(store, hash_, policy, cfg, 2)  # an intact version after it loads as usual
-    assert follower.maybe_reload() is True and [v for v, _ in engine.adapters] == [2]
+    follower.wait_for(2, timeout_s=60)
+    assert [v for v, _ in engine.adapters] == [2]
     assert engine.adapters[0][1]["lora_alpha"] == 8.0 and engine.adapters[0][1]["r"] == 4
     follower.close()
 
@@ -272,8 +274,6 @@ def test_adapter_versions_are_a_small_fraction_and_kept_like_full_ones(tiny_mode
     full = store.publish(merged_state_dict(policy), 5, 5)
     assert store.retain(keep=2, in_use={1}) == [2, 3]  # the same rule as for full versions
     assert store.versions() == [1, 4, 5]
-    kind, files = store.verified_files(4)
-    assert kind == "adapter" and set(files) == {ADAPTER_FILE, ADAPTER_CONFIG}
-    adapter_bytes = sum(len(b) for b in files.values())
-    full_bytes = len(store.verified_bytes(5, expect_sha256=full.sha256))
-    assert adapter_bytes < full_bytes / 4
+    adapter = store.manifest(4)
+    assert adapter.kind == "adapter" and set(adapter.files) == {ADAPTER_FILE, ADAPTER_CONFIG}
+    assert adapter.size < store.manifest(5, expect_sha256=full.sha256).size / 4

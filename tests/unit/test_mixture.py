@@ -132,3 +132,37 @@ def test_per_domain_rewards_and_failure_counts():
         "reward/code/mean": 0.375,
         "reward/code_timeout": 3,
     }
+
+
+def test_each_reward_functions_mean_and_failures_per_step():
+    """`reward/<function>`: mean of the samples that function scored; `reward/error/<function>`:
+    its failures; summed over ranks like the other counts."""
+    one = np.array([1], np.int32)
+
+    def sample(reward: float, parts: dict | None) -> Sample:
+        return Sample(one, np.array([-0.1], np.float32), one * 0, reward, True, reward_parts=parts)
+
+    groups = [
+        Trajectory("a", "math/train-1", "a", "g", 0, 0, one, [
+            sample(1.1, {"math": 1.0, "format_ok": 1.0}),
+            sample(0.1, {"math": 0.0, "format_ok": 1.0}),
+        ]),
+        Trajectory("b", "math/train-2", "b", "g", 0, 0, one, [
+            sample(0.0, {"math": 0.0, "format_ok": None}),  # format_ok failed
+            sample(1.0, {"math": 1.0, "format_ok": 0.0}),
+        ]),
+        Trajectory("c", "code/train-1", "c", "g", 0, 0, one, [sample(0.5, None)]),  # one function
+    ]  # fmt: skip
+    got = reward_breakdown(groups)
+    # math: (1 + 0 + 0 + 1) / 4 = 0.5; format_ok: (1 + 1 + 0) / 3 over the three it scored
+    # math domain: (1.1 + 0.1 + 0 + 1) / 4 = 0.55; code domain: 0.5
+    assert got == {
+        "reward/math": 0.5,
+        "reward/format_ok": pytest.approx(2 / 3),
+        "reward/error/format_ok": 1,
+        "reward/math/mean": pytest.approx(0.55),
+        "reward/code/mean": 0.5,
+    }
+    merged = merge_rank_metrics([(got, 3), ({"reward/error/format_ok": 2, "reward/math": 1.0}, 1)])
+    # errors add up: 1 + 2; a mean is weighted by groups: (0.5 * 3 + 1.0 * 1) / 4 = 0.625
+    assert merged["reward/error/format_ok"] == 3 and merged["reward/math"] == 0.625

@@ -178,7 +178,10 @@ def test_run_dry_run_prints_the_layout_and_starts_nothing(tmp_path):
         + ["--set", "rollout.vllm.tensor_parallel_size=2", "--set", f"run.run_dir={run_dir}"],
     )
     assert result.exit_code == 0, result.output
-    lines = result.output.splitlines()
+    layout, *lines = result.output.splitlines()
+    assert layout == (
+        "layout: GPUs 0,1,2,3,4,5,6,7: the learner 0,1, 3 generator(s) (broker/placement.py)"
+    )
     assert [line.split()[:2] for line in lines] == [
         ["learner", "CUDA_VISIBLE_DEVICES=0,1"],
         ["gen-0", "CUDA_VISIBLE_DEVICES=2,3"],

@@ -26,6 +26,7 @@ from safetensors.torch import load_file
 from rollflash.broker import weights as weights_module
 from rollflash.broker.config import load_config
 from rollflash.broker.registry import RunRegistry
+from rollflash.broker.weight_stream import verified_tensors
 from rollflash.broker.weights import MODEL_FILE, CorruptWeights, WeightStore
 from rollflash.learner import lora as lora_module
 from rollflash.learner.checkpoint import CheckpointStore, LearnerState
@@ -42,9 +43,11 @@ class _Broker:
         self.store = store
         self.announced: list[tuple[int, str]] = []
 
-    def announce_weights(self, version: int, path: str, sha256: str, zmq_endpoint: str) -> None:
+    def announce_weights(
+        self, version: int, path: str, sha256: str, zmq_endpoint: str, http_url: str = ""
+    ) -> None:
         assert version in self.store.versions() and self.store.latest() == version
-        self.store.verified_files(version, expect_sha256=sha256)  # complete and intact
+        verified_tensors(self.store, version, expect_sha256=sha256)  # complete and intact
         self.announced.append((version, sha256))
 
     def loaded_versions(self) -> set[int]:
@@ -127,7 +130,7 @@ def test_a_version_being_written_is_invisible_and_the_next_waits_for_it(tmp_path
     assert [v for v, _ in broker.announced] == [1]
     assert store.versions() == [1] and store.latest() == 1
     with pytest.raises(CorruptWeights, match="no manifest"):
-        store.verified_files(2)
+        store.open_version(2)
     # the next publish waits for v2 (at most one version in flight)
     third = threading.Thread(
         target=publisher.publish, args=({"w": torch.full((4,), 3.0)}, 3, 3), daemon=True

@@ -16,6 +16,9 @@ from rollflash.envs.reward_functions import (
     RewardFunctionError,
     RewardFunctionFailed,
     RewardFunctions,
+    failure_of,
+    function_name,
+    parts_of,
 )
 from rollflash.envs.verifiers import exact, json_schema, math, regex
 
@@ -197,3 +200,89 @@ def test_exact_regex_and_json_schema():
     assert json_schema("q", '{"n": "3"}', schema) == 0.0  # wrong type
     assert json_schema("q", "{n: 3}", schema) == 0.0  # not JSON
     assert json_schema("q", "[]", "", schema={"type": "array"}) == 1.0
+
+
+def test_each_functions_score_and_failures_travel_with_the_reward(user_module, caplog):
+    """With two functions every sample carries both scores (unweighted); a failure is None there,
+    and each function's first failure is logged once, with its traceback and the row's id."""
+    fns = RewardFunctions.load([f"{user_module}:boom", "exact"], [2.0, 1.0])
+    items = [Item(id=f"train-{i:07d}", prompt="p", answer="4") for i in range(3)]
+    with caplog.at_level("WARNING", logger="rollflash.envs.reward_functions"):
+        first = fns.score_flat(items, ["4", "bad", "bad"])
+        fns.score_flat(items[:2], ["bad", "4"])
+    # boom 1, fails, fails; exact 1, 0, 0 -> 2 * 1 + 1 = 3, 0, 0
+    assert first == [3.0, 0.0, 0.0]
+    assert [parts_of(r) for r in first] == [
+        {"boom": 1.0, "exact": 1.0},
+        {"boom": None, "exact": 0.0},
+        {"boom": None, "exact": 0.0},
+    ]
+    assert [failure_of(r) for r in first] == ["", "function_error", "function_error"]
+    assert fns.errors == {"my_rewards:boom": 3}
+    logged = [r for r in caplog.records if "failed on row" in r.getMessage()]
+    assert len(logged) == 1  # three failures, one line
+    assert (
+        "my_rewards:boom failed on row train-0000001: ZeroDivisionError" in logged[0].getMessage()
+    )
+    assert "reward/error/boom" in logged[0].getMessage()
+    assert logged[0].exc_info and "ZeroDivisionError" in caplog.text  # the traceback
+    # one function: a plain number unless it failed
+    single = RewardFunctions.load([f"{user_module}:boom"])
+    out = single.score_flat(items[:2], ["4", "bad"])
+    assert parts_of(out[0]) is None and parts_of(out[1]) == {"boom": None}
+
+
+def test_metric_names_of_functions_are_checked_at_load(user_module):
+    assert function_name("pkg.sub:Format-OK2") == "format_ok2"
+    assert function_name("math") == "math"
+    with pytest.raises(RewardFunctionError) as e:
+        RewardFunctions.load(["exact", "other_pkg:exact"])
+    assert str(e.value) == (
+        "reward.functions[1]: other_pkg:exact and exact share the metric name 'exact'; "
+        "rename one of them"
+    )
+    with pytest.raises(RewardFunctionError, match=r"named 'mean' in metrics \(reward/mean\)"):
+        RewardFunctions.load(["pkg:mean"])
+    with pytest.raises(RewardFunctionError, match="'code_style'"):
+        RewardFunctions.load(["pkg:code_style"])
+
+
+def test_which_functions_read_the_answer(user_module):
+    from rollflash.envs.code_verifier import CodeVerifier
+
+    assert RewardFunctions.load(["math", "exact"]).needs_answer
+    assert RewardFunctions.load([f"{user_module}:format_ok"]).needs_answer  # unless it says so
+    assert not CodeVerifier.needs_answer
+    sys.modules[user_module].format_ok.needs_answer = False
+    assert not RewardFunctions.load([f"{user_module}:format_ok"]).needs_answer
+
+
+def test_per_function_scores_go_from_the_generator_through_the_wire_to_the_learner(user_module):
+    """The path production takes for them: the generator's `to_trajectory` (generators/rollout.py)
+    puts each sample's scores on the wire, the learner decodes the entry and `reward_breakdown`
+    averages and counts them."""
+    import dataclasses
+
+    from rollflash.broker.schema import PromptWork, decode_trajectory, encode_trajectory
+    from rollflash.broker.wire import WireLimits
+    from rollflash.envs.reward_functions import ScoredTask
+    from rollflash.generators.rollout import to_trajectory
+    from rollflash.generators.sampling import GeneratedSample
+    from rollflash.learner.metrics import reward_breakdown
+
+    task = ScoredTask(
+        make_task("arithmetic"), RewardFunctions.load(["exact", f"{user_module}:boom"])
+    )
+    work = PromptWork("train-0000003", "g3", 3, 0, dataclasses.asdict(ITEM))
+    samples = [GeneratedSample([1], [2], [-0.5], True, text) for text in ("4", "5", "bad")]
+    traj = to_trajectory(work, samples, task, "gen-0", 0)
+    raw = {k.encode(): v if isinstance(v, bytes) else str(v).encode()
+           for k, v in encode_trajectory(traj).items()}  # fmt: skip
+    decoded = decode_trajectory(raw, WireLimits(max_bytes=1 << 20))
+    # exact: 1, 0, 0; boom: 1, 1, fails
+    assert reward_breakdown([decoded]) == {
+        "reward/exact": pytest.approx(1 / 3),
+        "reward/boom": 1.0,
+        "reward/error/boom": 1,
+        "reward/function_error": 1,
+    }

@@ -169,3 +169,34 @@ def test_a_reward_over_the_limit_in_a_later_sample_is_refused():
     with pytest.raises(WireError, match=r"samples\[1\]\.reward: values outside \[-2.0, 2.0\]"):
         decode_trajectory(_fields(encode_trajectory(big)), limits)
     assert decode_trajectory(_fields(encode_trajectory(_traj())), limits).samples[1].reward == 1.1
+
+
+def test_reward_parts_round_trip_and_stay_off_the_wire_when_absent():
+    t = _traj()
+    parts = {"math": 1.0, "format_ok": None}  # format_ok failed on this sample
+    t.samples = [Sample(**{**vars(t.samples[0]), "reward_parts": parts}), t.samples[1]]
+    fields = encode_trajectory(t)
+    back = decode_trajectory(_fields(fields), LIMITS)
+    assert [s.reward_parts for s in back.samples] == [parts, None]
+    assert "reward_parts" not in msgpack.unpackb(fields["data"])["samples"][1]
+
+
+@pytest.mark.parametrize(
+    "parts, reason",
+    [
+        ({}, "not a mapping of 1 to 16 scores"),
+        ({f"f{i}": 1.0 for i in range(17)}, "not a mapping of 1 to 16 scores"),  # past the bound
+        ([1.0, 2.0], "not a mapping"),
+        ({"Math!": 1.0}, r"reward_parts\['Math!'\]: not a short snake_case name"),
+        ({"x" * 49: 1.0}, "not a short snake_case name"),
+        ({"math": float("nan")}, r"reward_parts\['math'\]: not a finite score"),
+        ({"math": 2e6}, "not a finite score within range"),  # |score| > max_abs_reward (1e6)
+        ({"math": True}, "not a finite score"),
+        ({"math": "1.0"}, "not a finite score"),
+    ],
+)
+def test_bad_reward_parts_are_refused(parts, reason):
+    with pytest.raises(WireError, match=reason):
+        decode_trajectory(
+            _mutated(lambda f, b: b["samples"][0].__setitem__("reward_parts", parts)), LIMITS
+        )

@@ -35,7 +35,7 @@ def test_continuous_requests_join_between_steps_and_record_the_version_of_every_
     done: dict[str, list] = {"first": [], "second": []}
     for key, sample in engine.step():  # a one-token sample finishes here
         done[key].append(sample)
-    engine.load_weights(None, 1)
+    engine.swap_weights({}, 1)
     engine.add_request("second", "p", PARAMS)  # joins the running batch
     assert engine.num_active == 3 - len(done["first"]) + 3
     while engine.num_active:

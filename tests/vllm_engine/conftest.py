@@ -86,14 +86,18 @@ class Harness:
 
         self.engine, self.model_dir = engine, model_dir
         self.store = WeightStore(run_dir)
+        self.copies = run_dir / "copies"  # what a generator writes while it verifies a version
+        self.copies.mkdir(mode=0o700)
         self.states: dict[int, dict[str, torch.Tensor] | None] = {0: None}  # None: as saved
         self._models: dict[int, torch.nn.Module] = {}
 
     def publish(self, seed: int, scale: float = 0.3) -> tuple[int, Path, str]:
         """Publish v = next version: every parameter of the base model plus seeded noise of
         `scale` x its std (large enough that log-probabilities move well past 1e-3); returns
-        (version, verified model file, sha256)."""
+        (version, a verified private copy of its model file, sha256)."""
         from transformers import AutoModelForCausalLM
+
+        from rollflash.broker.weight_stream import copy_verified
 
         model = AutoModelForCausalLM.from_pretrained(self.model_dir)
         gen = torch.Generator().manual_seed(seed)
@@ -103,7 +107,9 @@ class Harness:
         version = max(self.states) + 1
         info = self.store.publish(model.state_dict(), version=version, step=version)
         self.states[version] = {k: v.detach().clone() for k, v in model.state_dict().items()}
-        return version, self.store.verified_path(version), info.sha256
+        copy = self.copies / f"v{version:08d}"
+        copy_verified(self.store, version, copy, info.sha256)
+        return version, copy / "model.safetensors", info.sha256
 
     def hf(self, version: int) -> torch.nn.Module:
         from transformers import AutoModelForCausalLM

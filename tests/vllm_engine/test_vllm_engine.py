@@ -98,23 +98,33 @@ def test_reload_makes_logprobs_match_the_new_weights(harness):
 
 
 def test_a_version_with_a_bad_checksum_is_never_loaded(harness, learner_broker, generator_broker):
+    import time
+
     from rollflash.broker.notify import VersionPublisher
+    from rollflash.generators.fetch import SharedStoreSource
     from rollflash.generators.reload import WeightFollower
 
     h = harness
     publisher = VersionPublisher()
-    follower = WeightFollower(generator_broker, h.store, h.engine, poll_interval_s=0.0)
+    source = SharedStoreSource(h.store, h.copies / "follower")
+    follower = WeightFollower(generator_broker, source, h.engine, poll_interval_s=0.01, attempts=1)
     try:
-        good, good_path, good_sha = h.publish(seed=2)
-        learner_broker.announce_weights(good, str(good_path.parent), good_sha, publisher.endpoint)
-        assert follower.maybe_reload() and h.engine.version == good
+        good, _, good_sha = h.publish(seed=2)
+        path = str(h.store.version_dir(good))
+        learner_broker.announce_weights(good, path, good_sha, publisher.endpoint)
+        follower.wait_for(good, timeout_s=300)
+        assert h.engine.version == good
 
-        bad, bad_path, bad_sha = h.publish(seed=3)
+        bad, _, bad_sha = h.publish(seed=3)
+        bad_path = h.store.version_dir(bad) / "model.safetensors"
         data = bytearray(bad_path.read_bytes())
         data[-64] ^= 0x01  # one bit of one weight: the file still parses and would load
         bad_path.write_bytes(bytes(data))
         learner_broker.announce_weights(bad, str(bad_path.parent), bad_sha, publisher.endpoint)
-        assert not follower.maybe_reload()
+        deadline = time.monotonic() + 300
+        while follower.reload_refused == 0 and time.monotonic() < deadline:
+            follower.maybe_reload(wait_s=0.05)
+        assert follower.reload_refused == 1
         assert follower.loaded_version == good and h.engine.version == good
 
         samples = _flat(

@@ -75,12 +75,14 @@ class _Learner:
 
 @pytest.fixture(scope="module")
 def lora_setup(model_dirs, tmp_path_factory):
+    from rollflash.generators.fetch import SharedStoreSource
     from rollflash.generators.reload import WeightFollower
     from rollflash.generators.vllm_engine import VLLMEngine
 
     learner = _Learner(model_dirs["tied"], tmp_path_factory.mktemp("lora_run"))
     engine = VLLMEngine.from_config(learner.cfg, seed=0)  # LoRA on: publish_kind is adapter
-    follower = WeightFollower(learner.hash, learner.store, engine, poll_interval_s=0.0)
+    source = SharedStoreSource(learner.store, learner.store.root.parent / "copies")
+    follower = WeightFollower(learner.hash, source, engine, poll_interval_s=0.01, attempts=1)
     try:
         yield learner, engine, follower
     finally:
@@ -91,14 +93,15 @@ def lora_setup(model_dirs, tmp_path_factory):
 def test_adapter_versions_match_the_learner_and_requests_keep_their_adapter(lora_setup):
     learner, engine, follower = lora_setup
     a = learner.publish(seed=1)
-    assert follower.maybe_reload() and engine.version == a
+    follower.wait_for(a, timeout_s=300)
+    assert engine.version == a
     b = learner.publish(seed=2)  # loaded by on_step after the 3rd decode step of the batch
     steps = []
 
     def on_step() -> None:
         steps.append(1)
-        if len(steps) == 3:
-            assert follower.maybe_reload()
+        if len(steps) == 3:  # b is fetched in the background: wait here until it is staged
+            assert follower.maybe_reload(wait_s=300)
 
     params = SamplingParams(n=4, temperature=T, top_p=1.0, max_new_tokens=10)
     first = [s for g in engine.generate(PROMPTS, params, on_step=on_step) for s in g]
@@ -117,14 +120,14 @@ def test_adapter_versions_match_the_learner_and_requests_keep_their_adapter(lora
 def test_continuous_requests_keep_the_adapter_they_started_with(lora_setup):
     learner, engine, follower = lora_setup
     c = learner.publish(seed=3)
-    assert follower.maybe_reload()
+    follower.wait_for(c, timeout_s=300)
     params = SamplingParams(n=2, temperature=T, top_p=1.0, max_new_tokens=10)
     engine.add_request("early", PROMPTS[0], params)
     done: dict[str, list] = {"early": [], "late": []}
     for key, sample in engine.step():
         done[key].append(sample)
     d = learner.publish(seed=4)
-    assert follower.maybe_reload()
+    follower.wait_for(d, timeout_s=300)
     engine.add_request("late", PROMPTS[1], params)  # joins the running batch under v_d
     while engine.num_active:
         for key, sample in engine.step():
