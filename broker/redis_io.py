@@ -129,9 +129,13 @@ class RunRedis:
             return True
 
         def give_up(e: Exception, failures: int) -> Exception:
+            if is_oom(e):
+                return BrokerUnavailable(
+                    f"Redis refused writes for {timeout_s:.0f}s because it is at "
+                    "maxmemory: raise maxmemory or free memory"
+                )
             return BrokerUnavailable(
-                f"Redis refused writes for {timeout_s:.0f}s ({str(e)[:60]}): it is at maxmemory "
-                "(raise maxmemory or free memory) or busy"
+                f"Redis refused writes for {timeout_s:.0f}s because it is busy ({str(e)[:80]})"
             )
 
         return retry_until(
