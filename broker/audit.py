@@ -226,8 +226,8 @@ class CompletedPrompts:
 
     def check(self, claimed: list[tuple[str, PromptWork]]) -> None:
         """Count the claimed prompts this process had already finished."""
-        for _, work in claimed:
-            if (work.group_id, work.sample_index) in self._done:
+        for _, work in claimed:  # a prompt the learner issued again is not Redis forgetting
+            if not work.reissued and (work.group_id, work.sample_index) in self._done:
                 self.lost["trajectories"] += 1
                 log.error(
                     "Redis forgot the trajectory of %s/%d it had acknowledged (restart "

@@ -101,8 +101,9 @@ local function issue(keys, args)
 end
 
 -- KEYS lease prompts inflight run; ARGV token owner|'' then (traj_id, old entry id) ...
--- Adds an unfinished prompt again under its traj_id: one held by `owner` (acknowledged for it),
--- or with owner '' one acknowledged without a trajectory the learner could use.
+-- Adds an unfinished prompt again under its traj_id, marked `reissued`: one held by `owner`
+-- (acknowledged for it), or with owner '' one acknowledged without a trajectory the learner
+-- could use.
 local function reissue(keys, args)
   if not lease_ok(keys[1], args[1]) then return lost(keys[1]) end
   local out = {}
@@ -113,7 +114,9 @@ local function reissue(keys, args)
       local by = p[1] and p[1][2] or ''
       local e = redis.call('XRANGE', keys[2], old, old)
       if by == args[2] and e[1] then
-        local id = redis.call('XADD', keys[2], 'NOMKSTREAM', '*', unpack(e[1][2]))
+        local f = e[1][2]
+        if f[#f - 1] ~= 'reissued' then f[#f + 1] = 'reissued'; f[#f + 1] = '1' end
+        local id = redis.call('XADD', keys[2], 'NOMKSTREAM', '*', unpack(f))
         if by ~= '' then redis.call('XACK', keys[2], 'gen', old) end
         redis.call('HSET', keys[3], t, id)
         redis.call('HINCRBY', keys[4], 'reissued', 1)

@@ -80,6 +80,7 @@ class PromptWork:
     sample_index: int = -1  # with prompt replication: which sample of the group (-1: all n)
     retried: bool = False  # set by the reader, not on the wire: delivered before (streams.py)
     mac: str = ""  # the learner's MAC over the fields above (broker/provenance.py)
+    reissued: bool = False  # issued again by the learner (broker/inflight.py): `reissued` = 1
 
 
 @dataclass
@@ -233,6 +234,7 @@ def _decode_prompt(fields: dict[bytes, bytes], limits: WireLimits) -> PromptWork
         item=item,
         sample_index=int_field(fields, "sample_index", "prompt", -1, limits.max_samples * 4),
         mac=mac_field(fields, "prompt", limits),
+        reissued=fields.get(b"reissued") == b"1",
     )
 
 

@@ -12,8 +12,9 @@ Delivery guarantees:
   the XADD succeeded (broker/trajectories.py), so a group is never both lost and acknowledged by
   an honest generator. A generator that dies before that leaves the prompt pending; on restart it
   re-reads its own pending entries first, and any other generator takes it over (XAUTOCLAIM) once
-  it has been idle for `rollout.reclaim_idle_s`. Entries delivered before are marked `retried`,
-  and so are the trajectories made from them: the learner counts those.
+  it has been idle for `rollout.reclaim_idle_s`. Entries delivered before, or issued again by
+  the learner (`reissued`), are marked `retried`, and so are the trajectories made from them:
+  the learner counts those.
 - A prompt entry a generator cannot decode is copied to its `dlq:{id}` with the reason and
   acknowledged, in one function call; the learner issues it again like any prompt answered with
   nothing it could use.
@@ -189,7 +190,7 @@ class PromptQueue:
             except WireError as e:
                 self._dead_letter(consumer, entry_id, e, fields)
                 continue
-            out.append((entry_id, replace(work, retried=retried)))
+            out.append((entry_id, replace(work, retried=retried or work.reissued)))
         return out
 
     def _dead_letter(self, consumer: str, entry_id: str, e: WireError, fields: dict) -> None:

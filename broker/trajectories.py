@@ -15,9 +15,9 @@ Delivery guarantees:
   record in its ledger and then dead-letter (broker/streams.py `DeadLetters`).
 - A group the learner is done with leaves `inflight`: a trained one when it is taken into a
   step (its entries stay pending until the checkpoint; a crash re-reads them), a dropped one
-  (stale, filtered, late) in the call that acknowledges it; a duplicate or a rejected entry
-  leaves its traj_id there, so a prompt whose only answer was unusable is issued again
-  (broker/inflight.py).
+  (stale, filtered, late) in the call that acknowledges it, and so does a duplicate of one the
+  rank does not hold; a rejected entry leaves its traj_id there, so a prompt whose only answer
+  was unusable is issued again (broker/inflight.py).
 """
 
 from __future__ import annotations

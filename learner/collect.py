@@ -22,8 +22,9 @@ recorded in the ledger (learner/ledger.py) before the call that acknowledges it,
 outcome stale, duplicate, late, filtered, dead_lettered (rejected by validation or provenance) or
 refused (its generator was quarantined: every group holding one of its entries is dropped, and
 its prompts are issued again, broker/inflight.py). A trained or dropped-and-replaced group's
-traj_ids leave `inflight` as it is taken (broker/trajectories.py), so rank 0's check for lost
-prompts (`lost`, broker/inflight.py) sees every other issued prompt answered or held.
+traj_ids leave `inflight` as it is taken (broker/trajectories.py), and a duplicate's too unless
+this rank holds the first copy (a Redis that forgot the removal has it back), so rank 0's check
+for lost prompts (`lost`, broker/inflight.py) sees every other issued prompt answered or held.
 
 With several ranks, every rank reads as its own consumer and keeps the groups it accepted; after
 each read the ranks exchange counts, and once they hold B groups together each rank trains a quota
@@ -267,7 +268,10 @@ class Collector:
             return drops.add("stale", [t], [entry_id], [t], replace=1)
         if t in self.seen or t in self.trained:
             out.duplicate_ids.append(t)
-            return drops.add("duplicate", [t], [entry_id])
+            # done with unless this rank holds its first copy: `inflight` may have it back
+            # (a Redis that forgot the write that removed it), and nothing else would remove it
+            done = [] if t in self.held() else [t]  # (a duplicate is rare: a list will do)
+            return drops.add("duplicate", [t], [entry_id], done)
         self.seen.add(t, issued)
         if traj.retried:  # a re-delivered prompt that is no duplicate: its first answer is lost
             out.retried_ids.append(t)

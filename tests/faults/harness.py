@@ -137,6 +137,8 @@ def ledger_audit(r: redis.Redis, run_id: str, run_dir: Path, skip: set[str] = fr
         if stream.rsplit(":", 1)[1] in skip:
             continue
         group = next(g for g in r.xinfo_groups(stream) if g["name"] == b"learner")
+        if group["entries-read"] is None:  # Redis cannot count it (entries deleted, a power cut)
+            continue
         acked = group["entries-read"] - group["pending"]
         gen = stream.rsplit(":", 1)[1]
         mine = sum(1 for ref in records if ref.split("/", 1)[0] == gen)

@@ -128,13 +128,15 @@ def test_a_killed_generator_is_gone_from_status_once_its_heartbeat_expires(
     config = write_config(tmp_path, redis_url, run_id, 1, 1, rollout={"heartbeat_ttl_s": ttl})
     cfg = load_config(config)
     learner = LearnerBroker(connect(redis_url, 5), run_id, cfg.redis.max_payload_bytes)
+    learner.take_lease()
     learner.ensure_groups()
     learner.register_run(cfg.fingerprint())  # the run the generator joins; no prompts needed
     gen = start("start-generator", config, "--id", "doomed")
     try:
         wait_until(
             lambda: (
-                "doomed" in collect_status(cfg)["generators"]
+                learner.roster.admit_joined() is not None  # what the learner's reads do
+                and "doomed" in collect_status(cfg)["generators"]
                 and _is_consumer(redis_url, run_id, "doomed")
             ),
             120,
