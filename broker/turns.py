@@ -18,7 +18,8 @@ TURN_NAMES = tuple(name for name, _ in TURN_FIELDS)
 
 def check_turns(turns: dict[str, np.ndarray], length: int, what: str) -> dict[str, np.ndarray]:
     """The optional multi-turn arrays: all four or none; loss_mask is 0/1 over the response, turn
-    starts strictly increase inside it and each starts on a model token, rewards are finite."""
+    starts strictly increase inside it and each starts on a model token (at least one turn
+    unless no token is the model's), rewards are finite."""
     if not turns:
         return {}
     if len(turns) != len(TURN_NAMES):
@@ -30,11 +31,18 @@ def check_turns(turns: dict[str, np.ndarray], length: int, what: str) -> dict[st
     if mask.shape != (length,) or np.any(mask > 1):
         raise WireError(f"{what}.loss_mask: must be 0/1 with the response's shape", "bad_shape")
     k = starts.shape
-    if k[0] < 1 or turns["turn_rewards"].shape != k or turns["turn_states"].shape != k:
-        raise WireError(
-            f"{what}: turn_starts, turn_rewards and turn_states must be [K], K >= 1", "bad_shape"
-        )
+    # K = 0 only for a sample with no model token (an agent episode with nothing to train)
     if (
+        k[0] < (1 if mask.any() else 0)
+        or turns["turn_rewards"].shape != k
+        or turns["turn_states"].shape != k
+    ):
+        raise WireError(
+            f"{what}: turn_starts, turn_rewards and turn_states must be [K], K >= 1 "
+            "(0 when the loss mask is all 0)",
+            "bad_shape",
+        )
+    if k[0] and (
         np.any(np.diff(starts) <= 0)
         or starts[0] < 0
         or starts[-1] >= length

@@ -59,6 +59,23 @@ class Component:
     reward: dict[str, Any] | None  # {functions, weights}; None: the task's own verifier
     max_new_tokens: int | None
 
+    @classmethod
+    def checked(cls, where: str, spec: dict[str, Any], task: Task) -> Component:
+        """The component of `task` with `spec`'s name (default: the task's name), weight and
+        max_new_tokens, each checked (errors name `where`)."""
+        name = spec.get("name", spec.get("task", task.name))
+        if not isinstance(name, str) or not _DOMAIN.fullmatch(name):
+            raise BadInput(f"{where}.name: {name!r} is not a short snake_case domain name")
+        weight = spec.get("weight", 1.0)
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not weight > 0:
+            raise BadInput(f"{where}.weight: must be a number > 0, got {weight!r}")
+        limit = spec.get("max_new_tokens")
+        if limit is not None and (
+            isinstance(limit, bool) or not isinstance(limit, int) or limit < 1
+        ):
+            raise BadInput(f"{where}.max_new_tokens: must be an integer > 0, got {limit!r}")
+        return cls(name, task, float(weight), spec.get("reward"), limit)
+
 
 def _component(i: int, spec: Any) -> Component:
     from rollflash.envs.registry import make_task  # the registry builds this class too
@@ -69,15 +86,6 @@ def _component(i: int, spec: Any) -> Component:
     unknown = sorted(set(spec) - _KEYS)
     if unknown:
         raise BadInput(f"{where}: unknown key {unknown[0]!r}; accepted: {', '.join(sorted(_KEYS))}")
-    name = spec.get("name", spec["task"])
-    if not isinstance(name, str) or not _DOMAIN.fullmatch(name):
-        raise BadInput(f"{where}.name: {name!r} is not a short snake_case domain name")
-    weight = spec.get("weight", 1.0)
-    if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not weight > 0:
-        raise BadInput(f"{where}.weight: must be a number > 0, got {weight!r}")
-    limit = spec.get("max_new_tokens")
-    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
-        raise BadInput(f"{where}.max_new_tokens: must be an integer > 0, got {limit!r}")
     reward = spec.get("reward")
     if reward is not None and (
         not isinstance(reward, dict) or not set(reward) <= {"functions", "weights"}
@@ -91,7 +99,7 @@ def _component(i: int, spec: Any) -> Component:
         raise BadInput(f"{where}: {e}") from None
     if is_multi_turn(task):
         raise BadInput(f"{where}: multi-turn task {spec['task']!r} cannot be mixed")
-    return Component(name, task, float(weight), reward, limit)
+    return Component.checked(where, spec, task)
 
 
 class MixtureTask:
@@ -99,10 +107,13 @@ class MixtureTask:
 
     name = "mixture"
 
-    def __init__(self, components: list[dict[str, Any]]) -> None:
+    def __init__(self, components: list[dict[str, Any]] | list[Component]) -> None:
+        """`components`: the config's mappings, or components a task built (envs/reasoning_gym.py)."""
         if not isinstance(components, list) or not components:
             raise BadInput("task.params.components: a non-empty list of tasks is required")
-        self.components = [_component(i, c) for i, c in enumerate(components)]
+        self.components = [
+            c if isinstance(c, Component) else _component(i, c) for i, c in enumerate(components)
+        ]
         names = [c.name for c in self.components]
         if len(set(names)) != len(names):
             raise BadInput(f"task.params.components: domain names repeat ({names}); set `name`")

@@ -20,6 +20,7 @@ from rollflash.envs.gridworld import GridWorld
 from rollflash.envs.mixture import MixtureTask
 from rollflash.envs.multiturn import Env, EnvTask, is_multi_turn
 from rollflash.envs.oneliner import OneLinerTask
+from rollflash.envs.reasoning_gym import reasoning_gym_task
 from rollflash.envs.reward_functions import RewardFunctions, ScoredTask
 from rollflash.envs.simulated import SimulatedEnv
 from rollflash.envs.sokoban import Sokoban
@@ -31,6 +32,7 @@ _TASKS: dict[str, Callable[..., Task]] = {
     "dataset": DatasetTask,  # the user's rows (envs/dataset.py); scored by reward.functions
     "mixture": MixtureTask,  # several tasks at weights, each with its own rewards (envs/mixture.py)
     "oneliner": OneLinerTask,  # generated code: print a*x + b, checked in the sandbox
+    "reasoning_gym": reasoning_gym_task,  # the reasoning-gym package's datasets, as a mixture
     "tool_use": tool_use_task,  # multi-turn, built by its own function
 }
 
@@ -94,6 +96,9 @@ def task_from_config(cfg: Any) -> Task:
             raise BadInput(
                 "reward.functions: a mixture's rewards are set per component "
                 "(task.params.components[i].reward)"
+                if cfg.task.name == "mixture"
+                else f"reward.functions: task {cfg.task.name!r} is scored by its datasets' own "
+                "score_answer"
             )
         task.use_reward_functions(r)
     if not r.functions:

@@ -55,7 +55,7 @@ class _Group:
 
 
 class Usage(Protocol):
-    """Where the loop adds up its time (generators/rollout.py `Counters`)."""
+    """Where the loop adds up its time (generators/counters.py `Counters`)."""
 
     busy_s: float  # decoding
     idle_s: float  # nothing in flight: waiting for prompts or weights

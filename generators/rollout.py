@@ -19,9 +19,8 @@ with `RunLost` if Redis comes back without the run's keys.
 from __future__ import annotations
 
 import logging
-import signal
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import numpy as np
 import redis
@@ -37,6 +36,7 @@ from rollflash.broker.secrets import redact
 from rollflash.envs import Item, Task, is_multi_turn, task_from_config
 from rollflash.envs.reward_functions import failure_of, parts_of
 from rollflash.generators.continuous import ContinuousRollout
+from rollflash.generators.counters import Counters, StopSignals
 from rollflash.generators.engine import Engine, make_engine
 from rollflash.generators.episodes import rollout_episodes
 from rollflash.generators.fetch import version_source
@@ -45,43 +45,6 @@ from rollflash.generators.reward_model import Rewarder, make_rewarder
 from rollflash.generators.sampling import GeneratedSample, SamplingParams
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class Counters:
-    groups: int = 0
-    samples: int = 0
-    tokens: int = 0
-    busy_s: float = 0.0
-    idle_s: float = 0.0
-    seq_s: float = 0.0  # continuous batching: sum over decode steps of sequences x step time
-    restarted: int = 0  # continuous batching: groups started again, too stale to be trained
-
-    def as_fields(self) -> dict[str, str | int | float]:
-        total = self.busy_s + self.idle_s
-        fields = {
-            "groups": self.groups,
-            "samples": self.samples,
-            "tokens": self.tokens,
-            "busy_s": round(self.busy_s, 2),
-            "idle_frac": round(self.idle_s / total, 3) if total else 0.0,
-        }
-        if self.seq_s:  # mean sequences in flight while busy
-            fields["mean_batch"] = round(self.seq_s / self.busy_s, 1)
-            fields["restarted"] = self.restarted
-        return fields
-
-
-class _Stop:
-    """Turns SIGTERM / SIGINT into a flag the loop checks between batches."""
-
-    def __init__(self) -> None:
-        self.requested = False
-        signal.signal(signal.SIGTERM, self._handle)
-        signal.signal(signal.SIGINT, self._handle)
-
-    def _handle(self, signum, frame) -> None:
-        self.requested = True
 
 
 def first_finished(samples: list[GeneratedSample], n: int) -> list[GeneratedSample]:
@@ -234,6 +197,11 @@ class Generator:
         )
         self.rewarder = make_rewarder(cfg, self.task)  # reward: rule | model | mixed
         self.counters = Counters()
+        self.agents = None  # rollout.agent: the endpoint its episodes call
+        if cfg.rollout.agent:
+            from rollflash.generators.agent_episode import AgentRollout
+
+            self.agents = AgentRollout(cfg, self.engine, self.follower)
         self._wait_while_done(cfg.trainer.wait_timeout_s)
 
     def _wait_while_done(self, timeout_s: float) -> None:
@@ -271,6 +239,7 @@ class Generator:
                 and self.task.functions.total_errors
                 or 0,
                 **self.counters.as_fields(),
+                **(self.agents.heartbeat_fields() if self.agents else {}),
             },
             self.cfg.rollout.heartbeat_ttl_s,
         )
@@ -303,16 +272,20 @@ class Generator:
         if not claimed:
             return
         started = time.monotonic()
-        samples, tokens = rollout_batch(
-            claimed,
-            self.engine,
-            self.task,
-            self.cfg,
-            self.broker,
-            self.id,
-            self.follower,
-            self.rewarder,
-        )
+        if self.agents is not None:
+            beat = lambda: self.heartbeat("up")  # noqa: E731
+            samples, tokens = self.agents.rollout(claimed, self.broker, self.id, beat)
+        else:
+            samples, tokens = rollout_batch(
+                claimed,
+                self.engine,
+                self.task,
+                self.cfg,
+                self.broker,
+                self.id,
+                self.follower,
+                self.rewarder,
+            )
         c.busy_s += time.monotonic() - started
         c.groups += len(claimed)
         c.samples += samples
@@ -321,7 +294,7 @@ class Generator:
     def finished(self) -> bool:
         return self.broker.run_state() == "done"
 
-    def serve_continuous(self, stop: _Stop) -> None:
+    def serve_continuous(self, stop: StopSignals) -> None:
         """Continuous batching (generators/continuous.py) until the run is done or `stop`."""
         c = self.counters
 
@@ -362,7 +335,7 @@ def run(cfg: Config, generator_id: str) -> None:
         seed=cfg.run.seed + 1000 + sum(map(ord, generator_id)),
         torch_threads=cfg.run.torch_threads,
     )
-    stop = _Stop()
+    stop = StopSignals()
     gen = Generator(cfg, generator_id)
     freeze_heap()  # the engine and the model stay: full collections then skip them
     log.info("generator %s ready (engine %s)", generator_id, cfg.rollout.engine)
@@ -395,4 +368,6 @@ def run(cfg: Config, generator_id: str) -> None:
     gen.heartbeat("stopped")
     thaw_heap()
     gen.follower.close()
+    if gen.agents is not None:
+        gen.agents.close()
     log.info("generator %s stopped: %s", generator_id, gen.counters.as_fields())

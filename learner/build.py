@@ -31,6 +31,7 @@ from rollflash.envs import Item, Task, is_multi_turn, task_from_config, train_st
 from rollflash.envs.chat import PromptFormatter, format_task
 from rollflash.errors import MissingFile
 from rollflash.learner.admission import Admission
+from rollflash.learner.agent_eval import agent_success
 from rollflash.learner.best import BestVersion
 from rollflash.learner.checkpoint import CheckpointStore, LearnerState, RankProgress, restore_rng
 from rollflash.learner.checkpoint_io import Trainables
@@ -106,15 +107,20 @@ class Learner:
             domains = {"": (self.heldout, limit)}
         correct = 0.0
         for name, (items, domain_limit) in domains.items():  # a mixture: per domain, own limit
-            acc = heldout_accuracy(
-                m.policy,
-                m.tokenizer,
-                self.task,
-                items,
-                domain_limit,
-                threshold=e.threshold,
-                record=rows,
-            )
+            if self.cfg.rollout.agent:  # the agent program's episodes (learner/agent_eval.py)
+                acc = agent_success(
+                    m.policy, m.tokenizer, self.cfg, items, domain_limit, e.threshold, rows
+                )
+            else:
+                acc = heldout_accuracy(
+                    m.policy,
+                    m.tokenizer,
+                    self.task,
+                    items,
+                    domain_limit,
+                    threshold=e.threshold,
+                    record=rows,
+                )
             if name:
                 self.domain_eval[f"eval/{name}/heldout_acc"] = acc
             correct += acc * len(items)
@@ -127,7 +133,7 @@ class Learner:
         m, e = self.models, self.cfg.eval
         if not e.n_samples or self.simulated or not self.dist.is_main:
             return {}
-        if is_multi_turn(self.task) or is_sharded(m.model):
+        if is_multi_turn(self.task) or self.cfg.rollout.agent or is_sharded(m.model):
             return {}  # episodes have their own success rate; sharded weights need every rank
         rows: list[dict] = []
         out = sampled_eval(
@@ -360,10 +366,11 @@ def start(cfg: Config, resume: bool | None = None, take_over: bool = False) -> L
     if resume and ckpt is None:
         raise MissingFile(f"--resume: no learner checkpoint in {checkpoints.root}")
     models = build_models(cfg, dist)
-    # prompts are rendered (chat template) here, once, before they are issued: envs/chat.py
-    task = format_task(
-        task_from_config(cfg), PromptFormatter(models.tokenizer, cfg.model.chat_template)
-    )
+    # prompts are rendered (chat template) here, once, before they are issued: envs/chat.py;
+    # an agent program gets its items raw and the endpoint renders its messages
+    task = task_from_config(cfg)
+    if not cfg.rollout.agent:
+        task = format_task(task, PromptFormatter(models.tokenizer, cfg.model.chat_template))
     optim = build_optim(cfg, models)
     state = LearnerState() if ckpt is None else resume_state(cfg, dist, models, optim, ckpt)
     collector = build_collector(cfg, dist, broker, task, state, models.policy.config.vocab_size)

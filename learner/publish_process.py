@@ -277,7 +277,7 @@ def _serve(cfg: Config, conn: Connection, lease_token: str) -> None:
     while True:
         try:
             message = conn.recv()
-        except (EOFError, ConnectionResetError):  # the learner is gone
+        except (EOFError, ConnectionError):  # the learner is gone (closed, or died mid-message)
             break
         if message[0] == "stop":
             break

@@ -200,7 +200,8 @@ def policy_loss(
     total = out.loss
     metrics = {
         **out.metrics,
-        **mismatch_metrics(logp, mb.behav_logp, mb.mask),
+        # against the policy before the step's updates: the version the samples are tagged with
+        **mismatch_metrics(logp if mb.prox_logp is None else mb.prox_logp, mb.behav_logp, mb.mask),
         "loss/policy": out.loss.detach(),
     }
     if mb.ref_logp is not None and not a.use_kl_in_reward:

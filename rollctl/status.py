@@ -232,5 +232,12 @@ def show_status(cfg: Config, as_json: bool) -> None:
                 if "mean_batch" in g
                 else ""
             )  # continuous batching
+            + (
+                "agent: "
+                + " ".join(f"{k[6:]}={g[k]}" for k in sorted(g) if k.startswith("agent_"))
+                + " "
+                if "agent_episodes" in g
+                else ""
+            )  # rollout.agent (generators/agent_episode.py)
             + f"last_seen={g['last_seen_s']}s ago"
         )

@@ -144,6 +144,7 @@ STEPS_RL = 40  # 0.335 -> 0.60 (local); at 30 steps +0.12 and +0.135 under CI lo
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1500)  # with the module's reward model: 800 SFT + 1000 RM steps first
 def test_reward_model_ranks_heldout_pairs_well_above_chance(correct_rm):
     path, summary = correct_rm
     assert summary["eval_pairs"] == 500 and summary["steps"] == STEPS_RM
@@ -157,6 +158,7 @@ def test_reward_model_ranks_heldout_pairs_well_above_chance(correct_rm):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1500)  # with the module's reward model: 800 SFT + 1000 RM steps first
 def test_grpo_against_the_reward_model_improves_the_ground_truth(
     correct_rm, tmp_path, warm_model_dir
 ):

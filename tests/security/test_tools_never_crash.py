@@ -3,8 +3,6 @@ ended the generator) give an error observation; an exception of a tool or enviro
 error observation or a cleanly ended episode, and is counted from the episode to the learner's
 `env/errors` metric."""
 
-from types import SimpleNamespace
-
 import numpy as np
 import pytest
 from sandbox_harness import SKIP_SANDBOX
@@ -133,17 +131,9 @@ def test_env_errors_reach_the_learner_metric():
     assert isinstance(decoded, Trajectory) and [s.env_errors for s in decoded.samples] == [1, 0]
     assert np.array_equal(decoded.samples[0].response_ids, trajectory.samples[0].response_ids)
 
-    collected = SimpleNamespace(
-        groups=[decoded],
-        staleness={},
-        stale_ids=[],
-        duplicate_ids=[],
-        late_ids=[],
-        retried_ids=[],
-        filtered={},
-        rejected=0,
-        wait_s=0.0,
-    )
+    from rollflash.learner.collect import Collected
+
+    collected = Collected(groups=[decoded])  # the collector's own record, its defaults
     wall = {"step_s": 1.0, "train_s": 0.5, "publish_s": 0.0, "checkpoint_s": 0.0}
     metrics = step_metrics(collected, {}, wall)
     assert metrics["env/errors"] == 1

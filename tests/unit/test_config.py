@@ -208,14 +208,14 @@ def test_saved_yaml_has_every_section_and_key_in_declaration_order(tmp_path):
     assert saved["trainer"]["actor_lr"] == 1.0 and isinstance(saved["trainer"]["actor_lr"], float)
     # every field of the dataclass config this replaced, counted by hand, and no property; since:
     # model +4 (chat_template, attn_implementation, trust_remote_code, lora), reward +6
-    # (functions, weights, timeout_s, dtype, the code and judge sections), rollout +2 (device, the
-    # vllm section), trainer +8 (the learner's device and precision keys, publish) and -1
-    # (eval_every moved to eval.every) and +2 (ppo_mini_batches, ppo_epochs), task -1 (eval_size
-    # moved to eval.size), redis +4 (the lease's TTL, how long acknowledged trajectories stay,
-    # the dead letters' retention: count and age), and eval (7), logging (8), placement (4) and
-    # weights (10)
+    # (functions, weights, timeout_s, dtype, the code and judge sections), rollout +4 (device, the
+    # vllm section, agent, agent_timeout_s), trainer +8 (the learner's device and precision keys,
+    # publish) and -1 (eval_every moved to eval.every) and +2 (ppo_mini_batches, ppo_epochs), task
+    # -1 (eval_size moved to eval.size), redis +4 (the lease's TTL, how long acknowledged
+    # trajectories stay, the dead letters' retention: count and age), and eval (7), logging (8),
+    # placement (4) and weights (10)
     assert {name: len(section) for name, section in saved.items()} == {
-        "run": 4, "redis": 8, "model": 6, "task": 2, "rollout": 16, "trainer": 25, "algo": 29,
+        "run": 4, "redis": 8, "model": 6, "task": 2, "rollout": 18, "trainer": 25, "algo": 29,
         "sim": 6, "reward": 13, "eval": 7, "rm": 14, "guards": 11, "logging": 8, "placement": 4,
         "weights": 10,
     }  # fmt: skip

@@ -61,3 +61,22 @@ def test_single_turn_batches_have_no_turns_and_mixing_is_an_error():
     assert turn_inputs([single], pad_groups([single]).mask) is None
     with pytest.raises(ValueError, match="mixes multi-turn"):
         turn_inputs([group, single], pad_groups([group, single]).mask)
+
+
+def test_a_sample_without_turns_trains_nothing_and_keeps_its_row():
+    """An agent episode with no model token (generators/agent_episode.py): loss mask 0, K = 0."""
+    a = _episode([10, 2, 20, 21, 11, 2], [1, 1, 0, 0, 1, 1], [0, 4], [0.0, 1.0], [5, 6])
+    empty = _episode([2], [0], [], [], [])
+    group = Trajectory("g", "p", "g", "gen", 0, 0, np.array([1, 3, 4], "<i4"), [a, empty])
+    batch = pad_groups([group])
+    assert not batch.mask[1].any()
+    t = turn_inputs([group], batch.mask)
+    assert t.mask.tolist() == [[True, True], [False, False]]
+    assert t.token_turn[1].tolist() == [-1] * 8
+    # the GiGPO estimator runs over it (its episode score enters the group baseline)
+    from rollflash.algos import ADVANTAGE_ESTIMATORS, AdvantageConfig, AdvantageInputs
+
+    scores = torch.tensor([1.0, 0.0])
+    inputs = AdvantageInputs(scores, batch.mask, 2, turns=t)
+    out = ADVANTAGE_ESTIMATORS["gigpo"](inputs, AdvantageConfig())
+    assert torch.isfinite(out.advantages).all() and not out.advantages[1].any()

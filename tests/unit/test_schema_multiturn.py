@@ -95,8 +95,31 @@ def test_single_turn_samples_carry_no_turn_keys():
         ({"turn_starts": np.array([4, 0], np.int32)}, "turn_starts: not increasing"),
         ({"turn_rewards": np.array([0.0], np.float32)}, "must be \\[K\\]"),
         ({"turn_rewards": np.array([0.0, np.nan], np.float32)}, "turn_rewards: not finite"),
+        (  # no turn, but tokens of the model's
+            {
+                k: np.zeros(0, d)
+                for k, d in [
+                    ("turn_starts", np.int32),
+                    ("turn_rewards", np.float32),
+                    ("turn_states", np.int64),
+                ]
+            },
+            "K >= 1",
+        ),  # fmt: skip
     ],
 )
 def test_bad_multi_turn_fields_are_rejected(over, reason):
     with pytest.raises(WireError, match=reason):
         _round_trip(_episode_sample(**over))
+
+
+def test_a_sample_with_no_model_token_has_no_turn():
+    """An agent episode with nothing to train (generators/agent_episode.py): mask all 0, K = 0."""
+    s = _episode_sample(
+        loss_mask=np.zeros(6, np.uint8),
+        turn_starts=np.zeros(0, np.int32),
+        turn_rewards=np.zeros(0, np.float32),
+        turn_states=np.zeros(0, np.int64),
+    )
+    back = _round_trip(s)
+    assert back.loss_mask.sum() == 0 and back.turn_starts.shape == (0,)
