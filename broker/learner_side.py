@@ -20,14 +20,17 @@ guarantees. What this class adds is the order between them:
 
 from __future__ import annotations
 
+import math
 import time
 from collections import Counter
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import redis
 
 from rollflash.broker import retention
 from rollflash.broker.audit import WATCH_INTERVAL_S, LossAuditor
+from rollflash.broker.connection import connect
 from rollflash.broker.fingerprint import Fingerprint
 from rollflash.broker.inflight import LostPrompts
 from rollflash.broker.lease import RunLease
@@ -40,6 +43,9 @@ from rollflash.broker.schema import PromptWork
 from rollflash.broker.streams import DeadLetters, PromptQueue, Rejected
 from rollflash.broker.trajectories import Good, TrajectoryReader, split_ref
 from rollflash.broker.wire import WireLimits
+
+if TYPE_CHECKING:
+    from rollflash.broker.config import Config
 
 QUARANTINE = FORGED | {"trimmed"}  # rejections an honest generator never causes
 
@@ -77,6 +83,27 @@ class LearnerBroker:
         self._generators: list[str] = []  # the active ones, as of the last `maintain`
         self._refused: set[str] = set()  # the quarantined ones, as of the last `maintain`
         self._next_trim = 0.0
+
+    @classmethod
+    def for_config(cls, cfg: Config) -> LearnerBroker:
+        """A broker for the run with the config's limits (no lease yet); `redis.url` is set by
+        then (`rollctl run` fills it with its own server's)."""
+        r, t = cfg.redis, cfg.trainer  # an honest stream holds, unacknowledged, what admission
+        # lets be in flight and what was trained since the last checkpoint (acked once durable)
+        replicas = cfg.rollout.num_return_sequences + cfg.rollout.redundant_samples
+        steps = math.ceil(1 + t.async_ratio) + t.checkpoint_every
+        per_prompt = replicas if cfg.rollout.replicate_prompts else 1
+        in_flight = steps * t.rollout_batch_size * per_prompt
+        return cls(
+            connect(r.url or "", r.connect_timeout_s),
+            cfg.run.run_id,
+            r.max_payload_bytes,
+            limits=WireLimits.for_config(cfg, vocab_size=None),
+            lease_ttl_s=r.lease_ttl_s,
+            max_unacked=4 * in_flight + 256,  # more from one generator: it floods (roster.py)
+            dlq_retention=(r.dlq_max_entries, r.dlq_max_age_s),
+            keep_acknowledged_s=r.keep_acknowledged_s,
+        )
 
     @property
     def lost(self) -> Counter[str]:

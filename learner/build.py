@@ -13,7 +13,6 @@ then: publish v0, or resume after the checkpoint (learner/publish.py)
 from __future__ import annotations
 
 import logging
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,10 +22,8 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from rollflash.algos import RunningRewardNorm
 from rollflash.broker.config import Config
-from rollflash.broker.connection import connect
 from rollflash.broker.learner_side import LearnerBroker
 from rollflash.broker.model_dir import model_directory
-from rollflash.broker.wire import WireLimits
 from rollflash.envs import Item, Task, is_multi_turn, task_from_config, train_stream
 from rollflash.envs.chat import PromptFormatter, format_task
 from rollflash.errors import MissingFile
@@ -212,7 +209,7 @@ def connect_broker(cfg: Config, dist: Dist, take_over: bool = False) -> LearnerB
     learner's holds: `LeaseHeld`), every rank fences its writes with it; then the consumer
     groups and this run are registered (refused if Redis holds another run's schema or came
     back empty)."""
-    broker = learner_broker(cfg)
+    broker = LearnerBroker.for_config(cfg)
     token = broker.take_lease(take_over) if dist.is_main else None
     broker.use_lease(dist.gather(token)[0])
     broker.ensure_groups()  # before registering: generators wait for the registration
@@ -221,25 +218,6 @@ def connect_broker(cfg: Config, dist: Dist, take_over: bool = False) -> LearnerB
     if dist.is_main:  # one witness of forgotten trajectory writes per run, not one per rank
         broker.track_trajectory_writes()
     return broker
-
-
-def learner_broker(cfg: Config) -> LearnerBroker:
-    """A broker for the run with the config's limits (no lease yet)."""
-    r, t = cfg.redis, cfg.trainer  # an honest stream holds, unacknowledged, what admission
-    # lets be in flight and what was trained since the last checkpoint (acked once durable)
-    replicas = cfg.rollout.num_return_sequences + cfg.rollout.redundant_samples
-    steps = math.ceil(1 + t.async_ratio) + t.checkpoint_every
-    in_flight = steps * t.rollout_batch_size * (replicas if cfg.rollout.replicate_prompts else 1)
-    return LearnerBroker(
-        connect(r.url, r.connect_timeout_s),
-        cfg.run.run_id,
-        r.max_payload_bytes,
-        limits=WireLimits.for_config(cfg, vocab_size=None),
-        lease_ttl_s=r.lease_ttl_s,
-        max_unacked=4 * in_flight + 256,  # more from one generator: it floods (broker/roster.py)
-        dlq_retention=(r.dlq_max_entries, r.dlq_max_age_s),
-        keep_acknowledged_s=r.keep_acknowledged_s,
-    )
 
 
 def domain_items(
