@@ -78,10 +78,9 @@ class GeneratorBroker:
         ttl_s: float = 30.0,
     ) -> None:
         """Wait for the learner to register the run (and check it), then to admit us."""
-        deadline = time.monotonic() + timeout_s
         self._registry.join(fingerprint, timeout_s)
         self.ask_to_join(beat or {}, ttl_s)
-        self.wait_admitted(max(0.0, deadline - time.monotonic()))
+        self.wait_admitted(timeout_s)
 
     def ask_to_join(self, beat: Fields, ttl_s: float) -> None:
         """Beat (the learner admits only a generator with a heartbeat), then add our id to
@@ -90,11 +89,18 @@ class GeneratorBroker:
         self.io.write(lambda: self.io.client.sadd(self.keys.joined, self.id), "joining")
 
     def wait_admitted(self, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
+        """Wait for our admission. The learner admits within a second once its loop runs (the
+        run's `state` is set), so the wait is bounded by `timeout_s` from then; before that the
+        learner is starting (its model, version 0, the first evaluation), however long it takes.
+        """
+        deadline = None
         while (status := self.status()) != ACTIVE:
             if status is not None:
                 raise self._quarantined(status)
-            if time.monotonic() > deadline:
+            now = time.monotonic()
+            if deadline is None and self.run_state() is not None:
+                deadline = now + timeout_s
+            if deadline is not None and now > deadline:
                 raise RunMismatch(
                     f"run {self.keys.prefix}: the learner did not admit generator {self.id} "
                     f"within {timeout_s:.0f}s: is the learner running (rollctl status)?"

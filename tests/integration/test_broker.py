@@ -1,5 +1,6 @@
 """Broker round trips against a real redis-server (started by tests/conftest.py)."""
 
+import threading
 import time
 
 import numpy as np
@@ -169,6 +170,24 @@ def test_heartbeats_expire(learner_broker, generator_broker, redis_url, run_id):
     while status.live_generators() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert status.live_generators() == {} and learner_broker.loaded_versions() == set()
+
+
+def test_a_generator_waits_out_the_learners_start_up_then_a_bounded_time(
+    learner_broker, redis_url, run_id
+):
+    """Before the run's `state` is set the learner is still starting (its model, version 0, the
+    first evaluation) and a joining generator waits for it, past its timeout; once the loop
+    runs (and admits every second) the timeout binds."""
+    early, late = generator(redis_url, run_id, "gen-0"), generator(redis_url, run_id, "gen-1")
+    early.ask_to_join({"state": "up"}, ttl_s=600)
+    timer = threading.Timer(1.0, learner_broker.roster.admit_joined)  # 1 s > the 0.2 s below
+    timer.start()
+    early.wait_admitted(0.2)  # no RunMismatch: the learner had not started its loop
+    timer.join()
+    learner_broker.set_run_fields(state="training")
+    late.ask_to_join({"state": "up"}, ttl_s=600)  # nobody admits it now
+    with pytest.raises(RunMismatch, match="did not admit generator gen-1 within 0s"):
+        late.wait_admitted(0.2)
 
 
 def test_the_learner_sums_live_generators_reward_errors(learner_broker, redis_url, run_id):
