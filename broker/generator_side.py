@@ -80,7 +80,7 @@ class GeneratorBroker:
         """Wait for the learner to register the run (and check it), then to admit us."""
         self._registry.join(fingerprint, timeout_s)
         self.ask_to_join(beat or {}, ttl_s)
-        self.wait_admitted(timeout_s)
+        self.wait_admitted(timeout_s, beat or {}, ttl_s)
 
     def ask_to_join(self, beat: Fields, ttl_s: float) -> None:
         """Beat (the learner admits only a generator with a heartbeat), then add our id to
@@ -88,16 +88,23 @@ class GeneratorBroker:
         self.heartbeat(beat, ttl_s)
         self.io.write(lambda: self.io.client.sadd(self.keys.joined, self.id), "joining")
 
-    def wait_admitted(self, timeout_s: float) -> None:
+    def wait_admitted(
+        self, timeout_s: float, beat: Fields | None = None, ttl_s: float = 30.0
+    ) -> None:
         """Wait for our admission. The learner admits within a second once its loop runs (the
         run's `state` is set), so the wait is bounded by `timeout_s` from then; before that the
         learner is starting (its model, version 0, the first evaluation), however long it takes.
+        With `beat`, the heartbeat is renewed meanwhile (only a generator with one is admitted).
         """
         deadline = None
+        next_beat = time.monotonic() + ttl_s / 3
         while (status := self.status()) != ACTIVE:
             if status is not None:
                 raise self._quarantined(status)
             now = time.monotonic()
+            if beat is not None and now >= next_beat:
+                self.heartbeat(beat, ttl_s)
+                next_beat = now + ttl_s / 3
             if deadline is None and self.run_state() is not None:
                 deadline = now + timeout_s
             if deadline is not None and now > deadline:

@@ -48,14 +48,20 @@ def _nothing_lost(r: AclRun, steps: int = STEPS, batch: int = B) -> None:
 def test_one_learner_per_run_a_second_stops_and_one_that_lost_its_lease_stops_too(run):
     """A second learner stops at once naming the first and writes nothing. Then the first is
     stopped (a partition, a swap storm) past its lease's TTL (`redis.lease_ttl_s` 5 s): the next
-    learner needs no --take-over, resumes, and the first, woken up, stops at its next write."""
-    r = run(steps=12, redis={"lease_ttl_s": 5}, trainer={"checkpoint_every": 2})
+    learner needs no --take-over, resumes, and the first, woken up, stops at its next write.
+    The generators are held meanwhile, so the first learner is still waiting for a step (and
+    renewing its lease) whenever the others start."""
+    r = run(
+        steps=12, redis={"lease_ttl_s": 5}, trainer={"checkpoint_every": 2, "wait_timeout_s": 300}
+    )
     gens = [r.generator(f"gen-{i}") for i in range(2)]
     first = r.learner()
     try:
         wait_until(lambda: steps_done(r.run_dir) >= 2, 300, "two learner steps")  # start-up
+        for g in gens:
+            g.send_signal(signal.SIGSTOP)
         saved = (r.run_dir / "config.yaml").stat().st_mtime_ns
-        second = r.learner()  # the first one runs and renews its lease meanwhile
+        second = r.learner()
         assert second.wait(timeout=120) == 2
         line = second.stderr_text().strip().splitlines()[-1]
         assert line.startswith(f"rollctl: error: run rl:{r.run_id}: has a learner already (host ")
@@ -67,12 +73,15 @@ def test_one_learner_per_run_a_second_stops_and_one_that_lost_its_lease_stops_to
         wait_until(lambda: not r.admin.exists(r.keys.lease), 60, "the lease to expire")
         third = r.learner()  # no --take-over: the lease lapsed
         wait_until(lambda: "resumed from" in third.stderr_text(), 120, "the third to resume")
+        for g in gens:
+            g.send_signal(signal.SIGCONT)
         first.send_signal(signal.SIGCONT)
         assert first.wait(timeout=120) == 2
         assert "lost the lease of run" in first.stderr_text().strip().splitlines()[-1]
         assert third.wait(timeout=300) == 0, third.stderr_text()[-3000:]
     finally:
-        first.send_signal(signal.SIGCONT)
+        for p in (first, *gens):
+            p.send_signal(signal.SIGCONT)
         stop_all([first, *gens])
     (ledger,) = ledgers(r.run_dir)
     assert len([row for row in ledger if row.get("event") == "resume"]) == 1  # the third's
@@ -102,12 +111,13 @@ def test_xadd_attacks_spoofing_and_a_flood_harm_only_the_attackers_own_work(run)
     generator process but its credentials, joins and floods its stream with 40 one-sample
     entries of about 0.7 MB each (28 MB) of groups never issued, claiming the newest possible
     version: refused, and neither the learner nor Redis keeps them."""
-    r = run(steps=10, gens=4)
+    r = run(steps=16, gens=4, trainer={"wait_timeout_s": 300})  # steps left for gen-2 alone
     gens = [r.generator(f"gen-{i}") for i in range(3)]
     learner = r.learner()
     k = r.keys
     try:
         wait_until(lambda: steps_done(r.run_dir) >= 1, 300, "a learner step")  # start-up
+        gens[2].send_signal(signal.SIGSTOP)  # the learner waits for it through the attacks
         for gid in ("gen-0", "gen-1"):
             evil = r.attacker(gid)
             _nothing_of_others(evil, k)
@@ -125,11 +135,13 @@ def test_xadd_attacks_spoofing_and_a_flood_harm_only_the_attackers_own_work(run)
         )
         status = r.status()
         flood = _flood(r, learner.pid)
+        gens[2].send_signal(signal.SIGCONT)
         assert learner.wait(timeout=180) == 0, learner.stderr_text()[-3000:]
         assert gens[2].wait(timeout=60) == 0, gens[2].stderr_text()[-3000:]
         for g in gens[:2]:
             assert g.wait(timeout=60) == 2  # each stops with one line naming why
     finally:
+        gens[2].send_signal(signal.SIGCONT)
         stop_all([learner, *gens])
     assert "generator gen-0 QUARANTINED: stream bricked" in status, status
     assert "generator gen-1 QUARANTINED: stream trimmed" in status, status
@@ -145,7 +157,7 @@ def test_xadd_attacks_spoofing_and_a_flood_harm_only_the_attackers_own_work(run)
     # Redis keeps 10 of them (7.2 MB), and of each dead letter 64 KiB per field
     assert used[1] - used[0] < 12 * 2**20, used
     assert r.admin.xlen(r.keys.dlq) <= 40 + 10  # the flood's, and the first attacks' (above)
-    _nothing_lost(r, 10)
+    _nothing_lost(r, 16)
 
 
 def _join(r: AclRun, gid: str) -> redis.Redis:

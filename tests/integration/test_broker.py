@@ -176,14 +176,24 @@ def test_a_generator_waits_out_the_learners_start_up_then_a_bounded_time(
     learner_broker, redis_url, run_id
 ):
     """Before the run's `state` is set the learner is still starting (its model, version 0, the
-    first evaluation) and a joining generator waits for it, past its timeout; once the loop
-    runs (and admits every second) the timeout binds."""
+    first evaluation) and a joining generator waits for it, past its timeout and renewing its
+    heartbeat; once the loop runs (and admits every second) the timeout binds."""
     early, late = generator(redis_url, run_id, "gen-0"), generator(redis_url, run_id, "gen-1")
-    early.ask_to_join({"state": "up"}, ttl_s=600)
-    timer = threading.Timer(1.0, learner_broker.roster.admit_joined)  # 1 s > the 0.2 s below
-    timer.start()
-    early.wait_admitted(0.2)  # no RunMismatch: the learner had not started its loop
-    timer.join()
+    early.ask_to_join({"state": "up"}, ttl_s=0.3)
+
+    def learner_starts():  # for 1 s > the 0.2 s timeout and the 0.3 s heartbeat TTL; then it
+        # admits every 0.1 s for 2 s (a renewed heartbeat is admitted), else its loop runs
+        time.sleep(1.0)
+        for _ in range(20):
+            if learner_broker.roster.admit_joined():
+                return
+            time.sleep(0.1)
+        learner_broker.set_run_fields(state="training")  # the wait below then times out
+
+    admitting = threading.Thread(target=learner_starts)
+    admitting.start()
+    early.wait_admitted(0.2, {"state": "up"}, ttl_s=0.3)  # no RunMismatch: it was admitted
+    admitting.join()
     learner_broker.set_run_fields(state="training")
     late.ask_to_join({"state": "up"}, ttl_s=600)  # nobody admits it now
     with pytest.raises(RunMismatch, match="did not admit generator gen-1 within 0s"):
