@@ -9,19 +9,14 @@ import time
 from rollflash.broker.config import config_from_dict
 from rollflash.broker.weights import WeightStore
 from rollflash.generators import sim_engine
-from rollflash.generators.rollout import Generator
 from rollflash.rollctl.status import show_status
+from tests.helpers.brokers import joined
 
 
 def test_a_loader_error_is_counted_in_status_and_the_generator_keeps_its_version(
     tmp_path, redis_url, run_id, monkeypatch, capsys
 ):
-    import threading
-
     import torch
-
-    from rollflash.broker.connection import connect
-    from rollflash.broker.learner_side import LearnerBroker
 
     cfg = config_from_dict(
         {
@@ -31,19 +26,6 @@ def test_a_loader_error_is_counted_in_status_and_the_generator_keeps_its_version
             "weights": {"reload_attempts": 2},
         }
     )
-    learner_broker = LearnerBroker(connect(redis_url, 5), run_id, 1_000_000)
-    learner_broker.take_lease()
-    learner_broker.ensure_groups()
-    learner_broker.register_run(cfg.fingerprint())
-    learner_broker.track_trajectory_writes()
-    admitted = threading.Event()
-
-    def admit() -> None:  # the learner's rank 0, admitting the generator that joins
-        while not admitted.is_set() and not learner_broker.roster.admit_joined():
-            admitted.wait(0.1)
-
-    admitter = threading.Thread(target=admit, daemon=True)
-    admitter.start()
     loaded = []
 
     def swap_weights(self, weights, version):
@@ -52,11 +34,8 @@ def test_a_loader_error_is_counted_in_status_and_the_generator_keeps_its_version
         loaded.append(version)
 
     monkeypatch.setattr(sim_engine.SimEngine, "swap_weights", swap_weights)
-    gen = Generator(cfg, "gen-x")  # joins, and waits until it is admitted
-    admitted.set()
-    admitter.join()
     store = WeightStore(cfg.run.run_dir)
-    try:
+    with joined(cfg, "gen-x") as (learner_broker, gen):
         for version in (1, 2):
             info = store.publish({"w": torch.zeros(2) + version}, version, version)
             learner_broker.announce_weights(version, info.path, info.sha256, "")
@@ -72,6 +51,3 @@ def test_a_loader_error_is_counted_in_status_and_the_generator_keeps_its_version
             assert expected in line, line
         assert "refused=1" in line and loaded == [2]
         assert gen.follower.reload_retries == 1  # v1: two attempts, then refused
-    finally:
-        gen.follower.close()
-        learner_broker.release()
