@@ -92,7 +92,9 @@ def _erase_tail(server, durable: int) -> list[list[bytes]]:
 )
 def test_redis_restart_mid_training(tmp_path, run_id, fault_report, fsync, power_cut, generators):
     server = _redis(tmp_path, fsync)
-    config = write_config(tmp_path, server.url, run_id, STEPS, B)
+    # trainer.wait_timeout_s above the start-up wait below: generators started first wait that
+    # long for the learner to register the run
+    config = write_config(tmp_path, server.url, run_id, STEPS, B, trainer={"wait_timeout_s": 300})
     run_dir = tmp_path / "run"
     gens = [start("start-generator", config, "--id", f"gen-{i}") for i in range(generators)]
     learner = start("start-learner", config)
