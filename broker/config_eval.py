@@ -37,7 +37,7 @@ class EvalConfig(Section):
         0,
         ge=0,
         description="k > 0: also sample k responses per held-out item and report mean reward, "
-        "pass@1 and pass@k (0 = greedy accuracy only)",
+        "pass@1 and pass@k (0 = greedy accuracy only; single-turn tasks, not with strategy fsdp)",
     )
     temperature: Number = Field(1.0, gt=0, description="sampling temperature of those samples")
     max_new_tokens: StrictInt | None = Field(

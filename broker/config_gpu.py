@@ -87,7 +87,8 @@ class PlacementConfig(Section):
 
 
 class TrainerGpuKeys(Section):
-    """The learner's device, precision and memory keys, part of `trainer:` (README "GPUs").
+    """The learner's device, precision, memory and collective keys, part of `trainer:`
+    (docs/gpu.md says what each costs).
 
     They say how the learner computes, not what the run trains, so like the keys above they are
     left out of the fingerprint: generators never read them."""
@@ -97,10 +98,32 @@ class TrainerGpuKeys(Section):
         description="where the learner trains: auto takes cuda (cuda:LOCAL_RANK) when torch "
         "sees a GPU",
     )
-    gradient_checkpointing: StrictBool = Field(
-        False,
+    gradient_checkpointing: StrictBool | Literal["auto"] = Field(
+        "auto",
         description="recompute each transformer block in the backward pass (non-reentrant): "
-        "activation memory of one block instead of all, about 30% more compute",
+        "activation memory of one block instead of all, about 30% more compute; auto: on "
+        "when the estimated activations of a micro-batch do not fit the GPU beside the "
+        "weights and optimiser state (off on CPU)",
+    )
+    tf32: StrictBool = Field(
+        True, description="on a GPU: TF32 tensor cores for the remaining float32 matmuls"
+    )
+    cuda_alloc_conf: StrictStr = Field(
+        "expandable_segments:True",
+        description="PYTORCH_CUDA_ALLOC_CONF of the learner's ranks, unless the environment "
+        "sets it (expandable segments: less fragmentation); empty: torch's default",
+    )
+    dist_timeout_s: Number = Field(
+        600.0,
+        gt=0,
+        description="with several ranks: a collective or barrier that waits this long ends "
+        "the rank with an error naming the operation, instead of hanging",
+    )
+    fsdp_reduce_scatter: Literal["every_micro_batch", "last_micro_batch"] = Field(
+        "every_micro_batch",
+        description="strategy fsdp: reduce-scatter gradients after every micro-batch (sharded "
+        "gradients only) or once per update (fewer collectives, but a full float32 gradient "
+        "on every rank)",
     )
     compile: StrictBool = Field(
         False, description="torch.compile every transformer block (first steps are slow)"

@@ -22,10 +22,11 @@ class ModelConfig(Section):
         description="let transformers and vLLM run the Python code a model directory ships "
         "(needed by some hub models; runs that code in every process)",
     )
-    dtype: Literal["float32", "bfloat16"] = Field(
-        "float32",
+    dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        "auto",
         description="compute dtype: bfloat16 keeps float32 master weights and optimiser state "
-        "in the learner and computes in bfloat16; generators load this dtype",
+        "in the learner and computes in bfloat16; generators load this dtype; auto: bfloat16 "
+        "on a GPU, float32 on CPU (each process by its own device)",
     )
     attn_implementation: Literal["sdpa", "flash_attention_2", "eager"] = Field(
         "sdpa", description="the learner's attention kernel (flash_attention_2 needs a GPU)"
@@ -38,3 +39,12 @@ class ModelConfig(Section):
     lora: LoRAConfig | None = Field(
         None, description="null: full fine-tuning; {rank, alpha, ...}: LoRA adapters (docs/lora.md)"
     )
+
+
+def resolve_model_dtype(setting: str, on_cuda: bool) -> str:
+    """`model.dtype` for a process computing on a GPU (`on_cuda`) or the CPU: auto is bfloat16
+    on a GPU (bf16 tensor cores, half the activation memory) and float32 on CPU (no bf16 matmul
+    kernels worth the precision there)."""
+    if setting != "auto":
+        return setting
+    return "bfloat16" if on_cuda else "float32"

@@ -55,7 +55,10 @@ class RolloutConfig(Section):
         "or on a CPU from the cores and the model size)",
     )
     heartbeat_ttl_s: Number = Field(
-        30.0, gt=0, description="a generator's status hash expires this long after its last beat"
+        30.0,
+        gt=0,
+        description="a generator's status hash expires this long after its last beat; a "
+        "floor: raised to 3x the generator's measured turn (generators/liveness.py)",
     )
     interrupt: StrictBool = Field(
         False,
@@ -69,7 +72,8 @@ class RolloutConfig(Section):
         120.0,
         gt=0,
         description="take over prompts another generator claimed this long ago and never "
-        "finished (it probably died)",
+        "finished (it probably died); a floor: raised to 3x the measured hold, or learner "
+        "step + turn (generators/liveness.py)",
     )
     replicate_prompts: StrictBool = Field(
         False,
@@ -120,7 +124,12 @@ class SimConfig(Section):
 class TrainerConfig(TrainerGpuKeys):
     actor_lr: Number = Field(1e-4, gt=0, description="AdamW learning rate of the policy")
     weight_decay: Number = Field(0.0, ge=0, description="AdamW weight decay")
-    max_grad_norm: Number = Field(1.0, ge=0, description="gradient clipping (0 = off)")
+    max_grad_norm: Number = Field(
+        1.0,
+        ge=0,
+        description="gradient clipping (0 = off); an update whose norm is inf or NaN is "
+        "skipped either way (optim/nonfinite_skipped)",
+    )
     rollout_batch_size: StrictInt = Field(
         8, gt=0, description="prompts (groups) per learner step: B"
     )

@@ -37,6 +37,7 @@ from rollflash.broker.config import Config
 from rollflash.broker.generator_side import GeneratorBroker
 from rollflash.broker.schema import PromptWork
 from rollflash.generators.engine import StreamingEngine
+from rollflash.generators.liveness import Liveness
 from rollflash.generators.reload import WeightFollower
 from rollflash.generators.sampling import GeneratedSample, SamplingParams
 
@@ -52,6 +53,7 @@ class _Group:
     work: PromptWork
     version: int  # loaded when the group started
     samples: list[GeneratedSample] = field(default_factory=list)
+    started: float = field(default_factory=time.monotonic)  # first started (not restarted)
 
 
 class Usage(Protocol):
@@ -78,10 +80,12 @@ class ContinuousRollout:
         stream: Callable[[str, PromptWork, list[GeneratedSample], int], None],
         beat: Callable[[], bool],
         usage: Usage,
+        liveness: Liveness,
         limit: Callable[[PromptWork], int | None] | None = None,
     ) -> None:
-        """`limit(work)`: a prompt's own response limit (None: rollout.max_new_tokens)."""
-        self.cfg, self.engine, self.follower = cfg, engine, follower
+        """`limit(work)`: a prompt's own response limit (None: rollout.max_new_tokens);
+        `liveness`: the reclaim time, and where the groups' hold times go."""
+        self.cfg, self.engine, self.follower, self.liveness = cfg, engine, follower, liveness
         self.broker, self.id = broker, generator_id
         self.stream, self.beat, self.usage, self.limit = stream, beat, usage, limit
         self.slots = cfg.rollout.inflight_samples
@@ -130,7 +134,7 @@ class ContinuousRollout:
         for entry_id, group in list(self.inflight.items()):
             if loaded - group.version > self.cfg.trainer.max_staleness:
                 self.engine.abort(entry_id)
-                self.inflight[entry_id] = _Group(group.work, loaded)
+                self.inflight[entry_id] = _Group(group.work, loaded, started=group.started)
                 self.engine.add_request(
                     entry_id, group.work.item["prompt"], self._params(group.work)
                 )
@@ -173,9 +177,7 @@ class ContinuousRollout:
                 return own
             reclaimed = [
                 (e, w)
-                for e, w in self.broker.reclaim_prompts(
-                    int(self.cfg.rollout.reclaim_idle_s * 1000), count
-                )
+                for e, w in self.broker.reclaim_prompts(self.liveness.reclaim_idle_ms, count)
                 if e not in taken
             ]
             if reclaimed:
@@ -213,3 +215,4 @@ class ContinuousRollout:
                 self.engine.abort(entry_id)  # redundant samples still decoding
                 del self.inflight[entry_id]
                 self.stream(entry_id, group.work, group.samples, group.version)
+                self.liveness.held(time.monotonic() - group.started)

@@ -8,16 +8,23 @@ contract) is in generators/sampling.py, the only module of this package an engin
 module names the engines by import path in `ENGINES` and imports only the one a config asks for,
 so torch or vllm load only in a generator that uses them. A new engine is a class with a
 `from_config(cfg, seed)` classmethod and one line in `ENGINES`.
+
+An engine whose package is not installed (`ENGINE_PACKAGES`) is refused before the generator
+joins the run, with one line naming the install command (`EngineUnavailable`); `rollctl` exits
+with the code that makes `rollctl run` stop the whole run (every generator would fail alike).
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from rollflash.broker.config import Config, ConfigError
+from rollflash.errors import RollflashError
 from rollflash.generators.sampling import GeneratedSample, SamplingParams
 
 if TYPE_CHECKING:
@@ -111,6 +118,31 @@ ENGINES: dict[str, str] = {
     "sim": "rollflash.generators.sim_engine:SimEngine",
     "vllm": "rollflash.generators.vllm_engine:VLLMEngine",
 }
+
+
+# rollout.engine -> (the package it needs, how to install it)
+ENGINE_PACKAGES: dict[str, tuple[str, str]] = {
+    "vllm": (
+        "vllm",
+        'on a GPU machine pip install -e ".[vllm]", on CPU make install-vllm (then run '
+        "rollctl from .venv-vllm)",
+    ),
+}
+
+
+class EngineUnavailable(RollflashError, RuntimeError):
+    """The engine `rollout.engine` names cannot be imported in this Python."""
+
+
+def check_engine(cfg: Config) -> None:
+    """Raise EngineUnavailable, naming the install command, if `rollout.engine`'s package is
+    not installed; checked before anything waits on Redis or loads a model."""
+    need = ENGINE_PACKAGES.get(cfg.rollout.engine)
+    if need is not None and importlib.util.find_spec(need[0]) is None:
+        raise EngineUnavailable(
+            f"rollout.engine: {cfg.rollout.engine} is not installed in {sys.executable}; "
+            f"install it: {need[1]}"
+        )
 
 
 def make_engine(cfg: Config, seed: int) -> Engine:

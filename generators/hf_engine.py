@@ -66,15 +66,17 @@ class HFEngine:
 
     @classmethod
     def from_config(cls, cfg: Config, seed: int) -> HFEngine:
-        """`model.path` in `model.dtype` on `rollout.device`; `seed` is unused: sampling draws
-        from torch's global generator, which `setup_process` seeds."""
+        """`model.path` in `model.dtype` (auto: by the device) on `rollout.device`; `seed` is
+        unused: sampling draws from torch's global generator, which `setup_process` seeds."""
+        from rollflash.broker.config_model import resolve_model_dtype
         from rollflash.generators.device import resolve_device
 
         device = resolve_device(cfg.rollout.device)
-        log.info("hf engine on %s (%s)", device, cfg.model.dtype)
+        dtype = resolve_model_dtype(cfg.model.dtype, device.type == "cuda")
+        log.info("hf engine on %s (%s)", device, dtype)
         return cls(
             cfg.model.path,
-            dtype=cfg.model.dtype,
+            dtype=dtype,
             device=device,
             trust_remote_code=cfg.model.trust_remote_code,
         )

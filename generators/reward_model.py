@@ -150,11 +150,12 @@ def make_rewarder(cfg: Config, task: Task, device: str | torch.device | None = N
             f"reward.type: {r.type!r} scores single responses; multi-turn task "
             f"{cfg.task.name!r} is scored by its environment (use 'rule')"
         )
+    from rollflash.broker.config_model import resolve_model_dtype
     from rollflash.generators.device import resolve_device, resolve_dtype
 
     if device is None:
         device = resolve_device(cfg.rollout.device)
-    dtype = resolve_dtype(r.dtype, cfg.model.dtype)
+    dtype = resolve_model_dtype(resolve_dtype(r.dtype, cfg.model.dtype), device.type == "cuda")
     scorer = RewardModelScorer(r.model_path, dtype, r.micro_batch_size, r.max_len, device)
     log.info(
         "reward: %s, reward model %s on %s in %s (weight_model %g, weight_rule %g)",

@@ -37,9 +37,10 @@ from rollflash.envs import Item, Task, is_multi_turn, task_from_config
 from rollflash.envs.reward_functions import failure_of, parts_of
 from rollflash.generators.continuous import ContinuousRollout
 from rollflash.generators.counters import Counters, StopSignals
-from rollflash.generators.engine import Engine, make_engine
+from rollflash.generators.engine import Engine, check_engine, make_engine
 from rollflash.generators.episodes import rollout_episodes
 from rollflash.generators.fetch import version_source
+from rollflash.generators.liveness import Liveness
 from rollflash.generators.reload import WeightFollower
 from rollflash.generators.reward_model import Rewarder, make_rewarder
 from rollflash.generators.sampling import GeneratedSample, SamplingParams
@@ -171,6 +172,7 @@ class Generator:
 
     def __init__(self, cfg: Config, generator_id: str):
         self.cfg, self.id = cfg, generator_id
+        check_engine(cfg)  # before waiting for the run: a missing engine fails at once
         self.task = task_from_config(cfg)  # with reward.functions, if any
         if cfg.rollout.inflight_samples and is_multi_turn(self.task):  # before waiting on Redis
             raise ConfigError(
@@ -197,6 +199,7 @@ class Generator:
         )
         self.rewarder = make_rewarder(cfg, self.task)  # reward: rule | model | mixed
         self.counters = Counters()
+        self.liveness = Liveness(cfg.rollout)  # heartbeat TTL and reclaim time, scaled
         self.agents = None  # rollout.agent: the endpoint its episodes call
         if cfg.rollout.agent:
             from rollflash.generators.agent_episode import AgentRollout
@@ -222,6 +225,7 @@ class Generator:
 
     def heartbeat(self, state: str) -> None:
         writes = self.broker.writes  # acknowledged / indeterminate trajectory writes
+        self.liveness.beat(self.follower.loaded_version)
         self.broker.heartbeat(
             {
                 "loaded_version": self.follower.loaded_version,
@@ -241,7 +245,7 @@ class Generator:
                 **self.counters.as_fields(),
                 **(self.agents.heartbeat_fields() if self.agents else {}),
             },
-            self.cfg.rollout.heartbeat_ttl_s,
+            self.liveness.heartbeat_ttl_s,
         )
 
     def claim(self) -> list[tuple[str, PromptWork]]:
@@ -251,7 +255,7 @@ class Generator:
         own = self.broker.claim_prompts(count, block_ms=0, own_pending=True)
         if own:
             return own
-        reclaimed = self.broker.reclaim_prompts(int(self.cfg.rollout.reclaim_idle_s * 1000), count)
+        reclaimed = self.broker.reclaim_prompts(self.liveness.reclaim_idle_ms, count)
         if reclaimed:
             log.warning("took over %d prompts abandoned by another generator", len(reclaimed))
             return reclaimed
@@ -287,6 +291,7 @@ class Generator:
                 self.rewarder,
             )
         c.busy_s += time.monotonic() - started
+        self.liveness.held(time.monotonic() - waited)
         c.groups += len(claimed)
         c.samples += samples
         c.tokens += tokens
@@ -320,7 +325,7 @@ class Generator:
 
         ContinuousRollout(
             self.cfg, self.engine, self.follower, self.broker, self.id, stream, beat, c,
-            limit=lambda work: response_limit(self.task, work),
+            self.liveness, limit=lambda work: response_limit(self.task, work),
         ).run()  # fmt: skip
 
 
@@ -338,7 +343,8 @@ def run(cfg: Config, generator_id: str) -> None:
     stop = StopSignals()
     gen = Generator(cfg, generator_id)
     freeze_heap()  # the engine and the model stay: full collections then skip them
-    log.info("generator %s ready (engine %s)", generator_id, cfg.rollout.engine)
+    live = gen.liveness.describe()
+    log.info("generator %s ready (engine %s; %s)", generator_id, cfg.rollout.engine, live)
 
     def turn() -> bool:
         """One turn of the loop; True once the run is done or a stop was requested."""

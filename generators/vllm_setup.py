@@ -12,6 +12,7 @@ import os
 from typing import Any
 
 from rollflash.broker.config_gpu import VLLMConfig
+from rollflash.broker.config_model import resolve_model_dtype
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +59,7 @@ def llm_kwargs(opts: VLLMConfig, model_dtype: str, seed: int, on_cpu: bool) -> d
     if opts.dtype != "auto":
         dtype = opts.dtype
     else:
-        dtype = model_dtype if on_cpu else "bfloat16"
+        dtype = resolve_model_dtype(model_dtype, on_cuda=False) if on_cpu else "bfloat16"
     kwargs: dict[str, Any] = {
         "dtype": dtype,
         "seed": seed if opts.seed is None else opts.seed,

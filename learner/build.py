@@ -18,12 +18,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from rollflash.algos import RunningRewardNorm
 from rollflash.broker.config import Config
 from rollflash.broker.learner_side import LearnerBroker
-from rollflash.broker.model_dir import model_directory
 from rollflash.envs import Item, Task, is_multi_turn, task_from_config, train_stream
 from rollflash.envs.chat import PromptFormatter, format_task
 from rollflash.errors import MissingFile
@@ -33,16 +31,16 @@ from rollflash.learner.best import BestVersion
 from rollflash.learner.checkpoint import CheckpointStore, LearnerState, RankProgress, restore_rng
 from rollflash.learner.checkpoint_io import Trainables
 from rollflash.learner.collect import Collector
-from rollflash.learner.device import adamw
-from rollflash.learner.dist import Dist, init_dist, is_sharded, wrap_model
+from rollflash.learner.device import adamw, cuda_defaults, set_alloc_conf, startup_line
+from rollflash.learner.dist import Dist, init_dist, is_sharded
 from rollflash.learner.evaluate import heldout_accuracy, sampled_eval
 from rollflash.learner.filters import drop_reason
 from rollflash.learner.guards import GuardMonitor
 from rollflash.learner.history import History
 from rollflash.learner.ledger import Ledger
-from rollflash.learner.load import check_tied, place
-from rollflash.learner.lora import trainable_parameters, with_adapters
+from rollflash.learner.lora import trainable_parameters
 from rollflash.learner.metrics import MetricsSink, open_sink
+from rollflash.learner.policy import load_policy
 from rollflash.learner.prepare import AlgoModels, build_algo_models
 from rollflash.learner.publish import Publisher, publish, resume_after
 from rollflash.learner.schedule import warmup_decay
@@ -93,9 +91,10 @@ class Learner:
         return isinstance(self.models.policy, SimulatedPolicy)
 
     def evaluate(self) -> float:
-        """Greedy held-out accuracy, on rank 0 (with FSDP every rank generates: the shards are
-        gathered in every forward pass); rank 0 logs the generations."""
-        if self.simulated or not (self.dist.is_main or is_sharded(self.models.model)):
+        """Greedy held-out accuracy, on rank 0; with FSDP every rank generates for its share of
+        the items, in step (learner/evaluate.py). Rank 0 logs the generations."""
+        sharded = is_sharded(self.models.model)
+        if self.simulated or not (self.dist.is_main or sharded):
             return 0.0
         m, e, rows = self.models, self.cfg.eval, list[dict]()
         limit = e.max_new_tokens or self.cfg.rollout.max_new_tokens
@@ -105,7 +104,7 @@ class Learner:
         correct = 0.0
         for name, (items, domain_limit) in domains.items():  # a mixture: per domain, own limit
             if self.cfg.rollout.agent:  # the agent program's episodes (learner/agent_eval.py)
-                acc = agent_success(
+                acc = agent_success(  # rank 0 only: the config refuses agents with fsdp
                     m.policy, m.tokenizer, self.cfg, items, domain_limit, e.threshold, rows
                 )
             else:
@@ -117,6 +116,7 @@ class Learner:
                     domain_limit,
                     threshold=e.threshold,
                     record=rows,
+                    dist=self.dist if sharded else None,
                 )
             if name:
                 self.domain_eval[f"eval/{name}/heldout_acc"] = acc
@@ -158,50 +158,6 @@ class Learner:
         if self.dist.is_main:
             self.broker.release()  # the run's lease: a successor may start at once
         self.dist.close()
-
-
-def load_policy(cfg: Config, dist: Dist = Dist()) -> tuple[torch.nn.Module, Any]:
-    """(the module the ranks train, tokenizer): float32 master weights on `dist.device`, read by
-    rank 0 and broadcast (learner/load.py), with gradient checkpointing and torch.compile as
-    configured, wrapped for the ranks (DDP, or FSDP2 shards)."""
-    path, remote = model_directory(cfg.model.path), cfg.model.trust_remote_code  # dir or hub id
-    t, kwargs = (
-        cfg.trainer,
-        {
-            "dtype": torch.float32,
-            "attn_implementation": cfg.model.attn_implementation,
-            "trust_remote_code": remote,
-        },
-    )
-
-    def wrap(policy: torch.nn.Module) -> torch.nn.Module:
-        if t.gradient_checkpointing:
-            policy.gradient_checkpointing_enable({"use_reentrant": False})
-        if t.compile:
-            blocks = set(policy._no_split_modules or [])
-            for m in policy.modules():
-                if type(m).__name__ in blocks:
-                    m.compile()
-        return wrap_model(policy, dist, t.strategy, cfg.model.dtype)
-
-    lora = cfg.model.lora  # the base wrapped by peft (learner/lora.py) before it is placed
-
-    def adapted(base: torch.nn.Module) -> torch.nn.Module:
-        return base if lora is None else with_adapters(base, lora)
-
-    model = place(
-        lambda: adapted(AutoModelForCausalLM.from_pretrained(path, **kwargs)),
-        lambda: adapted(
-            AutoModelForCausalLM.from_config(
-                AutoConfig.from_pretrained(path, trust_remote_code=remote), **kwargs
-            )
-        ),
-        dist,
-        wrap,
-        sharded=t.strategy == "fsdp" and dist.world_size > 1,
-    )
-    check_tied(model)
-    return model, AutoTokenizer.from_pretrained(path, trust_remote_code=remote)
 
 
 def connect_broker(cfg: Config, dist: Dist, take_over: bool = False) -> LearnerBroker:
@@ -334,7 +290,9 @@ def start(cfg: Config, resume: bool | None = None, take_over: bool = False) -> L
     """Build this rank's learner. `resume`: None resumes when a checkpoint exists, True requires
     one, False refuses to start over an earlier run's weights; `take_over`: take the run's lease
     from a dead learner (broker/lease.py)."""
-    dist = init_dist(cfg.trainer.device)
+    alloc = set_alloc_conf(cfg.trainer.cuda_alloc_conf)  # before CUDA allocates anything
+    dist = init_dist(cfg.trainer.device, cfg.trainer.dist_timeout_s)
+    cuda_defaults(dist.device, cfg.trainer.tf32)
     run_dir = Path(cfg.run.run_dir)
     broker = connect_broker(cfg, dist, take_over)  # before any write: one learner per run
     if dist.is_main:
@@ -344,6 +302,7 @@ def start(cfg: Config, resume: bool | None = None, take_over: bool = False) -> L
     if resume and ckpt is None:
         raise MissingFile(f"--resume: no learner checkpoint in {checkpoints.root}")
     models = build_models(cfg, dist)
+    log.info(startup_line(cfg, dist.rank, dist.world_size, dist.device, models.policy, alloc))
     # prompts are rendered (chat template) here, once, before they are issued: envs/chat.py;
     # an agent program gets its items raw and the endpoint renders its messages
     task = task_from_config(cfg)

@@ -23,6 +23,7 @@ from rollflash.broker.model_dir import model_directory
 from rollflash.learner.device import adamw
 from rollflash.learner.dist import Dist, wrap_model
 from rollflash.learner.load import place
+from rollflash.learner.memory import use_checkpointing
 from rollflash.learner.packing import forward_packed, pack, unpack
 
 
@@ -83,8 +84,9 @@ def build_critic(cfg: Config, dist: Dist = Dist()) -> tuple[torch.nn.Module, tor
     fsdp = cfg.trainer.strategy == "fsdp" and dist.world_size > 1
 
     def wrap(critic: torch.nn.Module) -> torch.nn.Module:
-        if cfg.trainer.gradient_checkpointing:
-            critic.backbone.gradient_checkpointing_enable({"use_reentrant": False})
+        body = critic.backbone
+        if use_checkpointing(cfg, critic, body.config, dist.world_size, dist.device):
+            body.gradient_checkpointing_enable({"use_reentrant": False})
         return wrap_model(critic, dist, cfg.trainer.strategy, cfg.model.dtype)
 
     critic = place(

@@ -5,10 +5,14 @@
 - Process group: one group with two backends, `cpu:gloo,cuda:nccl`, so the learner's small CPU
   collectives (counts, ids, metrics) keep running on gloo while tensors on the GPU go over NCCL.
 - Precision (`model.dtype`): parameters and optimiser state stay float32 (the master copy) and
-  `bfloat16` means the forward and backward passes compute in bf16: autocast for one rank and DDP,
+  `bfloat16` means the forward and backward passes compute in bf16 (`auto`: bf16 on a GPU,
+  float32 on CPU, resolved by each rank's device): autocast for one rank and DDP,
   FSDP2's `MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)` for `strategy: fsdp`. Frozen
   models (the reference) have no optimiser and are stored in `model.dtype` directly.
 - Batches are built on the host in pinned memory (with a GPU) and copied with `non_blocking`.
+- On a GPU (`cuda_defaults`): TF32 for the float32 matmuls that remain (`trainer.tf32`), and
+  `PYTORCH_CUDA_ALLOC_CONF` from `trainer.cuda_alloc_conf` unless the environment sets it
+  (learner/launch.py sets it before torch allocates).
 - Optimisers are AdamW with torch's fused kernel (`adamw`): one pass over every tensor instead of
   a Python loop over them, on CPU and GPU alike.
 """
@@ -23,6 +27,7 @@ from contextlib import AbstractContextManager, nullcontext
 import torch
 
 from rollflash.broker.config_errors import ConfigError
+from rollflash.broker.config_model import resolve_model_dtype
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -47,16 +52,61 @@ def process_group_backend(device: torch.device) -> str:
     return "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"
 
 
-def compute_dtype(model_dtype: str) -> torch.dtype:
-    return DTYPES[model_dtype]
+def resolved_dtype(model_dtype: str, device: torch.device) -> str:
+    """`model.dtype` on `device`: auto is bfloat16 on a GPU, float32 on CPU."""
+    return resolve_model_dtype(model_dtype, device.type == "cuda")
 
 
 def autocast(device: torch.device, model_dtype: str) -> AbstractContextManager:
-    """bf16 autocast around a forward pass when `model.dtype` is bfloat16 and the module's
-    parameters are float32 masters (one rank, DDP); a no-op for float32."""
+    """bf16 autocast around a forward pass when `model.dtype` is bfloat16 (or auto on a GPU)
+    and the module's parameters are float32 masters (one rank, DDP); a no-op for float32."""
+    model_dtype = resolved_dtype(model_dtype, device)
     if model_dtype == "float32":
         return nullcontext()
-    return torch.autocast(device_type=device.type, dtype=compute_dtype(model_dtype))
+    return torch.autocast(device_type=device.type, dtype=DTYPES[model_dtype])
+
+
+def cuda_defaults(device: torch.device, tf32: bool) -> None:
+    """On a GPU: TF32 tensor cores for float32 matmuls (`trainer.tf32`; 10 mantissa bits
+    instead of 23 where bf16 autocast leaves float32, e.g. the critic's value head). Nothing on
+    CPU, where "high" precision could pick reduced-precision kernels of its own."""
+    if device.type == "cuda":
+        torch.set_float32_matmul_precision("high" if tf32 else "highest")
+
+
+ALLOC_VARS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")  # torch reads either
+
+
+def set_alloc_conf(setting: str, environ: dict[str, str] | None = None) -> str:
+    """Set PYTORCH_CUDA_ALLOC_CONF to `trainer.cuda_alloc_conf` unless the environment sets
+    the allocator's configuration already (or `setting` is empty); call before the first CUDA
+    allocation, which reads it. Returns what the allocator gets, for the start-up line."""
+    env = os.environ if environ is None else environ
+    for name in ALLOC_VARS:
+        if name in env:
+            return f"{name}={env[name]} (environment)"
+    if not setting:
+        return "torch's default allocator"
+    env["PYTORCH_CUDA_ALLOC_CONF"] = setting
+    return f"PYTORCH_CUDA_ALLOC_CONF={setting}"
+
+
+def startup_line(cfg, rank: int, world: int, device: torch.device, policy, alloc: str) -> str:
+    """The learner's settings as this rank resolved them (`rollctl config show` has the keys)."""
+    t = cfg.trainer
+    dtype = resolved_dtype(cfg.model.dtype, device)
+    parts = [f"learner rank {rank}/{world} on {device}", f"model.dtype {dtype} ({cfg.model.dtype})"]
+    if world > 1:
+        fsdp = f", reduce-scatter {t.fsdp_reduce_scatter}" if t.strategy == "fsdp" else ""
+        parts.append(f"strategy {t.strategy}{fsdp}, dist_timeout_s {t.dist_timeout_s:g}")
+    checkpointing = bool(getattr(policy, "is_gradient_checkpointing", False))
+    parts.append(
+        f"gradient checkpointing {'on' if checkpointing else 'off'} ({t.gradient_checkpointing})"
+    )
+    parts.append("non-finite updates skipped")  # learner/train.py: never stepped on
+    if device.type == "cuda":
+        parts.append(f"tf32 {'on' if t.tf32 else 'off'}, {alloc}")
+    return "; ".join(parts)
 
 
 def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:

@@ -6,6 +6,11 @@ never touches torch.distributed. On CPU the group is gloo; on GPUs each rank fir
 cuda:LOCAL_RANK, then joins one group with gloo for CPU tensors and NCCL for CUDA tensors
 (learner/device.py), so the small CPU collectives here (counts, ids, metrics) keep working.
 
+Every collective and barrier waits at most `trainer.dist_timeout_s` (the process group's timeout,
+for gloo and NCCL alike); a rank whose peer stalled or died then ends with one line naming itself
+and the operation (`CollectiveTimeout`) instead of waiting forever. NCCL's watchdog reports its
+own collectives' timeouts in the same terms ("[Rank r] ... OpType=ALLREDUCE ... timing out").
+
 Rank 0 is the only rank that issues prompts, publishes weights and writes the checkpoint's model
 files; every rank reads trajectories as its own consumer `rank{r}` of the learner group and
 acknowledges only its own entries.
@@ -14,16 +19,31 @@ acknowledges only its own entries.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import torch
 import torch.distributed as torch_dist
 from torch.nn.parallel import DistributedDataParallel
 
-from rollflash.learner.device import DTYPES, autocast, process_group_backend, resolve_device
+from rollflash.errors import RollflashError
+from rollflash.learner.device import (
+    DTYPES,
+    autocast,
+    process_group_backend,
+    resolve_device,
+    resolved_dtype,
+)
+
+# how torch's backends word a wait that ended because a peer stalled or went away
+_PEER_TROUBLE = ("timed out", "timeout", "connection closed", "connection reset", "broken pipe")
+
+
+class CollectiveTimeout(RollflashError, TimeoutError):
+    """A collective this rank waited in ended because another rank stalled or died."""
 
 
 @dataclass(frozen=True)
@@ -31,6 +51,23 @@ class Dist:
     rank: int = 0
     world_size: int = 1
     device: torch.device = torch.device("cpu")  # where this rank's models and batches live
+    timeout_s: float = 600.0  # trainer.dist_timeout_s: how long a collective may wait
+
+    @contextmanager
+    def waiting(self, operation: str) -> Iterator[None]:
+        """Name `operation` in the one-line error of a collective inside that timed out or lost
+        its peer (torch raises a RuntimeError that names neither the rank nor the operation)."""
+        try:
+            yield
+        except RuntimeError as e:
+            cause = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            if self.world_size == 1 or not any(w in cause.lower() for w in _PEER_TROUBLE):
+                raise
+            raise CollectiveTimeout(
+                f"rank {self.rank} of {self.world_size}: {operation} ended after waiting for "
+                f"the other ranks (trainer.dist_timeout_s = {self.timeout_s:g} s): another "
+                f"rank stalled or died ({cause.rpartition('] ')[2]})"
+            ) from None
 
     @property
     def is_main(self) -> bool:
@@ -46,7 +83,8 @@ class Dist:
         if self.world_size == 1:
             return [obj]
         out: list[Any] = [None] * self.world_size
-        torch_dist.all_gather_object(out, obj)
+        with self.waiting("all_gather_object (Dist.gather)"):
+            torch_dist.all_gather_object(out, obj)
         return out
 
     def sum(self, value: float) -> float:
@@ -57,36 +95,43 @@ class Dist:
         if self.world_size == 1:
             return [float(v) for v in values]
         t = torch.tensor([float(v) for v in values], dtype=torch.float64)
-        torch_dist.all_reduce(t)
+        with self.waiting("all_reduce (Dist.sums)"):
+            torch_dist.all_reduce(t)
         return t.tolist()
 
-    def barrier(self) -> None:
+    def barrier(self, operation: str = "barrier") -> None:
         if self.world_size > 1:
-            torch_dist.barrier()
+            with self.waiting(operation):
+                torch_dist.barrier()
 
     def close(self) -> None:
         if self.world_size > 1 and torch_dist.is_initialized():
-            torch_dist.barrier()  # a rank that tears down early can leave the others hanging
+            self.barrier("barrier before shutdown")  # an early teardown can hang the others
             torch_dist.destroy_process_group()
 
 
-def init_dist(device: str = "auto") -> Dist:
+def init_dist(device: str = "auto", timeout_s: float = 600.0) -> Dist:
     """Join the process group torchrun describes in the environment, if any, on this rank's
-    device (`trainer.device`: auto | cpu | cuda, learner/device.py)."""
+    device (`trainer.device`: auto | cpu | cuda, learner/device.py), every collective waiting
+    at most `timeout_s` (`trainer.dist_timeout_s`)."""
     dev = resolve_device(device, int(os.environ.get("LOCAL_RANK", "0")))
     if dev.type == "cuda":
         torch.cuda.set_device(dev)  # before the group: NCCL binds the current device
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world == 1:
-        return Dist(device=dev)
+        return Dist(device=dev, timeout_s=timeout_s)
     from rollflash.broker.redis_server import die_with_parent
 
     die_with_parent()  # a rank must not outlive torchrun's agent (kill -9 of the learner)
     if not torch_dist.is_initialized():
+        # the timeout is explicit: the two-backend string would get torch's generic 30 minutes
         torch_dist.init_process_group(
-            process_group_backend(dev), device_id=dev if dev.type == "cuda" else None
+            process_group_backend(dev),
+            device_id=dev if dev.type == "cuda" else None,
+            timeout=timedelta(seconds=timeout_s),
         )
-    return Dist(rank=torch_dist.get_rank(), world_size=torch_dist.get_world_size(), device=dev)
+    rank, world = torch_dist.get_rank(), torch_dist.get_world_size()
+    return Dist(rank=rank, world_size=world, device=dev, timeout_s=timeout_s)
 
 
 def split_quotas(counts: list[int], total: int) -> list[int]:
@@ -113,6 +158,7 @@ def wrap_model(
     (`ddp`: a full replica per rank, gradients all-reduced); or FSDP2 (`fsdp`, `shard`)."""
     if dist.world_size == 1:
         return policy
+    model_dtype = resolved_dtype(model_dtype, dist.device)
     if strategy == "ddp":
         ids = [dist.device.index] if dist.device.type == "cuda" else None
         return DistributedDataParallel(policy, device_ids=ids)

@@ -3,7 +3,14 @@ and, with `eval.n_samples` = k > 0, k sampled responses per item scored for mean
 and pass@k (`sampled_eval`). A response is correct when its reward is at least `eval.threshold`
 (1.0 by default: the built-in tasks and verifiers give 1 for a right answer).
 
-It runs in the learner, on rank 0, between steps: the learner already holds the newest weights,
+It runs in the learner between steps, on rank 0, or with sharded weights (FSDP) on every rank,
+each generating for its share of the items (item i on rank i mod N) with `synced_gpus`: a rank
+whose sequences are done keeps taking part in the forward passes (and their all-gathers) until
+every rank's are, and every rank makes as many `generate` calls as the busiest one (an idle
+rank generates for a one-token prompt), so ranks that stop at different lengths never wait on
+each other's collectives. The accuracy and the records are those of one rank over all items.
+
+The learner evaluates between steps: the learner already holds the newest weights,
 so no version has to be loaded anywhere else, and generators keep sampling for the next steps
 meanwhile (asynchrony absorbs the pause). A generator-side evaluation would take a generator
 away from rollouts and need its own result channel.
@@ -20,6 +27,7 @@ response: {"eval": "greedy" | "sampled", "id", "sample" (0..k-1), "prompt", "res
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 
 import torch
 
@@ -33,6 +41,7 @@ from rollflash.envs import (
     response_text,
 )
 from rollflash.envs.chat import encode_prompts
+from rollflash.learner.dist import Dist
 
 EVAL_EPISODE_TOKENS = 1024  # response budget of an evaluation episode (also capped by the model)
 
@@ -47,37 +56,79 @@ def heldout_accuracy(
     batch_size: int = 64,
     threshold: float = 1.0,
     record: list[dict] | None = None,
+    dist: Dist | None = None,
 ) -> float:
     """Fraction of `items` answered correctly with greedy decoding (a reward of at least
     `threshold`), or of held-out episodes solved, for a multi-turn environment; the generations
-    are appended to `record` (module docstring)."""
+    are appended to `record` (module docstring). `dist`: the ranks of a sharded `model`, each of
+    which calls this with the same arguments (None: this process alone)."""
     if is_multi_turn(task):
-        return heldout_success(model, tokenizer, task, items, max_new_tokens, batch_size)
+        return heldout_success(model, tokenizer, task, items, max_new_tokens, batch_size, dist)
     model.eval()
-    pad_id = (
-        tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    )
-    correct = 0
-    for start in range(0, len(items), batch_size):
-        chunk = items[start : start + batch_size]
-        ids, attention = _left_pad(encode_prompts(tokenizer, [it.prompt for it in chunk]), pad_id)
-        out = model.generate(
-            input_ids=ids.to(model.device),
-            attention_mask=attention.to(model.device),
-            do_sample=False,
-            max_new_tokens=max_new_tokens,
-            pad_token_id=pad_id,
-            eos_token_id=tokenizer.eos_token_id,
-        )
-        texts = [
-            response_text(tokenizer, row, tokenizer.eos_token_id)
-            for row in out[:, ids.shape[1] :].tolist()
-        ]
-        for it, text in zip(chunk, texts):
+    ranks = dist if dist is not None and dist.world_size > 1 else None
+    mine = list(enumerate(items))
+    if ranks is not None:
+        mine = mine[ranks.rank :: ranks.world_size]
+    correct, rows = 0, []
+    for chunk in _batches(mine, batch_size, ranks):
+        texts = _greedy(model, tokenizer, [it.prompt for _, it in chunk], max_new_tokens, ranks)
+        for (i, it), text in zip(chunk, texts):
             reward = task.score(it, text)
             correct += reward >= threshold
-            _record(record, "greedy", it, 0, text, reward, threshold)
+            rows.append((i, text, reward))
+    if ranks is not None:
+        correct = int(ranks.sum(correct))
+        rows = sorted((r for rank in ranks.gather(rows) for r in rank), key=lambda r: r[0])
+    for i, text, reward in rows:
+        _record(record, "greedy", items[i], 0, text, reward, threshold)
     return correct / max(len(items), 1)
+
+
+def _batches(rows: list, batch_size: int, ranks: Dist | None) -> Iterator[list]:
+    """`rows` in batches of `batch_size`; with ranks, as many batches on every rank as on the
+    busiest one (empty past this rank's own), since their `generate` calls run in step."""
+    count = -(-len(rows) // batch_size)
+    if ranks is not None:
+        count = max(ranks.gather(count))
+    for b in range(count):
+        yield rows[b * batch_size : (b + 1) * batch_size]
+
+
+def _greedy(
+    model: torch.nn.Module, tokenizer, prompts: list[str], max_new_tokens: int, ranks: Dist | None
+) -> list[str]:
+    """Greedy responses (text) to `prompts` in one `generate` call (`_greedy_ids`)."""
+    contexts = encode_prompts(tokenizer, prompts) if prompts else []
+    rows = _greedy_ids(model, tokenizer, contexts, max_new_tokens, ranks)
+    return [response_text(tokenizer, r, tokenizer.eos_token_id) for r in rows]
+
+
+def _greedy_ids(
+    model: torch.nn.Module,
+    tokenizer,
+    contexts: list[list[int]],
+    max_new_tokens: int,
+    ranks: Dist | None,
+) -> list[list[int]]:
+    """Greedy response ids to token `contexts`, in one `generate` call; with ranks it runs in
+    step with theirs (`synced_gpus`), and an empty batch generates for a one-token prompt whose
+    answer is dropped."""
+    pad_id = _pad_id(tokenizer)
+    ids, attention = _left_pad(contexts or [[pad_id]], pad_id)
+    out = model.generate(
+        input_ids=ids.to(model.device),
+        attention_mask=attention.to(model.device),
+        do_sample=False,
+        max_new_tokens=max_new_tokens,
+        pad_token_id=pad_id,
+        eos_token_id=tokenizer.eos_token_id,
+        synced_gpus=ranks is not None,
+    )
+    return out[: len(contexts), ids.shape[1] :].tolist()
+
+
+def _pad_id(tokenizer) -> int:
+    return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
 
 
 def _record(
@@ -133,9 +184,7 @@ def sampled_eval(
     `torch.random.fork_rng`, so evaluating never changes the training run's random stream.
     The generations are appended to `record` (module docstring)."""
     model.eval()
-    pad_id = (
-        tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    )
+    pad_id = _pad_id(tokenizer)
     rewards: list[list[float]] = []
     per_batch = max(1, batch_size // n_samples)
     with torch.random.fork_rng(devices=[]):
@@ -190,20 +239,21 @@ def heldout_success(
     items: list[Item],
     max_new_tokens: int,
     batch_size: int = 64,
+    dist: Dist | None = None,
 ) -> float:
-    """Fraction of held-out episodes (item.answer = seed) that end in success with greedy actions."""
+    """Fraction of held-out episodes (item.answer = seed) that end in success with greedy actions;
+    with the ranks of a sharded model each plays its share (item i on rank i mod N) in step."""
     model.eval()
     encode = (
         chat_encoder(tokenizer)
         if getattr(tokenizer, "chat_template", None)
         else plain_encoder(tokenizer)
     )
-    pad_id = (
-        tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    )
+    ranks = dist if dist is not None and dist.world_size > 1 else None
+    mine = items[ranks.rank :: ranks.world_size] if ranks is not None else items
     limit = getattr(model.config, "max_position_embeddings", None) or 10**9
     episodes = []
-    for it in items:
+    for it in mine:
         ep = Episode(
             env=task.make_env(),
             seed=int(it.answer),
@@ -215,24 +265,17 @@ def heldout_success(
         episodes.append(ep)
     while True:
         active = [ep for ep in episodes if not ep.done]
-        if not active:
+        if not (ranks.sum(len(active)) if ranks is not None else active):
             break
-        for start in range(0, len(active), batch_size):
-            chunk = active[start : start + batch_size]
-            ids, attention = _left_pad([ep.context for ep in chunk], pad_id)
-            out = model.generate(
-                input_ids=ids.to(model.device),
-                attention_mask=attention.to(model.device),
-                do_sample=False,
-                max_new_tokens=max_new_tokens,
-                pad_token_id=pad_id,
-                eos_token_id=tokenizer.eos_token_id,
-            )
-            for ep, row in zip(chunk, out[:, ids.shape[1] :].tolist()):
+        for chunk in _batches(active, batch_size, ranks):
+            contexts = [ep.context for ep in chunk]
+            rows = _greedy_ids(model, tokenizer, contexts, max_new_tokens, ranks)
+            for ep, row in zip(chunk, rows):
                 if tokenizer.eos_token_id in row:
                     row = row[: row.index(tokenizer.eos_token_id) + 1]
                 text = response_text(tokenizer, row, tokenizer.eos_token_id)
                 ep.act(row, [0.0] * len(row), [0] * len(row), text)
     for ep in episodes:
         ep.close()
-    return sum(ep.success for ep in episodes) / max(len(episodes), 1)
+    solved = sum(ep.success for ep in episodes)
+    return (ranks.sum(solved) if ranks is not None else solved) / max(len(items), 1)

@@ -127,15 +127,18 @@ def learner_step(ln: Learner) -> dict[str, float]:
     batch = ln.collector.collect(state.step, state.version)
     pause_point("after_read", state.step + 1)
     trained = time.monotonic()
-    stats = train(ln, batch)
+    with ln.dist.waiting(f"the model's collectives in training step {state.step + 1}"):
+        stats = train(ln, batch)
     train_s = time.monotonic() - trained
     state.step += 1
     state.version += 1
-    publish_s = publish(ln, state.version, state.step)
+    with ln.dist.waiting(f"gathering the weights of version {state.version}"):
+        publish_s = publish(ln, state.version, state.step)
     record(ln, batch)
     add_to_history(ln, batch)  # before the checkpoint, which holds the history
     pause_point("after_update", state.step)
-    checkpoint_s = make_durable(ln)
+    with ln.dist.waiting(f"the checkpoint of step {state.step}"):
+        checkpoint_s = make_durable(ln)
     wall = {
         "step_s": time.monotonic() - t0,
         "train_s": train_s,

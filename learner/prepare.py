@@ -48,7 +48,7 @@ from rollflash.learner.batch import (
     turn_inputs,
 )
 from rollflash.learner.critic import Critic, build_critic
-from rollflash.learner.device import DTYPES, batch_to_device
+from rollflash.learner.device import DTYPES, batch_to_device, resolved_dtype
 from rollflash.learner.dist import Dist, compute_context, is_sharded
 from rollflash.learner.filters import group_scores, truncated
 from rollflash.learner.global_stats import global_mean, normalize_scores, whiten
@@ -85,7 +85,7 @@ def build_algo_models(
     elif cfg.algo.kl_coef > 0:
         models.reference = ReferencePolicy.load(
             model_directory(cfg.model.path),
-            cfg.model.dtype,
+            resolved_dtype(cfg.model.dtype, dist.device),
             dist,
             fsdp,
             cfg.model.attn_implementation,

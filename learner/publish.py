@@ -38,7 +38,7 @@ from rollflash.errors import RunDirInUse
 from rollflash.learner.checkpoint import rng_state
 from rollflash.learner.checkpoint_io import Trainables
 from rollflash.learner.collect import Collected
-from rollflash.learner.device import DTYPES
+from rollflash.learner.device import DTYPES, resolved_dtype
 from rollflash.learner.dist import Destination, is_sharded
 from rollflash.learner.ledger import acked_since, refs_of
 from rollflash.learner.lora import published_weights
@@ -132,11 +132,12 @@ class Publisher:
                 self._writer.close()
 
 
-def publish_dtype(cfg: Config) -> torch.dtype:
-    """`trainer.publish_dtype`; auto is `model.dtype`, so a float32 run publishes exactly the
-    weights it trains (the generators' log-probs then match the learner's)."""
+def publish_dtype(cfg: Config, device: torch.device) -> torch.dtype:
+    """`trainer.publish_dtype`; auto is `model.dtype` on the learner's `device`, so a float32
+    run publishes exactly the weights it trains (the generators' log-probs then match the
+    learner's)."""
     name = cfg.trainer.publish_dtype
-    return DTYPES[cfg.model.dtype if name == "auto" else name]
+    return DTYPES[resolved_dtype(cfg.model.dtype, device) if name == "auto" else name]
 
 
 def publish(ln: Learner, version: int, step: int) -> float:
@@ -150,7 +151,8 @@ def publish(ln: Learner, version: int, step: int) -> float:
     copy = ln.publisher is not None and ln.publisher.threaded
     into = ln.publisher.buffers() if ln.publisher is not None and ln.dist.is_main else None
     # full weights (merged with LoRA), or the adapter and its config (learner/lora.py)
-    weights, adapter = published_weights(model, ln.cfg, publish_dtype(ln.cfg), copy, into)
+    dtype = publish_dtype(ln.cfg, ln.dist.device)
+    weights, adapter = published_weights(model, ln.cfg, dtype, copy, into)
     if ln.publisher is None:
         return 0.0
     ln.publisher.publish(weights, version, step, adapter)

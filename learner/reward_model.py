@@ -42,7 +42,7 @@ from rollflash.broker.model_dir import model_directory
 from rollflash.broker.process import setup_process
 from rollflash.broker.rm_input import reward_model_input_ids
 from rollflash.errors import BadInput
-from rollflash.learner.device import adamw, autocast, to_device
+from rollflash.learner.device import adamw, autocast, cuda_defaults, set_alloc_conf, to_device
 from rollflash.learner.dist import Dist, init_dist
 from rollflash.learner.preferences import (
     PreferenceFileError,
@@ -272,7 +272,7 @@ def train_reward_model(cfg: Config, dist: Dist | None = None) -> dict[str, Any]:
     ranks (default: join the process group torchrun describes, if any)."""
     from rollflash.learner.metrics import MetricsSink
 
-    rm, dist = cfg.rm, dist or init_dist(cfg.trainer.device)
+    rm, dist = cfg.rm, dist or init_dist(cfg.trainer.device, cfg.trainer.dist_timeout_s)
     if rm.train_batch_size % dist.world_size:
         raise BadInput(
             f"rm.train_batch_size: {rm.train_batch_size} does not split over "
@@ -346,7 +346,9 @@ def _save(model: torch.nn.Module, tokenizer: Any, cfg: Config, summary: dict[str
 
 def run(cfg: Config) -> dict[str, Any]:
     """Process entry point of `rollctl train-rm`."""
-    dist = init_dist(cfg.trainer.device)
+    set_alloc_conf(cfg.trainer.cuda_alloc_conf)  # the learner's GPU defaults (learner/device.py)
+    dist = init_dist(cfg.trainer.device, cfg.trainer.dist_timeout_s)
+    cuda_defaults(dist.device, cfg.trainer.tf32)
     setup_process(f"rm:{dist.rank}", seed=cfg.run.seed, torch_threads=cfg.run.torch_threads)
     try:
         return train_reward_model(cfg, dist)

@@ -28,9 +28,19 @@ seq-mean modes).
 
 With several ranks (learner/dist.py) the shares are of the mini-batch's total over all ranks, and
 each rank's loss is multiplied by the world size because DDP and FSDP average gradients: the
-summed gradient is then exactly the one-rank gradient of the whole mini-batch. Gradients are
-synchronised once per update, on a rank's last micro-batch; a rank with less data runs
-zero-weighted passes so that it still takes part in the collectives. Batch-level statistics
+summed gradient is then exactly the one-rank gradient of the whole mini-batch. DDP synchronises
+gradients once per update, on a rank's last micro-batch. FSDP reduce-scatters them after every
+micro-batch (`trainer.fsdp_reduce_scatter: every_micro_batch`), so a rank only ever holds its
+shard of the gradient (4 bytes a parameter / N); `last_micro_batch` reduce-scatters once per
+update, at the cost of a full unsharded float32 gradient on every rank in between (+4 bytes a
+parameter). A rank with less data runs zero-weighted passes so that it still takes part in the
+collectives.
+
+A gradient whose norm is not finite (inf or NaN: an overflow, a poisoned batch) is not stepped
+on: the update is skipped on every rank, its gradient dropped, and it is counted
+(`optim/nonfinite_skipped`, the step's skipped updates) and logged. The norm is over the whole
+model on every rank (DDP's gradients are all-reduced, FSDP's norm is a full DTensor), so the
+ranks agree. Batch-level statistics
 (`reward_norm: batch` and `running`, `whiten_advantages`, the batch metrics) are over every rank's
 groups (learner/global_stats.py), so N ranks prepare exactly the advantages one rank would;
 group-level estimators (GRPO, RLOO, ...) need no other rank.
@@ -44,6 +54,8 @@ and the backward pass follows the forward's dtypes. Log-probs are float32 for th
 
 from __future__ import annotations
 
+import logging
+import math
 from collections.abc import Callable
 from contextlib import nullcontext
 
@@ -66,6 +78,8 @@ from rollflash.learner.dist import Dist, compute_context, is_sharded
 from rollflash.learner.filters import filter_groups
 from rollflash.learner.logprobs import token_logprobs
 from rollflash.learner.prepare import AlgoModels, prepare_batch
+
+log = logging.getLogger(__name__)
 
 
 def norm_len(cfg: Config) -> float:
@@ -134,17 +148,19 @@ def _backward(
     loss_fn: Callable[[MicroBatch], tuple[torch.Tensor, dict]],
     dummy_loss: Callable[[], torch.Tensor],
     model_dtype: str = "float32",
+    sync_every_pass: bool = True,
 ) -> _MetricMeans:
-    """Backward every micro-batch's share-weighted loss, synchronising gradients on the last pass
-    only. DDP communicates only in that pass, so a rank without data runs one zero-weighted pass;
-    FSDP gathers parameters in every pass, so all ranks run as many passes as the busiest one."""
+    """Backward every micro-batch's share-weighted loss. DDP synchronises gradients in the last
+    pass only, so a rank without data runs one zero-weighted pass; FSDP gathers parameters in
+    every pass, so all ranks run as many passes as the busiest one, and reduce-scatters the
+    gradients in every pass (`sync_every_pass`) or in the last."""
     means = _MetricMeans()
     ddp, sharded = isinstance(model, DistributedDataParallel), is_sharded(model)
     passes = max(dist.gather(len(batch))) if sharded else max(len(batch), 1)
     for i in range(passes):
         last = i == passes - 1
         if sharded:
-            model.set_requires_gradient_sync(last)
+            model.set_requires_gradient_sync(last or sync_every_pass)
         with model.no_sync() if ddp and not last else nullcontext():
             with compute_context(model, dist, model_dtype):
                 loss, metrics = loss_fn(batch[i]) if i < len(batch) else (dummy_loss() * 0.0, {})
@@ -226,15 +242,24 @@ def policy_loss(
     return total, metrics
 
 
-def _clip_and_step(params, optimizer: torch.optim.Optimizer, max_grad_norm: float) -> float:
+def _clip_and_step(
+    params, optimizer: torch.optim.Optimizer, max_grad_norm: float, name: str = "policy"
+) -> tuple[float, bool]:
+    """Clip the gradient and step; (its norm, whether the step was made). A norm that is not
+    finite skips the step and drops the gradient (module docstring)."""
     params = list(params)
     grad_norm = torch.nn.utils.clip_grad_norm_(
         params, max_grad_norm if max_grad_norm > 0 else float("inf")
     )
-    optimizer.step()
     if hasattr(grad_norm, "full_tensor"):  # FSDP: a DTensor (the norm over all shards)
         grad_norm = grad_norm.full_tensor()
-    return float(grad_norm)
+    norm = float(grad_norm)
+    if not math.isfinite(norm):
+        optimizer.zero_grad(set_to_none=True)
+        log.warning("%s gradient norm is %s: update skipped (optim/nonfinite_skipped)", name, norm)
+        return norm, False
+    optimizer.step()
+    return norm, True
 
 
 def policy_update(
@@ -254,9 +279,14 @@ def policy_update(
         lambda mb: policy_loss(model, mb, cfg),
         lambda: model(*dummy_input(dist.device)).logits.sum(),
         cfg.model.dtype,
+        cfg.trainer.fsdp_reduce_scatter == "every_micro_batch",
     )
-    grad_norm = _clip_and_step(model.parameters(), optimizer, cfg.trainer.max_grad_norm)
-    return {**means.values, "optim/grad_norm": grad_norm}
+    grad_norm, stepped = _clip_and_step(model.parameters(), optimizer, cfg.trainer.max_grad_norm)
+    return {
+        **means.values,
+        "optim/grad_norm": grad_norm,
+        "optim/nonfinite_skipped": float(not stepped),
+    }
 
 
 def critic_update(
@@ -287,9 +317,16 @@ def critic_update(
         loss_fn,
         lambda: critic(*dummy_input(dist.device)).sum(),
         cfg.model.dtype,
+        cfg.trainer.fsdp_reduce_scatter == "every_micro_batch",
     )
-    grad_norm = _clip_and_step(critic.parameters(), optimizer, cfg.trainer.max_grad_norm)
-    return {**means.values, "critic/grad_norm": grad_norm}
+    grad_norm, stepped = _clip_and_step(
+        critic.parameters(), optimizer, cfg.trainer.max_grad_norm, "critic"
+    )
+    return {
+        **means.values,
+        "critic/grad_norm": grad_norm,
+        "critic/nonfinite_skipped": float(not stepped),
+    }
 
 
 def train_step(
@@ -328,7 +365,16 @@ def train_step(
             if models.critic is not None:
                 update.update(critic_update(models, mini, cfg, dist))
             updates.append(update)
-    return {**stats, **mean_over_updates(updates), "optim/updates": float(len(updates))}
+    skipped = {  # counts over the step's updates, not means
+        k: sum(u[k] for u in updates) for k in ("optim/nonfinite_skipped", "critic/nonfinite_skipped")
+        if k in updates[0]
+    }  # fmt: skip
+    return {
+        **stats,
+        **mean_over_updates(updates),
+        **skipped,
+        "optim/updates": float(len(updates)),
+    }
 
 
 def mean_over_updates(updates: list[dict[str, float]]) -> dict[str, float]:

@@ -76,6 +76,7 @@ def guarded(fn, *args):
     `--debug` prints the traceback of the project's errors too."""
     from rollflash.envs.reward_functions import RewardFunctionFailed
     from rollflash.errors import RollflashError
+    from rollflash.generators.engine import EngineUnavailable
     from rollflash.rollctl.local import EXIT_RUN_FATAL
 
     try:
@@ -83,7 +84,8 @@ def guarded(fn, *args):
     except RollflashError as e:
         if os.environ.get(DEBUG_ENV):
             traceback.print_exc()
-        code = EXIT_RUN_FATAL if isinstance(e, RewardFunctionFailed) else 2
+        fatal = isinstance(e, (RewardFunctionFailed, EngineUnavailable))  # every generator's
+        code = EXIT_RUN_FATAL if fatal else 2
         fail(str(e).splitlines()[0] if str(e) else e.__class__.__name__, code)
     except KeyboardInterrupt:
         typer.echo("rollctl: interrupted", err=True)

@@ -44,7 +44,8 @@ from rollflash.rollctl.find import is_embedded
 from rollflash.rollctl.progress import StepProgress, read_new_rows, terminal_progress
 
 # exit code of a generator whose failure every other generator would meet too (a reward
-# function failing on whole batches): `rollctl run` stops the run on it
+# function failing on whole batches, an engine that is not installed): `rollctl run` stops the
+# run on it
 EXIT_RUN_FATAL = 3
 EXIT_INTERRUPTED = 130  # Ctrl-C, as a shell reports SIGINT
 KEEP_LOGS = 3  # earlier logs of each process kept beside its current one (learner.log.1, ...)

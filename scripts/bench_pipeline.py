@@ -60,8 +60,8 @@ from rollflash.envs import task_from_config  # noqa: E402
 from rollflash.generators.hf_engine import HFEngine  # noqa: E402
 from rollflash.generators.rollout import to_trajectory  # noqa: E402
 from rollflash.generators.sampling import SamplingParams  # noqa: E402
-from rollflash.learner.build import load_policy  # noqa: E402
 from rollflash.learner.device import adamw  # noqa: E402
+from rollflash.learner.policy import load_policy  # noqa: E402
 from rollflash.learner.prepare import AlgoModels, prepare_batch  # noqa: E402
 from rollflash.learner.train import train_step  # noqa: E402
 

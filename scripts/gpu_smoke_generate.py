@@ -11,10 +11,10 @@ initialised model of Qwen2-0.5B's shape (hidden 896, 24 layers, 14 heads / 2 KV 
   learner's recomputation (`learner.logprobs.token_logprobs` over the same tokens, same model and
   dtype), max and mean |difference| over response tokens.
 
-Prints one JSON line. Needs only torch, transformers and safetensors besides this repository (not
-installed is fine: the role folders are mapped onto the `rollflash` namespace here, as setup.cfg
-does). `--device cpu --small` runs the tiny model only, with small batches: a smoke test of the
-script itself (tests/unit/test_gpu_smoke_script.py).
+Prints one JSON line. Needs the GPU test machine's packages and the carried wheels (docs/gpu.md),
+and this repository, installed or not (scripts/checkout.py). `--device cpu --small` runs the
+tiny model only, with small batches: a smoke test of the script itself (scripts/gpu_check.py
+--dry-run, tests/e2e/test_gpu_check.py).
 
     python scripts/gpu_smoke_generate.py                  # on a GPU machine
     python scripts/gpu_smoke_generate.py --device cpu --small
@@ -35,6 +35,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 
+from checkout import use_checkout  # noqa: E402
+
 QWEN2_05B = dict(
     hidden_size=896,
     intermediate_size=4864,
@@ -47,17 +49,6 @@ TINY = dict(
     hidden_size=64, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2,
     num_key_value_heads=2,
 )  # fmt: skip
-
-
-def import_rollflash() -> None:
-    """Use the installed package, or map rollflash.<folder> onto this checkout's folders."""
-    try:
-        import rollflash.generators  # noqa: F401
-    except ImportError:
-        sys.path.insert(0, str(ROOT))
-        import rollflash
-
-        rollflash.__path__.append(str(ROOT))
 
 
 def build(out: Path, shape: dict[str, int], dtype: torch.dtype) -> Path:
@@ -176,7 +167,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args.batches = [1, 4] if args.small else [int(b) for b in args.batches.split(",")]
     if args.small:
         args.max_new_tokens = min(args.max_new_tokens, 8)
-    import_rollflash()
+    use_checkout()
     torch.manual_seed(0)
     result: dict[str, Any] = {
         "device": args.device,

@@ -30,10 +30,11 @@ def test_unknown_key_names_the_key(tmp_path):
     assert out.returncode == 2
     assert out.stderr.strip().splitlines() == [
         "rollctl: error: trainer.actor_lrr: unknown key (known: actor_lr, async_ratio, "
-        "background_publish, checkpoint_every, compile, device, gradient_checkpointing, "
-        "keep_versions, logprob_chunk, logprob_dtype, lr_schedule, lr_warmup_steps, "
-        "max_grad_norm, micro_batch_size, num_trainer_workers, ppo_epochs, ppo_mini_batches, "
-        "publish, publish_dtype, rollout_batch_size, strategy, token_budget, total_steps, "
+        "background_publish, checkpoint_every, compile, cuda_alloc_conf, device, "
+        "dist_timeout_s, fsdp_reduce_scatter, gradient_checkpointing, keep_versions, "
+        "logprob_chunk, logprob_dtype, lr_schedule, lr_warmup_steps, max_grad_norm, "
+        "micro_batch_size, num_trainer_workers, ppo_epochs, ppo_mini_batches, publish, "
+        "publish_dtype, rollout_batch_size, strategy, tf32, token_budget, total_steps, "
         "wait_timeout_s, weight_decay)"
     ]
 
@@ -67,6 +68,28 @@ def test_generator_gives_up_on_unreachable_redis_with_a_clear_message(tmp_path):
 def test_learner_without_redis_url_says_so():
     out = _rollctl("start-learner")
     assert out.returncode == 2 and "redis.url: not set" in out.stderr
+
+
+def test_a_missing_engine_stops_rollctl_run_at_once_naming_the_install(tmp_path, tiny_model_dir):
+    # the main suite's .venv has no vLLM (it lives in .venv-vllm: make install-vllm)
+    import importlib.util
+
+    assert importlib.util.find_spec("vllm") is None, "this test needs a Python without vLLM"
+    # the learner would wait trainer.wait_timeout_s (600 s) for trajectories; the 120 s limit
+    # of _rollctl shows that the run stopped without waiting it out
+    out = _rollctl(
+        "run",
+        *("--engine", "vllm", "--generators", "1"),
+        *("--set", f"model.path={tiny_model_dir}", "--set", f"run.run_dir={tmp_path / 'run'}"),
+        timeout=120,
+    )
+    assert out.returncode == 3, out.stderr[-2000:]
+    (line,) = [ln for ln in out.stdout.splitlines() if ln.startswith("generator gen-0 exited")]
+    assert line.startswith(
+        "generator gen-0 exited with 3: rollctl: error: rollout.engine: vllm is not installed in "
+    )
+    assert 'pip install -e ".[vllm]"' in line and "make install-vllm" in line
+    assert out.stderr.strip().splitlines()[-1] == "stopping the run"
 
 
 # `rollctl start-learner` with the learner's loop replaced by one that fails the way training

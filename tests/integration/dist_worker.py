@@ -11,11 +11,15 @@ adapter).
         STAGES_JSON
 
 STAGES_JSON: a list of {"strategy": ddp|fsdp, "trainer": {...}, "algo": {...}, "lora": {...}|null};
-stage i saves to OUT + ".stage{i}" (several stages share one launch).
+stage i saves to OUT + ".stage{i}" (several stages share one launch). With several ranks, rank 0
+also writes OUT + ".stage{i}.grads.json": for every micro-batch's policy loss, in order, whether
+all of the policy's parameters held a gradient when its forward pass began (a spy around
+learner/train.py's `policy_loss`), which tells when FSDP reduce-scattered.
 """
 
 import json
 import sys
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -23,6 +27,7 @@ from safetensors.torch import save_file
 
 from rollflash.broker.config import config_from_dict
 from rollflash.broker.schema import Sample, Trajectory
+from rollflash.learner import train as train_module
 from rollflash.learner.build import build_models, build_optim
 from rollflash.learner.dist import init_dist, split_quotas
 from rollflash.learner.lora import peft_model, published_weights
@@ -89,11 +94,24 @@ def train(dist, model_dir: str, out: str, count: int, stage: dict) -> None:
     models = build_models(cfg, dist)
     optim = build_optim(cfg, models)
     mine = my_share(make_groups(models.tokenizer, count), dist.rank, dist.world_size)
-    for _ in range(STEPS):
-        stats = train_step(models.model, optim.optimizer, mine, cfg, models.algo, dist)
-        assert stats["optim/skipped"] == 0.0
-        assert stats["optim/updates"] == cfg.trainer.updates_per_step
-        optim.scheduler.step()
+    had_grads: list[bool] = []
+    policy_loss = train_module.policy_loss
+
+    def spy(model, mb, cfg):
+        had_grads.append(all(p.grad is not None for p in model.parameters() if p.requires_grad))
+        return policy_loss(model, mb, cfg)
+
+    train_module.policy_loss = spy
+    try:
+        for _ in range(STEPS):
+            stats = train_step(models.model, optim.optimizer, mine, cfg, models.algo, dist)
+            assert stats["optim/skipped"] == 0.0
+            assert stats["optim/updates"] == cfg.trainer.updates_per_step
+            optim.scheduler.step()
+    finally:
+        train_module.policy_loss = policy_loss
+    if dist.is_main and dist.world_size > 1:
+        Path(f"{out}.grads.json").write_text(json.dumps(had_grads))
     assert tied(models.model), f"rank {dist.rank}: lm_head is no longer embed_tokens"
     weights, _ = published_weights(models.model, cfg)
     if dist.is_main:

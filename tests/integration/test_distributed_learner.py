@@ -6,35 +6,22 @@ every rank. Runs tests/integration/dist_worker.py as real processes, which build
 through learner/build.py as `rollctl start-learner` does."""
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.helpers.ranks import run_ranks
+from tests.integration.dist_worker import STEPS
+
 WORKER = Path(__file__).with_name("dist_worker.py")
 PPO = {"ppo_mini_batches": 2, "ppo_epochs": 2}
 LORA = {"rank": 4, "target_modules": ["q_proj", "v_proj"]}
 
 
 def _train(model_dir, out, groups, nproc, stages):
-    launch = (
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
-        if nproc > 1
-        else [sys.executable]
-    )
-    proc = subprocess.run(
-        [*launch, str(WORKER), str(model_dir), str(out), str(groups), json.dumps(stages)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=240,
-        env={"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"},
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_ranks(nproc, WORKER, str(model_dir), str(out), str(groups), json.dumps(stages))
     return [load_file(f"{out}.stage{i}") for i in range(len(stages))]
 
 
@@ -70,7 +57,18 @@ CASES = {
             {"strategy": "ddp", "trainer": PPO, "lora": LORA, "algo": {"kl_coef": 0.1}},
         ],
     ),
-    "fsdp-uneven-3-2-kl": (5, [{"strategy": "fsdp", "trainer": PPO, "algo": {"kl_coef": 0.1}}]),
+    # FSDP reduce-scatters every micro-batch's gradient (the default), then once per update
+    "fsdp-uneven-3-2-kl": (
+        5,
+        [
+            {"strategy": "fsdp", "trainer": PPO, "algo": {"kl_coef": 0.1}},
+            {
+                "strategy": "fsdp",
+                "trainer": {**PPO, "fsdp_reduce_scatter": "last_micro_batch"},
+                "algo": {"kl_coef": 0.1},
+            },
+        ],
+    ),
     "fsdp-one-rank-idle": (1, [{"strategy": "fsdp"}]),
 }
 
@@ -81,8 +79,24 @@ def test_two_gloo_ranks_match_one_rank(tiny_model_dir, tmp_path, case):
     one = _train(tiny_model_dir, tmp_path / "one", groups, 1, stages)
     two = _train(tiny_model_dir, tmp_path / "two", groups, 2, stages)
     start = load_file(str(tiny_model_dir / "model.safetensors"))
-    for stage, a, b in zip(stages, one, two):
+    for i, (stage, a, b) in enumerate(zip(stages, one, two)):
         if stage.get("lora"):
             _lora_matches(a, b)
         else:
             _full_matches(a, b, start)
+        if stage["strategy"] == "fsdp":
+            _reduce_scattered_as_configured(stage, tmp_path / f"two.stage{i}.grads.json")
+
+
+def _reduce_scattered_as_configured(stage: dict, spy: Path) -> None:
+    """Rank 0's micro-batches, in order: did every parameter hold a (sharded) gradient when the
+    forward pass began? Each update starts without one (zero_grad); reduce-scattering every
+    micro-batch fills them after its first pass, reduce-scattering once per update only after
+    its last."""
+    had, trainer = json.loads(spy.read_text()), stage.get("trainer", {})
+    # e.g. 2 steps x M = 2 x E = 2 = 8 updates
+    updates = STEPS * trainer.get("ppo_mini_batches", 1) * trainer.get("ppo_epochs", 1)
+    if trainer.get("fsdp_reduce_scatter") == "last_micro_batch":
+        assert not any(had) and len(had) > updates
+    else:
+        assert had.count(False) == updates and had.count(True) > 0

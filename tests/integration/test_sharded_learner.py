@@ -3,8 +3,6 @@ batch statistics are global (2 ranks == 1 rank for reward_norm batch, running an
 whiten_advantages), FSDP2 with MixedPrecisionPolicy keeps fp32 sharded masters, and
 torch.distributed.checkpoint checkpoints move between 1 and 2 ranks both ways within 1e-5."""
 
-import subprocess
-import sys
 from pathlib import Path
 
 import torch
@@ -17,9 +15,9 @@ from rollflash.learner.checkpoint_io import Trainables, load_dcp, save_dcp
 from rollflash.learner.dist import Dist
 from rollflash.learner.prepare import AlgoModels
 from rollflash.learner.train import train_step
+from tests.helpers.ranks import run_ranks
 from tests.integration.dist_worker import make_groups
 
-ROOT = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).with_name("sharded_worker.py")
 
 
@@ -48,18 +46,7 @@ def _one_rank_run(model_dir, tmp_path):
 
 def test_two_ranks_share_statistics_shards_and_checkpoints_with_one(tiny_model_dir, tmp_path):
     one = _one_rank_run(tiny_model_dir, tmp_path)
-    proc = subprocess.run(
-        [
-            *[sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"],
-            *[str(WORKER), str(tiny_model_dir), str(tmp_path), str(tmp_path / "one")],
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=240,
-        env={"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"},
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_ranks(2, WORKER, str(tiny_model_dir), str(tmp_path), str(tmp_path / "one"))
     # saved on 1 rank, resumed on 2 (FSDP): the next step gives the one-rank weights
     resumed = load_file(str(tmp_path / "resumed.safetensors"))
     for name, w in one.state_dict().items():

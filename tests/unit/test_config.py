@@ -122,19 +122,19 @@ def test_logging_is_learner_local_and_left_out_of_the_fingerprint():
 
 # Fingerprints of the shipped configs (broker/fingerprint.py): processes of one run compare
 # them, so the config's representation may not change them. A new shared key or a new default
-# of one changes them on purpose (update the values then; weights.transport was the last).
+# of one changes them on purpose (update the values then; model.dtype: auto was the last).
 @pytest.mark.parametrize(
     "name, overrides, expected",
     [
-        (None, [], "1d26e8bb8b86e3e1"),
-        ("demo.yaml", [], "418fbb568ecd7fdd"),
-        ("ppo_gae.yaml", [], "832d3699cf044beb"),  # the two differ in trainer: and algo: only
-        ("dapo.yaml", [], "832d3699cf044beb"),
-        ("rlhf.yaml", [], "eb0a8566f0db9c4d"),
-        ("rm.yaml", [], "1d26e8bb8b86e3e1"),  # rm: alone, which only `rollctl train-rm` reads
-        ("agentic_gridworld.yaml", [], "6141361f14875fff"),
+        (None, [], "b5e99beb48c4507e"),
+        ("demo.yaml", [], "a56221935eea2e48"),
+        ("ppo_gae.yaml", [], "79f900b921aabbb2"),  # the two differ in trainer: and algo: only
+        ("dapo.yaml", [], "79f900b921aabbb2"),
+        ("rlhf.yaml", [], "88f3ddb6e234e176"),
+        ("rm.yaml", [], "b5e99beb48c4507e"),  # rm: alone, which only `rollctl train-rm` reads
+        ("agentic_gridworld.yaml", [], "5a131250cfe4fb16"),
         (None, ["trainer.actor_lr=1", "task.params={max_operand: 9}", "rollout.temperature=2"],
-         "6331365514dcc28a"),
+         "ae7bd81ab87d80a3"),
     ],
 )  # fmt: skip
 def test_fingerprint_is_unchanged_by_the_config_representation(name, overrides, expected):
@@ -210,12 +210,12 @@ def test_saved_yaml_has_every_section_and_key_in_declaration_order(tmp_path):
     # model +4 (chat_template, attn_implementation, trust_remote_code, lora), reward +6
     # (functions, weights, timeout_s, dtype, the code and judge sections), rollout +4 (device, the
     # vllm section, agent, agent_timeout_s), trainer +8 (the learner's device and precision keys,
-    # publish) and -1 (eval_every moved to eval.every) and +2 (ppo_mini_batches, ppo_epochs), task
-    # -1 (eval_size moved to eval.size), redis +4 (the lease's TTL, how long acknowledged
-    # trajectories stay, the dead letters' retention: count and age), and eval (7), logging (8),
-    # placement (4) and weights (10)
+    # publish) and -1 (eval_every moved to eval.every) and +2 (ppo_mini_batches, ppo_epochs) and
+    # +4 (tf32, cuda_alloc_conf, dist_timeout_s, fsdp_reduce_scatter), task -1 (eval_size moved
+    # to eval.size), redis +4 (the lease's TTL, how long acknowledged trajectories stay, the dead
+    # letters' retention: count and age), and eval (7), logging (8), placement (4) and weights (10)
     assert {name: len(section) for name, section in saved.items()} == {
-        "run": 4, "redis": 8, "model": 6, "task": 2, "rollout": 18, "trainer": 25, "algo": 29,
+        "run": 4, "redis": 8, "model": 6, "task": 2, "rollout": 18, "trainer": 29, "algo": 29,
         "sim": 6, "reward": 13, "eval": 7, "rm": 14, "guards": 11, "logging": 8, "placement": 4,
         "weights": 10,
     }  # fmt: skip
@@ -246,7 +246,7 @@ def test_saved_yaml_has_every_section_and_key_in_declaration_order(tmp_path):
         ),
         (
             {"model": {"dtype": "fp16"}},
-            "model.dtype: must be one of ['float32', 'bfloat16'], got 'fp16'",
+            "model.dtype: must be one of ['auto', 'float32', 'bfloat16'], got 'fp16'",
         ),
         ({"model": {"lora": {"rank": 0}}}, "model.lora.rank: must be in (0, 512], got 0"),
         (

@@ -53,7 +53,7 @@ def test_reference_lists_every_field_once_with_its_doc():
         ("trainer.total_steps", "int > 0"),
         ("redis.url", "str or null"),
         ("rollout.interrupt", "bool"),
-        ("model.dtype", "one of float32, bfloat16"),
+        ("model.dtype", "one of auto, float32, bfloat16"),
         ("task.params", "mapping"),
         ("logging.backends", "list, each one of jsonl, tensorboard, wandb, mlflow"),
         ("logging.tags", "list of str"),

@@ -58,7 +58,9 @@ def test_hf_engine_is_built_on_the_resolved_device(monkeypatch, cuda, device):
 @pytest.mark.parametrize(
     "rollout_device, reward_dtype, cuda, expected",
     [
-        ("auto", "auto", True, ("float32", "cuda:0")),  # dtype follows model.dtype
+        # dtype follows model.dtype, whose auto is bf16 on a GPU and float32 on CPU
+        ("auto", "auto", True, ("bfloat16", "cuda:0")),
+        ("auto", "auto", False, ("float32", "cpu")),
         ("auto", "bfloat16", False, ("bfloat16", "cpu")),
         ("cpu", "bfloat16", True, ("bfloat16", "cpu")),
     ],

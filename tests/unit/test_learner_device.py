@@ -3,6 +3,8 @@ with torch.cuda's availability mocked: which device a rank takes, which backend 
 that set_device comes before the group, and that bf16 compute over fp32 masters stays close to
 fp32."""
 
+from datetime import timedelta
+
 import pytest
 import torch
 import torch.distributed as torch_dist
@@ -49,15 +51,18 @@ def test_a_torchrun_rank_sets_its_device_before_joining_a_two_backend_group(monk
     monkeypatch.setattr(torch.cuda, "set_device", lambda d: calls.append(("set_device", d)))
     monkeypatch.setattr(torch_dist, "is_initialized", lambda: False)
     monkeypatch.setattr(
-        torch_dist, "init_process_group", lambda b, device_id: calls.append((b, device_id))
+        torch_dist,
+        "init_process_group",
+        lambda b, device_id, timeout: calls.append((b, device_id, timeout)),
     )
     monkeypatch.setattr(torch_dist, "get_rank", lambda: 1)
     monkeypatch.setattr(torch_dist, "get_world_size", lambda: 2)
     monkeypatch.setattr("rollflash.broker.redis_server.die_with_parent", lambda: None)
-    d = init_dist("auto")
+    d = init_dist("auto", timeout_s=45)
     cuda1 = torch.device("cuda", 1)
-    assert calls == [("set_device", cuda1), ("cpu:gloo,cuda:nccl", cuda1)]
-    assert (d.rank, d.world_size, d.device) == (1, 2, cuda1)
+    # the timeout is passed: "cpu:gloo,cuda:nccl" would otherwise wait torch's 30 minutes
+    assert calls == [("set_device", cuda1), ("cpu:gloo,cuda:nccl", cuda1, timedelta(seconds=45))]
+    assert (d.rank, d.world_size, d.device, d.timeout_s) == (1, 2, cuda1, 45)
 
 
 def test_one_process_on_cpu_joins_no_group(monkeypatch):
@@ -76,9 +81,46 @@ def test_gpu_keys_are_not_hashed_and_publish_dtype_follows_model_dtype():
         "model.attn_implementation=eager",
     ]
     assert load_config(None, keys).fingerprint() == base.fingerprint()
-    assert publish_dtype(base) == torch.float32  # auto: model.dtype, float32 by default
-    assert publish_dtype(load_config(None, ["model.dtype=bfloat16"])) == torch.bfloat16
-    assert publish_dtype(load_config(None, ["trainer.publish_dtype=bfloat16"])) == torch.bfloat16
+    cpu = torch.device("cpu")
+    assert publish_dtype(base, cpu) == torch.float32  # auto: model.dtype, float32 on CPU
+    assert publish_dtype(load_config(None, ["model.dtype=bfloat16"]), cpu) == torch.bfloat16
+    bf16 = load_config(None, ["trainer.publish_dtype=bfloat16"])
+    assert publish_dtype(bf16, cpu) == torch.bfloat16
+
+
+@pytest.mark.parametrize("cuda, expected", [(True, "bfloat16"), (False, "float32")])
+def test_model_dtype_auto_is_bf16_on_a_gpu_and_fp32_on_cpu(monkeypatch, cuda, expected):
+    """Each process resolves `model.dtype: auto` by its own device: the learner's rank (autocast,
+    published weights), the hf engine and vLLM on CPU; the config keeps `auto`, so the
+    fingerprint every process compares is the same whatever their devices."""
+    from rollflash.generators.hf_engine import HFEngine
+    from rollflash.generators.vllm_setup import llm_kwargs
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    cfg = load_config(None)
+    assert cfg.model.dtype == "auto"
+    rank = resolve_device(cfg.trainer.device, 0)
+    assert device_mod.resolved_dtype(cfg.model.dtype, rank) == expected
+    assert publish_dtype(cfg, rank) == getattr(torch, expected)
+    autocasts = []
+    monkeypatch.setattr(torch, "autocast", lambda **kw: autocasts.append(kw))
+    device_mod.autocast(rank, cfg.model.dtype)  # bf16 autocast on the GPU, none on CPU
+    assert autocasts == ([{"device_type": "cuda", "dtype": torch.bfloat16}] if cuda else [])
+    seen = {}
+    monkeypatch.setattr(HFEngine, "__init__", lambda self, path, **kw: seen.update(kw))
+    HFEngine.from_config(cfg, seed=0)
+    assert seen["dtype"] == expected and seen["device"].type == ("cuda" if cuda else "cpu")
+    assert llm_kwargs(cfg.rollout.vllm, cfg.model.dtype, 0, on_cpu=True)["dtype"] == "float32"
+    assert llm_kwargs(cfg.rollout.vllm, cfg.model.dtype, 0, on_cpu=False)["dtype"] == "bfloat16"
+
+
+@pytest.mark.parametrize("tf32, precision", [(True, "high"), (False, "highest")])
+def test_tf32_is_set_on_a_gpu_only(monkeypatch, tf32, precision):
+    set_to = []
+    monkeypatch.setattr(torch, "set_float32_matmul_precision", set_to.append)
+    device_mod.cuda_defaults(torch.device("cuda", 0), tf32)
+    device_mod.cuda_defaults(torch.device("cpu"), tf32)
+    assert set_to == [precision]
 
 
 def test_bf16_autocast_over_fp32_masters_is_close_to_fp32(tiny_model_dir):

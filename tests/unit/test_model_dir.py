@@ -67,7 +67,7 @@ def test_trust_remote_code_reaches_every_from_pretrained(hf_home, tiny_model_dir
     import transformers
 
     from rollflash.broker.config import load_config
-    from rollflash.learner.build import load_policy
+    from rollflash.learner.policy import load_policy
 
     seen = []
     for cls in (transformers.AutoTokenizer, transformers.AutoModelForCausalLM):

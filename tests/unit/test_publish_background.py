@@ -116,7 +116,7 @@ def _learner(
     return SimpleNamespace(
         cfg=load_config(None, [f"run.run_dir={tmp_path}", f"trainer.publish_dtype={dtype}"]),
         models=SimpleNamespace(model=model),
-        dist=SimpleNamespace(is_main=True),
+        dist=SimpleNamespace(is_main=True, device=torch.device("cpu")),
         publisher=publisher,
         broker=broker,
     )
