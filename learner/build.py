@@ -225,7 +225,7 @@ def learner_broker(cfg: Config) -> LearnerBroker:
     steps = math.ceil(1 + t.async_ratio) + t.checkpoint_every
     in_flight = steps * t.rollout_batch_size * (replicas if cfg.rollout.replicate_prompts else 1)
     return LearnerBroker(
-        connect(r.url, r.connect_timeout_s),
+        connect(r.url, r.connect_timeout_s, r.sentinel),
         cfg.run.run_id,
         r.max_payload_bytes,
         limits=WireLimits.for_config(cfg, vocab_size=None),

@@ -23,7 +23,10 @@ from rollflash.broker.registry import RunRegistry
 
 
 def collect_status(cfg: Config) -> dict:
-    io = RunRedis(connect(cfg.redis.url, min(cfg.redis.connect_timeout_s, 5.0)), cfg.run.run_id)
+    io = RunRedis(
+        connect(cfg.redis.url, min(cfg.redis.connect_timeout_s, 5.0), cfg.redis.sentinel),
+        cfg.run.run_id,
+    )
     registry = RunRegistry(io)
     now = time.time()
     gens = {}
