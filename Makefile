@@ -35,7 +35,7 @@ MIXTURE_MODEL ?= models/tiny-mixture
 MIXTURE_MODEL_ARGS ?= --base $(DEMO_MODEL) --config configs/mixture.yaml \
   --sft-steps 600 --sft-lr 2e-3 --sft-teacher-error 0.6 --seed 0
 
-.PHONY: install redis-server bwrap demo byo mixture mixture-model test test-unit lint bench clean
+.PHONY: install redis-server bwrap kubectl demo byo mixture mixture-model test test-unit lint bench clean
 
 install: $(STAMP)
 
@@ -54,6 +54,16 @@ redis-server:
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null; \
 	  else \
 	    echo "redis-server is missing: run 'sudo apt-get install -y redis-server'" >&2; exit 1; \
+	  fi; }
+
+# kubectl builds deploy/k8s offline (kubectl kustomize) for tests/unit/test_deploy_k8s.py
+kubectl:
+	@command -v kubectl >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    echo "installing kubectl (kubernetes-client) with apt-get"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq kubernetes-client >/dev/null; \
+	  else \
+	    echo "kubectl is missing: run 'sudo apt-get install -y kubernetes-client'" >&2; exit 1; \
 	  fi; }
 
 # bubblewrap: the python tool's sandbox (envs/sandbox.py) runs every call under it
@@ -99,12 +109,12 @@ mixture: install redis-server bwrap $(MIXTURE_MODEL)/config.json
 # ROLLFLASH_TEST_MODELS: both pytest runs share the tiny models built for this `make test` (built
 # once, under a file lock)
 test: export ROLLFLASH_TEST_MODELS = $(CURDIR)/.test-models
-test: install redis-server bwrap
+test: install redis-server bwrap kubectl
 	rm -rf .test-models && mkdir -p .test-models
 	$(MAKE) --no-print-directory -j2 --output-sync=target test-main test-vllm
 
 .PHONY: test-main
-test-main: install redis-server bwrap
+test-main: install redis-server bwrap kubectl
 	$(BIN)/python -m pytest tests -q -n $(TEST_WORKERS) --dist loadfile --durations=15 --ignore=tests/vllm_engine $(PYTEST_ARGS)
 
 # ruff (format and lint), mypy on algos/ and broker/, and the file/function size limits.
@@ -120,7 +130,7 @@ lint: install
 	cd $(TYPECHECK) && $(CURDIR)/$(BIN)/mypy --config-file $(CURDIR)/setup.cfg -p rollflash.algos -p rollflash.broker
 	$(BIN)/python scripts/check_sizes.py
 
-test-unit: install bwrap
+test-unit: install bwrap kubectl
 	$(BIN)/python -m pytest tests/unit -q $(PYTEST_ARGS)
 
 # Benchmarks print one JSON line each; docs/BENCHMARKS.md records them with the machine.
