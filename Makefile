@@ -35,7 +35,7 @@ MIXTURE_MODEL ?= models/tiny-mixture
 MIXTURE_MODEL_ARGS ?= --base $(DEMO_MODEL) --config configs/mixture.yaml \
   --sft-steps 600 --sft-lr 2e-3 --sft-teacher-error 0.6 --seed 0
 
-.PHONY: install redis-server bwrap kubectl demo byo mixture mixture-model test test-unit lint bench clean
+.PHONY: install redis-server bwrap kubectl slurm demo byo mixture mixture-model test test-unit lint bench clean
 
 install: $(STAMP)
 
@@ -64,6 +64,16 @@ kubectl:
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq kubernetes-client >/dev/null; \
 	  else \
 	    echo "kubectl is missing: run 'sudo apt-get install -y kubernetes-client'" >&2; exit 1; \
+	  fi; }
+
+# slurm-wlm and munge: tests/e2e/test_slurm.py starts a one-node cluster of its own
+slurm:
+	@command -v slurmctld >/dev/null 2>&1 && command -v munged >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    echo "installing slurm-wlm and munge with apt-get"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge >/dev/null; \
+	  else \
+	    echo "slurm-wlm is missing: run 'sudo apt-get install -y slurm-wlm munge' (its test is skipped)" >&2; \
 	  fi; }
 
 # bubblewrap: the python tool's sandbox (envs/sandbox.py) runs every call under it
@@ -109,12 +119,12 @@ mixture: install redis-server bwrap $(MIXTURE_MODEL)/config.json
 # ROLLFLASH_TEST_MODELS: both pytest runs share the tiny models built for this `make test` (built
 # once, under a file lock)
 test: export ROLLFLASH_TEST_MODELS = $(CURDIR)/.test-models
-test: install redis-server bwrap kubectl
+test: install redis-server bwrap kubectl slurm
 	rm -rf .test-models && mkdir -p .test-models
 	$(MAKE) --no-print-directory -j2 --output-sync=target test-main test-vllm
 
 .PHONY: test-main
-test-main: install redis-server bwrap kubectl
+test-main: install redis-server bwrap kubectl slurm
 	$(BIN)/python -m pytest tests -q -n $(TEST_WORKERS) --dist loadfile --durations=15 --ignore=tests/vllm_engine $(PYTEST_ARGS)
 
 # ruff (format and lint), mypy on algos/ and broker/, and the file/function size limits.
