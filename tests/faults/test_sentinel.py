@@ -13,6 +13,9 @@ generators (simulated engine) as processes, a master, its replicas and three Sen
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import time
 
 import psutil
@@ -55,6 +58,13 @@ def _cut_connections(pid: int, node, until: float) -> int:
     return cut
 
 
+def _status_json(config) -> str:
+    args = [sys.executable, "-m", "rollflash.rollctl.cli", "status", "--json", "--config"]
+    return subprocess.run(
+        [*args, str(config)], capture_output=True, text=True, timeout=60, check=True
+    ).stdout
+
+
 @pytest.mark.parametrize("replicas, cut_lease_holder", [(1, False), (2, True)])
 def test_master_killed_mid_run(tmp_path, run_id, fault_report, replicas, cut_lease_holder):
     cluster = SentinelCluster(tmp_path / "sentinel", replicas=replicas).start()
@@ -82,6 +92,7 @@ def test_master_killed_mid_run(tmp_path, run_id, fault_report, replicas, cut_lea
         lost_prompts = int(r.hget(f"rl:{run_id}:run", "redis_lost_prompts") or 0)
         by_learner = int(r.hget(f"rl:{run_id}:run", "redis_lost_trajectory_writes") or 0)
         by_writers = sum(int(g["redis_lost"]) for g in generator_fields(r, run_id).values())
+        status = json.loads(_status_json(config))  # through the Sentinels, like the processes
     finally:
         stop_all([learner, *gens])
         cluster.stop()
@@ -92,6 +103,7 @@ def test_master_killed_mid_run(tmp_path, run_id, fault_report, replicas, cut_lea
     # and neither side found a write Redis forgot
     assert lost_prompts == 0 and by_learner == 0 and by_writers == 0
     assert audit["unrecorded"] == 0 and audit["multiple"] == [], audit
+    assert status["run"] == run_id and status["streams"], status
     if cut_lease_holder:
         assert cut > 0, "no connection of the learner was cut: nothing was tested"
     fault_report(
