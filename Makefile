@@ -47,44 +47,31 @@ $(STAMP): setup.cfg setup.py
 	$(BIN)/python -m pip install -q -e ".[test,lint,plot,wandb,mlflow]"
 	touch $(STAMP)
 
-redis-server:
-	@command -v redis-server >/dev/null 2>&1 || { \
+# $(call apt_need,COMMAND,PACKAGES[,optional]): install PACKAGES with apt-get (as root) when
+# COMMAND is missing; otherwise say how, and fail unless the third argument is given
+apt_need = @command -v $(1) >/dev/null 2>&1 || { \
 	  if [ "$$(id -u)" = 0 ]; then \
-	    echo "installing redis-server with apt-get"; \
-	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null; \
+	    echo "installing $(2) with apt-get"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(2) >/dev/null; \
 	  else \
-	    echo "redis-server is missing: run 'sudo apt-get install -y redis-server'" >&2; exit 1; \
+	    echo "$(1) is missing: run 'sudo apt-get install -y $(2)'" >&2; [ -n "$(3)" ] || exit 1; \
 	  fi; }
+
+redis-server:
+	$(call apt_need,redis-server,redis-server)
 
 # kubectl builds deploy/k8s offline (kubectl kustomize) for tests/unit/test_deploy_k8s.py
 kubectl:
-	@command -v kubectl >/dev/null 2>&1 || { \
-	  if [ "$$(id -u)" = 0 ]; then \
-	    echo "installing kubectl (kubernetes-client) with apt-get"; \
-	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq kubernetes-client >/dev/null; \
-	  else \
-	    echo "kubectl is missing: run 'sudo apt-get install -y kubernetes-client'" >&2; exit 1; \
-	  fi; }
+	$(call apt_need,kubectl,kubernetes-client)
 
-# slurm-wlm and munge: tests/e2e/test_slurm.py starts a one-node cluster of its own
+# slurm-wlm and munge: tests/e2e/test_slurm.py starts a one-node cluster of its own (skipped
+# without them)
 slurm:
-	@command -v slurmctld >/dev/null 2>&1 && command -v munged >/dev/null 2>&1 || { \
-	  if [ "$$(id -u)" = 0 ]; then \
-	    echo "installing slurm-wlm and munge with apt-get"; \
-	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge >/dev/null; \
-	  else \
-	    echo "slurm-wlm is missing: run 'sudo apt-get install -y slurm-wlm munge' (its test is skipped)" >&2; \
-	  fi; }
+	$(call apt_need,slurmctld,slurm-wlm munge,optional)
 
 # bubblewrap: the python tool's sandbox (envs/sandbox.py) runs every call under it
 bwrap:
-	@command -v bwrap >/dev/null 2>&1 || { \
-	  if [ "$$(id -u)" = 0 ]; then \
-	    echo "installing bubblewrap with apt-get"; \
-	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null; \
-	  else \
-	    echo "bubblewrap is missing: run 'sudo apt-get install -y bubblewrap'" >&2; exit 1; \
-	  fi; }
+	$(call apt_need,bwrap,bubblewrap)
 
 $(DEMO_MODEL)/config.json: | $(STAMP)
 	$(BIN)/python scripts/make_tiny_model.py --out $(DEMO_MODEL) $(TINY_MODEL_ARGS)

@@ -20,7 +20,10 @@ message has its password masked.
 
 URLs: `redis://[user:password@]host:port[/db]`, `rediss://...` for TLS (add
 `?ssl_ca_certs=/path/ca.pem` for a private CA, `&ssl_certfile=...&ssl_keyfile=...` for client
-certificates), `unix://[user:password@]/path/redis.sock`.
+certificates), `unix://[user:password@]/path/redis.sock`. Behind Sentinel (`redis.sentinel.hosts`)
+the URL gives only the user, password, database and TLS settings; the master's address comes from
+the Sentinels, and writes return once replicated (broker/sentinel.py). The Sentinels themselves
+are reached without a password.
 """
 
 from __future__ import annotations
