@@ -34,8 +34,8 @@ from typing import Any
 
 import redis
 from redis.client import Pipeline
-from redis.connection import parse_url
-from redis.sentinel import MasterNotFoundError, Sentinel
+from redis.connection import SSLConnection, parse_url
+from redis.sentinel import MasterNotFoundError, Sentinel, SentinelManagedConnection
 
 WAIT_TIMEOUT_MS = 2000  # a healthy replica acknowledges within milliseconds
 
@@ -117,6 +117,27 @@ def sentinel_address(host: str) -> tuple[str, int]:
     return name.strip("[]"), int(port)
 
 
+class MasterConnection(SentinelManagedConnection):
+    """A connection to the master that asks the Sentinels again whenever it reconnects.
+
+    redis-py's Sentinel connection asks them in `connect()` only; a command re-sent on the same
+    connection after its socket was lost reconnects through `connect_check_health`, straight to
+    the last master's address, which after a failover is the dead one (every retry refused until
+    the timeout). This routes that path through `connect()` too."""
+
+    def connect_check_health(
+        self, check_health: bool = True, retry_socket_connect: bool = True
+    ) -> None:
+        if retry_socket_connect and not self._sock:
+            self.connect()  # asks the Sentinels, then comes back here with retry_socket_connect off
+            return
+        super().connect_check_health(check_health, retry_socket_connect)
+
+
+class MasterSSLConnection(MasterConnection, SSLConnection):
+    pass
+
+
 class NewestSentinel(Sentinel):
     """Asks every Sentinel and believes the newest configuration (the highest config-epoch).
 
@@ -179,8 +200,15 @@ def master_client(
 ) -> ReplicatedRedis:
     """A client of the master the Sentinels `hosts` name for `service`, with the credentials, db
     and TLS of `url` (its host and port are not used); `options` go to every connection."""
-    kwargs = _node_options(url)  # rediss:// sets ssl: the pool then picks TLS connections
-    client = _sentinels(hosts).master_for(service, redis_class=ReplicatedRedis, **kwargs, **options)
+    kwargs = _node_options(url)
+    tls = kwargs.pop("ssl", False)  # rediss://
+    client = _sentinels(hosts).master_for(
+        service,
+        redis_class=ReplicatedRedis,
+        connection_class=MasterSSLConnection if tls else MasterConnection,
+        **kwargs,
+        **options,
+    )
     assert isinstance(client, ReplicatedRedis)
     client.replicas = replicas
     return client

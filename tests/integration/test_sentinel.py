@@ -92,6 +92,21 @@ def test_a_failover_is_waited_out_and_the_lease_survives_and_still_fences(cluste
     assert new.client().get(io.keys.prefix + ":x") == b"2"
 
 
+def test_a_connection_that_lost_its_socket_reconnects_to_the_new_master(cluster2):
+    r = _connect(_config(cluster2, timeout_s=5))
+    r.set("k", "v")
+    conn = r.connection_pool.get_connection()
+    cluster2.master.kill()
+    new = cluster2.wait_promoted()
+    conn.disconnect()
+    # what a command re-sent after a lost reply does: send on the same connection, whose last
+    # address is the dead master's; it must ask the Sentinels again (5 s of refusals otherwise)
+    conn.send_command("GET", "k")
+    assert conn.read_response() == b"v"
+    assert conn.port == new.port
+    r.connection_pool.release(conn)
+
+
 def test_acl_users_are_created_on_the_master_and_every_replica(cluster, run_id):
     cfg = _config(cluster)
     users = acl_users(run_id, ["gen-0"], "pw")
