@@ -4,8 +4,8 @@
 every object is checked against the Kubernetes API schemas of `kubernetes-validate` (strict:
 an unknown field fails); and what the schemas cannot see: every Secret and ConfigMap a pod
 names exists with the keys it names, the run config in the ConfigMap loads, the Redis pods'
-configure script is valid sh, probes run `rollctl status --json`, generators and the learner
-request GPUs."""
+configure script is valid sh, the learner's probes run `rollctl status --json`, generators and
+the learner request GPUs."""
 
 from __future__ import annotations
 
@@ -110,7 +110,7 @@ def test_probes_ask_rollctl_status_and_gpus_are_requested(objects):
     specs = _pod_specs(objects)
     for name in ("rollflash-learner", "rollflash-generator"):
         (c,) = specs[name]["containers"]
-        assert c["readinessProbe"]["exec"]["command"][:3] == ["rollctl", "status", "--json"]
         assert c["resources"]["limits"]["nvidia.com/gpu"] == 1
     (learner,) = specs["rollflash-learner"]["containers"]
-    assert learner["livenessProbe"]["exec"]["command"][:3] == ["rollctl", "status", "--json"]
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert learner[probe]["exec"]["command"][:3] == ["rollctl", "status", "--json"]
