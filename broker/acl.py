@@ -12,7 +12,7 @@ or empty it. Confinement is therefore by keys: each generator has its own user
 | HSET, PEXPIRE (its heartbeat) | its own `gen:{id}` |
 | SADD (ask to join) | `joined` |
 | HGET, HGETALL, HMGET (read-only) | `run`, `weights`, `generators` |
-| PING, HELLO, MULTI, EXEC, DISCARD | - |
+| PING, HELLO, MULTI, EXEC, DISCARD, WAIT (a write counts once replicated: broker/sentinel.py) | - |
 
 So it cannot issue prompts, read, trim or delete another generator's trajectories, touch the
 learner's `dlq` or `dlq_reasons`, write another generator's heartbeat, read the MAC key, change
@@ -36,7 +36,7 @@ from __future__ import annotations
 from rollflash.broker.keys import RunKeys
 
 LEARNER_COMMANDS = (
-    "ping hello multi exec discard time "
+    "ping hello multi exec discard wait time "
     "exists del pexpire get set "
     "hget hgetall hmget hvals hset hsetnx hincrby hdel "
     "smembers srem "
@@ -70,6 +70,7 @@ def generator_acl(run_id: str, generator_id: str, password: str) -> list[str]:
         "+multi",
         "+exec",
         "+discard",
+        "+wait",
         f"(+xreadgroup +xautoclaim +xack ~{k.prompts})",
         f"(+xadd %W~{own[0]} %W~{own[1]})",
         f"(+fcall ~{own[0]} ~{own[1]} ~{k.prompts})",

@@ -12,6 +12,7 @@ from rollflash.broker.config_base import Number, Section
 from rollflash.broker.config_errors import ConfigError
 from rollflash.broker.keys import NAME_RULE, valid_name
 from rollflash.broker.secrets import env_password, read_password_file, url_password, with_password
+from rollflash.broker.sentinel import sentinel_address
 
 
 class RunConfig(Section):
@@ -39,6 +40,34 @@ class RunConfig(Section):
         description="intra-op threads per process (0 = torch's default, which `rollctl run` "
         "on a CPU sets from the cores: rollctl/cpu_layout.py)",
     )
+
+
+class SentinelConfig(Section):
+    """Redis Sentinel (broker/sentinel.py): the master's address comes from the Sentinels, and
+    redis.url gives only the user, password, database and TLS of the master."""
+
+    hosts: list[StrictStr] = Field(
+        default_factory=list,
+        description="the Sentinels as host:port; empty = no Sentinel, redis.url names the server",
+    )
+    service: StrictStr = Field(
+        "rollflash", description="the master's name in the Sentinels (sentinel monitor NAME ...)"
+    )
+    replicas: StrictInt = Field(
+        1,
+        ge=1,
+        description="a write counts once this many replicas hold it (WAIT); "
+        "with fewer up, writes wait up to redis.connect_timeout_s",
+    )
+
+    @model_validator(mode="after")
+    def _hosts_are_addresses(self) -> SentinelConfig:
+        for i, host in enumerate(self.hosts):
+            try:
+                sentinel_address(host)
+            except ValueError as e:
+                raise ConfigError(f"redis.sentinel.hosts[{i}]: {e}") from None
+        return self
 
 
 class RedisConfig(Section):
@@ -73,6 +102,7 @@ class RedisConfig(Section):
         description="acknowledged trajectories stay readable (redis-cli XRANGE) this long, "
         "then are trimmed",
     )
+    sentinel: SentinelConfig = Field(default_factory=SentinelConfig, description="Redis Sentinel")
     dlq_max_entries: StrictInt = Field(
         1000, gt=0, description="dead-letter streams keep at most this many entries"
     )

@@ -95,7 +95,7 @@ class LearnerBroker:
         per_prompt = replicas if cfg.rollout.replicate_prompts else 1
         in_flight = steps * t.rollout_batch_size * per_prompt
         return cls(
-            connect(r.url or "", r.connect_timeout_s),
+            connect(r.url or "", r.connect_timeout_s, r.sentinel),
             cfg.run.run_id,
             r.max_payload_bytes,
             limits=WireLimits.for_config(cfg, vocab_size=None),

@@ -181,7 +181,7 @@ class Generator:
                 "refills that runner)"
             )
         self.broker = GeneratorBroker(
-            connect(cfg.redis.url, cfg.redis.connect_timeout_s),
+            connect(cfg.redis.url, cfg.redis.connect_timeout_s, cfg.redis.sentinel),
             cfg.run.run_id,
             generator_id,
             cfg.redis.max_payload_bytes,

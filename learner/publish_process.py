@@ -302,7 +302,7 @@ def _writer(cfg: Config, lease_token: str) -> VersionWriter:
     from rollflash.broker.connection import connect
 
     broker = LearnerBroker(
-        connect(cfg.redis.url, cfg.redis.connect_timeout_s),
+        connect(cfg.redis.url, cfg.redis.connect_timeout_s, cfg.redis.sentinel),
         cfg.run.run_id,
         cfg.redis.max_payload_bytes,
         lease_ttl_s=cfg.redis.lease_ttl_s,

@@ -6,6 +6,8 @@ import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import redis
+
 from rollflash.broker import acl as rules
 from rollflash.broker.config import Config
 from rollflash.broker.keys import NAME_RULE, valid_name
@@ -35,12 +37,24 @@ def acl_users(run_id: str, generators: list[str], password: str | None) -> list[
 
 
 def apply_users(cfg: Config, users: list[User]) -> None:
-    """Create (or replace) the users on `redis.url`, which must allow ACL SETUSER."""
+    """Create (or replace) the users on `redis.url`, which must allow ACL SETUSER, and save them
+    to the server's aclfile if it has one; behind Sentinel on the master and every replica, since
+    Redis does not replicate ACL users and a promoted replica must know them."""
     from rollflash.broker.connection import connect
+    from rollflash.broker.sentinel import replica_clients
 
-    r = connect(cfg.redis.url or "", cfg.redis.connect_timeout_s)
-    for u in users:
-        r.execute_command("ACL", "SETUSER", u.name, "reset", *u.rules)
+    s, timeout_s = cfg.redis.sentinel, cfg.redis.connect_timeout_s
+    nodes = [connect(cfg.redis.url or "", timeout_s, s)]
+    if s.hosts:
+        nodes += replica_clients(cfg.redis.url or "", s.hosts, s.service)
+    for r in nodes:
+        for u in users:
+            r.execute_command("ACL", "SETUSER", u.name, "reset", *u.rules)
+        try:  # a node started with an aclfile keeps the users across its restarts
+            r.execute_command("ACL", "SAVE")
+        except redis.ResponseError as e:
+            if "ACL file" not in str(e):  # any other refusal is the user's to see
+                raise
 
 
 def print_users(run_id: str, users: list[User], echo: Callable[[str], object]) -> None:

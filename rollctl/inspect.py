@@ -138,7 +138,7 @@ def read_entries(
 ) -> tuple[list[tuple[str, dict[bytes, bytes]]], int | None]:
     """The entries asked for, oldest first, and the version the `weights` hash holds now."""
     keys = RunKeys(cfg.run.run_id)
-    r = connect(cfg.redis.url or "", min(cfg.redis.connect_timeout_s, 5.0))
+    r = connect(cfg.redis.url or "", min(cfg.redis.connect_timeout_s, 5.0), cfg.redis.sentinel)
     if stream == "trajectories":  # every generator's own stream (broker/keys.py)
         gens: Any = r.hkeys(keys.generators)
         streams = [keys.trajectories(g.decode()) for g in sorted(gens) if b":" not in g]

@@ -16,14 +16,28 @@ from typing import Any
 import redis
 
 from rollflash.broker.config import Config
-from rollflash.broker.connection import connect
+from rollflash.broker.connection import BrokerUnavailable, connect
 from rollflash.broker.keys import GEN_GROUP
 from rollflash.broker.redis_io import RunRedis, text
 from rollflash.broker.registry import RunRegistry
 
 
 def collect_status(cfg: Config) -> dict:
-    io = RunRedis(connect(cfg.redis.url, min(cfg.redis.connect_timeout_s, 5.0)), cfg.run.run_id)
+    """The run's status; `BrokerUnavailable` (one line) if the Redis user may not read it."""
+    io = RunRedis(
+        connect(cfg.redis.url, min(cfg.redis.connect_timeout_s, 5.0), cfg.redis.sentinel),
+        cfg.run.run_id,
+    )
+    try:
+        return _collect(cfg, io)
+    except redis.exceptions.NoPermissionError as e:
+        raise BrokerUnavailable(
+            f"the Redis user may not read the status of run {cfg.run.run_id} ({e}): use the "
+            "learner's user (rollctl acl) or an admin one"
+        ) from None
+
+
+def _collect(cfg: Config, io: RunRedis) -> dict:
     registry = RunRegistry(io)
     now = time.time()
     gens = {}
