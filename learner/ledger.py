@@ -15,10 +15,10 @@
 
 So every acknowledged entry has a record written before its acknowledgement, across any number of
 crashes. Exactly one: a crash between a record and its acknowledgement leaves the entry pending,
-and the resumed learner replays the `acked` records written since its checkpoint
-(`acked_since`), acknowledging those entries as recorded instead of reading them again; the
-acknowledgement is idempotent, so replaying one that had run changes nothing. `audit` reads the
-files back the way a person checking exactly-once would.
+and the resumed learner replays the `acked` records written since its checkpoint (`rows_since`,
+learner/publish.py `resume_after`), acknowledging those entries as recorded instead of reading
+them again; the acknowledgement is idempotent, so replaying one that had run changes nothing.
+`audit` reads the files back the way a person checking exactly-once would.
 
 Every line is written only after the run's lease is checked (broker/lease.py), so a learner that
 lost the lease adds no record.
@@ -82,14 +82,20 @@ def refs_of(row: dict[str, Any]) -> list[str]:
     return [r for rs in refs.values() for r in rs] if isinstance(refs, dict) else list(refs)
 
 
-def acked_since(path: Path, offset: int) -> list[dict[str, Any]]:
-    """The `acked` records written at or after byte `offset` (a resume replays them)."""
+def rows_since(path: Path, offset: int) -> list[dict[str, Any]]:
+    """The records written at or after byte `offset` (a line cut by a crash left out)."""
     if not path.exists():
         return []
     with open(path, "rb") as f:
         f.seek(offset)
-        rows = [json.loads(line) for line in f.read().splitlines() if line.strip()]
-    return [r for r in rows if r.get("event") == "acked"]
+        lines = f.read().splitlines()
+    rows = []
+    for line in lines:
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return rows
 
 
 def read(paths: Iterable[Path]) -> list[dict[str, Any]]:

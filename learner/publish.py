@@ -40,7 +40,7 @@ from rollflash.learner.checkpoint_io import Trainables
 from rollflash.learner.collect import Collected
 from rollflash.learner.device import DTYPES, resolved_dtype
 from rollflash.learner.dist import Destination, is_sharded
-from rollflash.learner.ledger import acked_since, refs_of
+from rollflash.learner.ledger import refs_of, rows_since
 from rollflash.learner.lora import published_weights
 from rollflash.learner.pause import pause_point
 from rollflash.learner.publish_process import PublishProcess, VersionWriter
@@ -203,7 +203,11 @@ def resume_after(ln: Learner, ckpt: Path) -> None:
     already holds and what the ledger recorded since, and queue this rank's other pending
     entries to be trained again."""
     state, dist = ln.state, ln.dist
-    last = max([state.version] + (ln.publisher.store.versions() if ln.publisher else []))
+    mine = state.ranks.get(dist.consumer, {})
+    since = rows_since(ln.ledger.path, mine.get("ledger_offset", 0))
+    # a version the dead lineage recorded but whose publish a kill cut short is not reused either
+    recorded = [r["version"] for r in since if isinstance(r.get("version"), int)]
+    last = max([state.version, *recorded] + (ln.publisher.store.versions() if ln.publisher else []))
     last = dist.gather(last)[0]
     state.version = last + 1
     state.lineage.rebase(state.version, state.step)
@@ -212,10 +216,9 @@ def resume_after(ln: Learner, ckpt: Path) -> None:
         ln.broker.set_run_fields(
             version=state.version, step=state.step, state="training", resumed_from_step=state.step
         )
-    mine = state.ranks.get(dist.consumer, {})
     done = set(mine.get("entry_ids", []))
     ln.broker.ack_trajectories(sorted(done))
-    for row in acked_since(ln.ledger.path, mine.get("ledger_offset", 0)):
+    for row in (r for r in since if r.get("event") == "acked"):
         ln.broker.ack_trajectories(refs_of(row), row["finished"], row["replaced"])
         done.update(refs_of(row))
     ln.ledger.event(event="resume", step=state.step, version=state.version)

@@ -272,15 +272,19 @@ def _serve(cfg: Config, conn: Connection, lease_token: str) -> None:
     except Exception as e:  # e.g. Redis unreachable: the learner reports it
         conn.send(("error", f"{e.__class__.__name__}: {e}"))
         return
-    conn.send(("started", None))
+    try:
+        conn.send(("started", None))
+        _answer(writer, conn)
+    except (EOFError, ConnectionError):  # the learner is gone (closed, or died mid-message)
+        pass
+    writer.close()
+    os._exit(0)  # nothing is left to flush, and tearing down torch's interpreter took ~0.5 s
+
+
+def _answer(writer: VersionWriter, conn: Connection) -> None:
+    """Publish each version handed over until the learner says stop."""
     buffers: dict[str, torch.Tensor] = {}
-    while True:
-        try:
-            message = conn.recv()
-        except (EOFError, ConnectionError):  # the learner is gone (closed, or died mid-message)
-            break
-        if message[0] == "stop":
-            break
+    while (message := conn.recv())[0] != "stop":
         if message[0] == "buffers":
             buffers = _views(message[1], message[2])
             continue
@@ -293,8 +297,6 @@ def _serve(cfg: Config, conn: Connection, lease_token: str) -> None:
         conn.send(
             ("published", (version, info.path, info.sha256, writer.zmq.endpoint, writer.http_url))
         )
-    writer.close()
-    os._exit(0)  # nothing is left to flush, and tearing down torch's interpreter took ~0.5 s
 
 
 def _writer(cfg: Config, lease_token: str) -> VersionWriter:

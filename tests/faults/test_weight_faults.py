@@ -29,7 +29,7 @@ PUBLISHER = textwrap.dedent("""
     from rollflash.learner.publish import Publisher
 
     class Broker:  # the weights hash: one line per announcement, in the order made
-        def announce_weights(self, version, path, sha256, zmq_endpoint):
+        def announce_weights(self, version, path, sha256, zmq_endpoint, http_url=""):
             with open(sys.argv[2], "a") as log:
                 log.write(f"{version} {sha256}\\n")
         def loaded_versions(self):
