@@ -42,7 +42,7 @@ RG_MODEL ?= models/tiny-rg
 RG_MODEL_ARGS ?= --config configs/rg_demo.yaml --sft-steps 1200 --sft-teacher-error 0.6 --seed 0
 
 .PHONY: install redis-server bwrap demo byo mixture mixture-model rg-demo agent-game test \
-        test-unit lint bench clean
+        test-unit lint bench clean kubectl slurm
 
 install: $(STAMP)
 
@@ -54,24 +54,31 @@ $(STAMP): setup.cfg setup.py
 	$(BIN)/python -m pip install -q -e ".[test,lint,plot,wandb,mlflow,reasoning-gym,agent]"
 	touch $(STAMP)
 
-redis-server:
-	@command -v redis-server >/dev/null 2>&1 || { \
+# $(call apt_need,COMMAND,PACKAGES[,optional]): install PACKAGES with apt-get (as root) when
+# COMMAND is missing; otherwise say how, and fail unless the third argument is given
+apt_need = @command -v $(1) >/dev/null 2>&1 || { \
 	  if [ "$$(id -u)" = 0 ]; then \
-	    echo "installing redis-server with apt-get"; \
-	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null; \
+	    echo "installing $(2) with apt-get"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(2) >/dev/null; \
 	  else \
-	    echo "redis-server is missing: run 'sudo apt-get install -y redis-server'" >&2; exit 1; \
+	    echo "$(1) is missing: run 'sudo apt-get install -y $(2)'" >&2; [ -n "$(3)" ] || exit 1; \
 	  fi; }
+
+redis-server:
+	$(call apt_need,redis-server,redis-server)
+
+# kubectl builds deploy/k8s offline (kubectl kustomize) for tests/unit/test_deploy_k8s.py
+kubectl:
+	$(call apt_need,kubectl,kubernetes-client)
+
+# slurm-wlm and munge: tests/e2e/test_slurm.py starts a one-node cluster of its own (skipped
+# without them)
+slurm:
+	$(call apt_need,slurmctld,slurm-wlm munge,optional)
 
 # bubblewrap: the python tool's sandbox (envs/sandbox.py) runs every call under it
 bwrap:
-	@command -v bwrap >/dev/null 2>&1 || { \
-	  if [ "$$(id -u)" = 0 ]; then \
-	    echo "installing bubblewrap with apt-get"; \
-	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null; \
-	  else \
-	    echo "bubblewrap is missing: run 'sudo apt-get install -y bubblewrap'" >&2; exit 1; \
-	  fi; }
+	$(call apt_need,bwrap,bubblewrap)
 
 $(DEMO_MODEL)/config.json: | $(STAMP)
 	$(BIN)/python scripts/make_tiny_model.py --out $(DEMO_MODEL) $(TINY_MODEL_ARGS)
@@ -131,12 +138,12 @@ verifiers-venv: install
 # ROLLFLASH_TEST_MODELS: both pytest runs share the tiny models built for this `make test` (built
 # once, under a file lock)
 test: export ROLLFLASH_TEST_MODELS = $(CURDIR)/.test-models
-test: install redis-server bwrap
+test: install redis-server bwrap kubectl slurm
 	rm -rf .test-models && mkdir -p .test-models
 	$(MAKE) --no-print-directory -j2 --output-sync=target test-main test-vllm
 
 .PHONY: test-main
-test-main: install redis-server bwrap
+test-main: install redis-server bwrap kubectl slurm
 	$(BIN)/python -m pytest tests -q -n $(TEST_WORKERS) --dist loadfile --durations=15 --ignore=tests/vllm_engine $(PYTEST_ARGS)
 
 # ruff (format and lint), mypy on algos/ and broker/, and the file/function size limits.
@@ -152,7 +159,7 @@ lint: install
 	cd $(TYPECHECK) && $(CURDIR)/$(BIN)/mypy --config-file $(CURDIR)/setup.cfg -p rollflash.algos -p rollflash.broker
 	$(BIN)/python scripts/check_sizes.py
 
-test-unit: install bwrap
+test-unit: install bwrap kubectl
 	$(BIN)/python -m pytest tests/unit -q $(PYTEST_ARGS)
 
 # Benchmarks print one JSON line each; docs/BENCHMARKS.md records them with the machine.

@@ -15,11 +15,11 @@ what is left, repairs what it can and counts the rest:
     (`CompletedPrompts`, `lost["trajectories"]`, heartbeat `redis_lost`). A writer that died or
     restarted cannot;
   - the learner's rank 0, whoever wrote it (`LossAuditor.verify_trajectories`, at most once a
-    second): it remembers the stream's `entries-added` and last id as it last saw them; once
-    that id is gone, `entries-added` minus the entries after it is what Redis still holds of
-    what the learner saw, and the difference is counted (`lost["trajectory_writes"]`, run hash
-    `redis_lost_trajectory_writes`). `entries-added` alone would miss it once generators write
-    again before the learner's next look.
+    second, for every admitted generator's stream): it remembers each stream's `entries-added`
+    and last id as it last saw them; once that id is gone, `entries-added` minus the entries
+    after it is what Redis still holds of what the learner saw, and the difference is counted
+    (`lost["trajectory_writes"]`, run hash `redis_lost_trajectory_writes`). `entries-added`
+    alone would miss it once generators write again before the learner's next look.
   What neither counts as a Redis loss: a write added after the learner's last look (up to a second
   while it reads, a whole training step while it trains) whose writer also died or restarted; and
   what Redis forgot before a (re)started learner's first look. Such a write is still not silent:
@@ -37,12 +37,12 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter, OrderedDict, deque
-from typing import Any
 
 from rollflash.broker.redis_io import RunRedis, entry_key, text
 from rollflash.broker.registry import RunRegistry
+from rollflash.broker.roster import Roster
 from rollflash.broker.schema import PromptWork
-from rollflash.broker.streams import PromptQueue
+from rollflash.broker.streams import Issued, PromptQueue
 
 log = logging.getLogger(__name__)
 
@@ -60,21 +60,30 @@ class LossAuditor:
         io: RunRedis,
         registry: RunRegistry,
         prompts: PromptQueue,
+        roster: Roster,
         watch_interval_s: float = WATCH_INTERVAL_S,
     ):
         self.io, self.keys, self.registry, self.prompts = io, io.keys, registry, prompts
+        self.roster = roster
         self.watch_interval_s = watch_interval_s
         self.lost: Counter[str] = Counter()  # prompts, trajectory_writes, weights
-        self._recent_prompts: deque[tuple[str, dict[str, Any]]] = deque(maxlen=RECENT_PROMPTS)
+        self._recent_prompts: deque[Issued] = deque(maxlen=RECENT_PROMPTS)
         self._last_issued: int | None = None
-        # the last look at the trajectories stream: (entries-added, last id)
-        self._trajectory_writes: tuple[int, str] | None = None
+        # the last look at each generator's stream: stream -> (entries-added, last id)
+        self._trajectory_writes: dict[str, tuple[int, str]] | None = None
         self._next_watch = 0.0
 
+    def due(self) -> bool:
+        """Whether a watch is due (at most every `watch_interval_s`, once registered)."""
+        return self.registry.fingerprint is not None and time.monotonic() >= self._next_watch
+
+    def defer_watch(self, s: float) -> None:
+        """The next watch is due in `s` seconds."""
+        self._next_watch = time.monotonic() + s
+
     def watch(self) -> None:
-        """At most every `watch_interval_s`, once the run is registered: `check_intact`,
-        `verify_prompts`, `verify_trajectories` and `verify_weights`."""
-        if self.registry.fingerprint is None or time.monotonic() < self._next_watch:
+        """If due: `check_intact`, `verify_prompts`, `verify_trajectories`, `verify_weights`."""
+        if not self.due():
             return
         self._next_watch = time.monotonic() + self.watch_interval_s
         self.registry.check_intact()
@@ -83,8 +92,9 @@ class LossAuditor:
         self.verify_weights()
 
     # --- prompts ----------------------------------------------------------------------------------
-    def added_prompts(self, added: list[tuple[str, dict[str, Any]]], issued: int | None) -> None:
-        """Remember prompts just added (entry id, fields), to re-add any Redis forgets."""
+    def added_prompts(self, added: list[Issued], issued: int | None) -> None:
+        """Remember prompts just added (entry id, fields, traj_id), to re-add any Redis
+        forgets."""
         self._recent_prompts.extend(added)
         self._last_issued = issued if issued is not None else self._last_issued
 
@@ -103,15 +113,16 @@ class LossAuditor:
                 f"it forgot more than the last {RECENT_PROMPTS} prompts "
                 f"(the stream ends at {last_id})"
             )
-        kept = [(i, f) for i, f in self._recent_prompts if entry_key(i) <= last]
-        forgotten = [f for i, f in self._recent_prompts if entry_key(i) > last]
+        kept = [p for p in self._recent_prompts if entry_key(p[0]) <= last]
+        forgotten = [(f, t) for i, f, t in self._recent_prompts if entry_key(i) > last]
         log.error(
             "Redis forgot %d prompts it had acknowledged (restart with appendfsync "
             "everysec?); adding them again",
             len(forgotten),
         )
         ids = self.prompts.add_encoded(forgotten, self._last_issued)
-        self._recent_prompts = deque(kept + list(zip(ids, forgotten)), maxlen=RECENT_PROMPTS)
+        again = [(i, f, t) for i, (f, t) in zip(ids, forgotten)]
+        self._recent_prompts = deque(kept + again, maxlen=RECENT_PROMPTS)
         self.lost["prompts"] += len(forgotten)
         self.registry.count("redis_lost_prompts", len(forgotten))
         return len(forgotten)
@@ -119,24 +130,27 @@ class LossAuditor:
     # --- trajectories -----------------------------------------------------------------------------
     def track_trajectory_writes(self) -> None:
         """Rank 0: from now on `verify_trajectories` counts trajectory writes Redis forgets. It
-        starts from the stream as it is now: what Redis forgot before is not seen."""
-        self._trajectory_writes = self._look(None)[1:]
+        starts from the streams as they are now: what Redis forgot before is not seen."""
+        self._trajectory_writes = {}
 
     def verify_trajectories(self) -> int:
         """Rank 0 (after `track_trajectory_writes`): count trajectory writes, by any generator,
         that Redis acknowledged and then forgot; returns how many.
 
-        If the last entry we saw is still there nothing we saw was lost. If it is gone, every
-        entry after it was added since the restart, so entries-added minus those entries is how
-        many of the `seen` Redis kept."""
+        If the last entry we saw of a stream is still there nothing we saw was lost. If it is
+        gone, every entry after it was added since the restart, so entries-added minus those
+        entries is how many of the `seen` Redis kept. A stream seen for the first time starts
+        from what it holds."""
         if self._trajectory_writes is None:
             return 0
-        seen, last = self._trajectory_writes
-        still_there, added, now_last = self._look(last if seen else None)
         forgotten = 0
-        if not still_there:
-            forgotten = max(0, seen - (added - self._count_between(last, now_last)))
-        self._trajectory_writes = (added, now_last)
+        for gid in self.roster.active():
+            stream = self.keys.trajectories(gid)
+            seen, last = self._trajectory_writes.get(stream, (0, "0-0"))
+            still_there, added, now_last = self._look(stream, last if seen else None)
+            if not still_there:
+                forgotten += max(0, seen - (added - self._count_between(stream, last, now_last)))
+            self._trajectory_writes[stream] = (added, now_last)
         if forgotten:
             log.error(
                 "Redis forgot %d trajectory writes it had acknowledged (restart with "
@@ -147,26 +161,30 @@ class LossAuditor:
             self.registry.count("redis_lost_trajectory_writes", forgotten)
         return forgotten
 
-    def _look(self, entry_id: str | None) -> tuple[bool, int, str]:
-        """Whether `entry_id` (None: skip) is in the trajectories stream, its entries-added and
-        last id; one round trip, so a restart cannot fall between the answers."""
+    def witnesses(self) -> dict[str, str]:
+        """stream -> the entry id `verify_trajectories` looks for next: trimming keeps it."""
+        return {s: last for s, (_, last) in (self._trajectory_writes or {}).items()}
+
+    def _look(self, stream: str, entry_id: str | None) -> tuple[bool, int, str]:
+        """Whether `entry_id` (None: skip) is in `stream`, its entries-added and last id; one
+        round trip, so a restart cannot fall between the answers."""
         pipe = self.io.pipeline(transaction=False)
         if entry_id is not None:
-            pipe.xrange(self.keys.trajectories, entry_id, entry_id)
-        pipe.xinfo_stream(self.keys.trajectories)
+            pipe.xrange(stream, entry_id, entry_id)
+        pipe.xinfo_stream(stream)
         *found, info = pipe.execute(raise_on_error=False)
-        info = self.io.stream_reply(info, self.keys.trajectories)
+        info = self.io.stream_reply(info, stream)
         return (
             bool(found[0]) if found else True,
             int(info["entries-added"]),
             text(info["last-generated-id"]),
         )
 
-    def _count_between(self, after: str, upto: str) -> int:
-        """Trajectory entries with ids in (after, upto]; only run after Redis forgot some."""
+    def _count_between(self, stream: str, after: str, upto: str) -> int:
+        """Entries of `stream` with ids in (after, upto]; only run after Redis forgot some."""
         n, start = 0, f"({after}"
         while True:
-            chunk = self.io.xrange(self.keys.trajectories, start, upto, count=COUNT_CHUNK)
+            chunk = self.io.xrange(stream, start, upto, count=COUNT_CHUNK)
             n += len(chunk)
             if len(chunk) < COUNT_CHUNK:
                 return n
@@ -208,8 +226,8 @@ class CompletedPrompts:
 
     def check(self, claimed: list[tuple[str, PromptWork]]) -> None:
         """Count the claimed prompts this process had already finished."""
-        for _, work in claimed:
-            if (work.group_id, work.sample_index) in self._done:
+        for _, work in claimed:  # a prompt the learner issued again is not Redis forgetting
+            if not work.reissued and (work.group_id, work.sample_index) in self._done:
                 self.lost["trajectories"] += 1
                 log.error(
                     "Redis forgot the trajectory of %s/%d it had acknowledged (restart "

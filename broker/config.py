@@ -34,12 +34,11 @@ from rollflash.broker.config_gpu import PlacementConfig, VLLMConfig
 from rollflash.broker.config_logging import LoggingConfig
 from rollflash.broker.config_model import ModelConfig
 from rollflash.broker.config_rm import RewardModelTrainConfig
+from rollflash.broker.config_run import RedisConfig, RunConfig
 from rollflash.broker.config_sections import (
     GuardsConfig,
-    RedisConfig,
     RewardConfig,
     RolloutConfig,
-    RunConfig,
     SimConfig,
     TaskConfig,
     TrainerConfig,

@@ -1,4 +1,5 @@
-"""The sections of the run config (`run:`, `redis:`, `rollout:`, ...) other than `algo:`.
+"""The sections of the run config (`rollout:`, `trainer:`, ...) other than `run:` and `redis:`
+(broker/config_run.py) and `algo:`.
 
 Each field's type, bounds and one-line description are the single source of truth: the loader
 (broker/config.py) turns a violated bound into the one-line `ConfigError`, and the descriptions are
@@ -17,67 +18,6 @@ from rollflash.broker.config_base import Number, Section
 from rollflash.broker.config_errors import ConfigError
 from rollflash.broker.config_gpu import TrainerGpuKeys, VLLMConfig
 from rollflash.broker.config_reward import CodeRewardConfig, JudgeConfig
-from rollflash.broker.secrets import env_password, read_password_file, url_password, with_password
-
-
-class RunConfig(Section):
-    run_id: StrictStr = Field(
-        "demo", description="names the Redis keys rl:{run_id}:* and the run directory"
-    )
-    run_dir: StrictStr = Field(
-        "runs/demo", description="checkpoints, weights, metrics, summary.json"
-    )
-    seed: StrictInt = Field(0, description="seeds prompt order, sampling and initialisation")
-    torch_threads: StrictInt = Field(
-        0,
-        ge=0,
-        description="intra-op threads per process (0 = torch's default, which `rollctl run` "
-        "on a CPU sets from the cores: rollctl/cpu_layout.py)",
-    )
-
-
-class RedisConfig(Section):
-    url: StrictStr | None = Field(
-        None,
-        description="redis://, rediss:// or unix://; null lets `rollctl run` start its own",
-    )
-    connect_timeout_s: Number = Field(
-        30.0,
-        gt=0,
-        description="a running process waits out a lost connection (with backoff) this long; "
-        "the first contact at start-up gives up after 1 s",
-    )
-    max_payload_bytes: StrictInt = Field(
-        8_000_000,
-        gt=0,
-        description="entries larger than this go to the dead-letter stream undecoded",
-    )
-    password_file: StrictStr | None = Field(
-        None,
-        description="file whose first line is the Redis password, when redis.url holds none",
-    )
-
-    @model_validator(mode="after")
-    def _password_into_url(self) -> RedisConfig:
-        """Put the password from `password_file` or $ROLLFLASH_REDIS_PASSWORD into the in-memory
-        URL (broker/secrets.py); it is never saved."""
-        if self.url is None:
-            return self
-        if self.password_file is not None:
-            if url_password(self.url) is not None:
-                raise ConfigError(
-                    "redis.password_file: redis.url already holds a password; keep one of them"
-                )
-            try:
-                password = read_password_file(self.password_file)
-            except (OSError, ValueError) as e:
-                raise ConfigError(
-                    f"redis.password_file: cannot read a password from {self.password_file} ({e})"
-                ) from None
-            self.url = with_password(self.url, password)
-        elif url_password(self.url) is None and env_password() is not None:
-            self.url = with_password(self.url, env_password() or "")
-        return self
 
 
 class TaskConfig(Section):

@@ -10,7 +10,9 @@ socket) is reported after `STARTUP_TIMEOUT_S` (1 s) of retries, not after the wh
 waiting longer rarely helps a process that never reached it.
 
 A command retried after a lost connection may have run once already (the reply was lost): that is
-why trajectories are at-least-once and the learner drops duplicates by `traj_id` (broker/streams.py).
+why trajectories are at-least-once and the learner drops duplicates by `traj_id`
+(broker/trajectories.py). `ReconnectRetry.failures` counts such attempts, so a writer can tell
+which of its writes are indeterminate.
 
 Errors that retrying cannot fix fail at once with one line naming the cause: a wrong user or
 password, a missing permission, a TLS certificate the client does not trust. The URL in every
@@ -18,14 +20,17 @@ message has its password masked.
 
 URLs: `redis://[user:password@]host:port[/db]`, `rediss://...` for TLS (add
 `?ssl_ca_certs=/path/ca.pem` for a private CA, `&ssl_certfile=...&ssl_keyfile=...` for client
-certificates), `unix://[user:password@]/path/redis.sock`.
+certificates), `unix://[user:password@]/path/redis.sock`. Behind Sentinel (`redis.sentinel.hosts`)
+the URL gives only the user, password, database and TLS settings; the master's address comes from
+the Sentinels, and writes return once replicated (broker/sentinel.py). The Sentinels themselves
+are reached without a password.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import redis
 from redis.backoff import NoBackoff
@@ -33,7 +38,11 @@ from redis.retry import Retry
 
 from rollflash.broker.retry import retry_until
 from rollflash.broker.secrets import redact
+from rollflash.broker.sentinel import master_client
 from rollflash.errors import RollflashError
+
+if TYPE_CHECKING:
+    from rollflash.broker.config_run import SentinelConfig
 
 T = TypeVar("T")
 
@@ -70,6 +79,7 @@ class ReconnectRetry(Retry):
         super().__init__(NoBackoff(), retries=-1, supported_errors=_RECONNECT_ERRORS)
         self.timeout_s = timeout_s
         self.shown_url = shown_url
+        self.failures = 0  # attempts that lost their connection: their commands may have run
 
     def __deepcopy__(self, memo: dict[int, Any]) -> ReconnectRetry:
         return self  # no state per connection: the policy and the shown URL
@@ -89,6 +99,7 @@ class ReconnectRetry(Retry):
             )
 
         def on_failure(e: Exception, failures: int) -> None:
+            self.failures += 1
             if with_failure_count:  # redis-py's callback: it closes the broken connection
                 fail(e, failures)
             else:
@@ -112,15 +123,23 @@ class ReconnectRetry(Retry):
         )
 
 
-def connect(url: str, timeout_s: float) -> redis.Redis:
+def connect(url: str, timeout_s: float, sentinel: SentinelConfig | None = None) -> redis.Redis:
     """A client for `url` that reconnects with backoff for up to `timeout_s` on every command;
-    the first contact gives up after `STARTUP_TIMEOUT_S` (module docstring)."""
+    the first contact gives up after `STARTUP_TIMEOUT_S` (module docstring). With `sentinel`
+    hosts, the master the Sentinels name, whose writes return once replicated
+    (broker/sentinel.py)."""
     shown = redact(url)
+    if sentinel is not None and sentinel.hosts:
+        shown = f"{shown} (master {sentinel.service!r} of Sentinels {', '.join(sentinel.hosts)})"
     retry = ReconnectRetry(min(timeout_s, STARTUP_TIMEOUT_S), shown)
+    options: dict[str, Any] = {"socket_connect_timeout": 5, "health_check_interval": 30}
     try:
-        client = redis.Redis.from_url(
-            url, socket_connect_timeout=5, health_check_interval=30, retry=retry
-        )
+        if sentinel is not None and sentinel.hosts:
+            client: redis.Redis = master_client(
+                url, sentinel.hosts, sentinel.service, sentinel.replicas, retry=retry, **options
+            )
+        else:
+            client = redis.Redis.from_url(url, retry=retry, **options)
     except ValueError as e:
         # the parser's message may quote part of the password: show it only without credentials
         detail = f"({e})" if shown == url else "(percent-encode special characters in the password)"

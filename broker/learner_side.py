@@ -1,30 +1,53 @@
 """`LearnerBroker`: what a learner rank does with Redis, and nothing a generator does.
 
-Over one client it holds the run registry (broker/registry.py), the writing side of the prompts
-stream and the reading side of the trajectories stream (broker/streams.py), and the auditor of
-lost writes (broker/audit.py); each module's docstring states its guarantees. What this class adds
-is the order between them:
-- the run is created and checked before anything else: `ensure_groups`, `register_run`,
-  `check_intact` (learner/loop.py);
+Over one client it holds the run's lease (broker/lease.py), the run registry
+(broker/registry.py), the writing side of the prompts stream (broker/streams.py), the reading
+side of every generator's stream (broker/trajectories.py), the generators' roster
+(broker/roster.py), retention (broker/retention.py), the lost-prompt check (broker/inflight.py)
+and the auditor of lost writes (broker/audit.py); each module's docstring states its
+guarantees. What this class adds is the order between them:
+- the lease comes first: rank 0 takes it (`take_lease`) before anything is written, the other
+  ranks and the publishing process use its token (`use_lease`); every write below is fenced;
+- then the run is created and checked: `ensure_groups`, `register_run`, `check_intact`;
 - before adding prompts it re-adds any Redis forgot, so new entries never hide a lost tail;
-- every read first runs the auditor's `watch` (at most once a second): a Redis that lost the
-  run raises `RunLost`, and forgotten prompts, trajectory writes and weights are repaired or
-  counted in `lost`.
+- every read first runs `maintain` (at most once a second): the auditor's `watch` (a Redis that
+  lost the run raises `RunLost`; forgotten prompts, trajectory writes and weights are repaired or
+  counted in `lost`) and, on rank 0, the admission of joined generators, the check and trim of
+  their streams (quarantining a misbehaving one) and, every few seconds, retention;
+- a rejected entry is dead-lettered only after the caller recorded it (`dead_letter`), and one
+  whose provenance was forged quarantines its generator.
 """
 
 from __future__ import annotations
 
+import math
+import time
 from collections import Counter
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import redis
 
+from rollflash.broker import retention
 from rollflash.broker.audit import WATCH_INTERVAL_S, LossAuditor
+from rollflash.broker.connection import connect
 from rollflash.broker.fingerprint import Fingerprint
+from rollflash.broker.inflight import LostPrompts
+from rollflash.broker.lease import RunLease
+from rollflash.broker.provenance import FORGED, sign
 from rollflash.broker.redis_io import RunRedis
 from rollflash.broker.registry import RunRegistry
-from rollflash.broker.schema import PromptWork, Trajectory
-from rollflash.broker.streams import DeadLetters, PromptQueue, Rejected, TrajectoryStream
+from rollflash.broker.retention import Retention
+from rollflash.broker.roster import ACTIVE, Roster, statuses
+from rollflash.broker.schema import PromptWork
+from rollflash.broker.streams import DeadLetters, PromptQueue, Rejected
+from rollflash.broker.trajectories import Good, TrajectoryReader, split_ref
 from rollflash.broker.wire import WireLimits
+
+if TYPE_CHECKING:
+    from rollflash.broker.config import Config
+
+QUARANTINE = FORGED | {"trimmed"}  # rejections an honest generator never causes
 
 
 class LearnerBroker:
@@ -36,15 +59,51 @@ class LearnerBroker:
         busy_timeout_s: float = 60.0,
         watch_interval_s: float = WATCH_INTERVAL_S,
         limits: WireLimits | None = None,
+        lease_ttl_s: float = 30.0,
+        max_unacked: int = 100_000,
+        dlq_retention: tuple[int, float] = (1000, 7 * 86400.0),
+        keep_acknowledged_s: float = 0.0,
     ):
         io = RunRedis(client, run_id, busy_timeout_s)
-        self.keys = io.keys
-        self._dead_letters = DeadLetters(io, max_payload_bytes)
-        self._registry = RunRegistry(io)
-        self._prompts = PromptQueue(io, max_payload_bytes, self._dead_letters)
-        limits = limits or WireLimits(max_bytes=max_payload_bytes)
-        self._trajectories = TrajectoryStream(io, limits, self._dead_letters)
-        self._auditor = LossAuditor(io, self._registry, self._prompts, watch_interval_s)
+        self.io, self.keys = io, io.keys
+        self.lease = RunLease(io, lease_ttl_s)
+        self._registry = RunRegistry(io, self.lease)
+        self._prompts = PromptQueue(io, max_payload_bytes, self.lease)
+        self._dead_letters = DeadLetters(io, self.lease)
+        self.limits = limits or WireLimits(max_bytes=max_payload_bytes)
+        self._reader: TrajectoryReader | None = None  # once registered (it needs the MAC key)
+        self.roster = Roster(io, self.lease, max_unacked, keep_acknowledged_s)
+        self._retention = Retention(io, self.lease, *dlq_retention)
+        self._auditor = LossAuditor(
+            io, self._registry, self._prompts, self.roster, watch_interval_s
+        )
+        self.lost_prompts = LostPrompts(io, self.lease, self.roster)
+        self._mac_key = b""
+        self._maintainer = False  # rank 0: admits, checks and trims (`track_trajectory_writes`)
+        self._generators: list[str] = []  # the active ones, as of the last `maintain`
+        self._refused: set[str] = set()  # the quarantined ones, as of the last `maintain`
+        self._next_trim = 0.0
+
+    @classmethod
+    def for_config(cls, cfg: Config) -> LearnerBroker:
+        """A broker for the run with the config's limits (no lease yet); `redis.url` is set by
+        then (`rollctl run` fills it with its own server's)."""
+        r, t = cfg.redis, cfg.trainer  # an honest stream holds, unacknowledged, what admission
+        # lets be in flight and what was trained since the last checkpoint (acked once durable)
+        replicas = cfg.rollout.num_return_sequences + cfg.rollout.redundant_samples
+        steps = math.ceil(1 + t.async_ratio) + t.checkpoint_every
+        per_prompt = replicas if cfg.rollout.replicate_prompts else 1
+        in_flight = steps * t.rollout_batch_size * per_prompt
+        return cls(
+            connect(r.url or "", r.connect_timeout_s, r.sentinel),
+            cfg.run.run_id,
+            r.max_payload_bytes,
+            limits=WireLimits.for_config(cfg, vocab_size=None),
+            lease_ttl_s=r.lease_ttl_s,
+            max_unacked=4 * in_flight + 256,  # more from one generator: it floods (roster.py)
+            dlq_retention=(r.dlq_max_entries, r.dlq_max_age_s),
+            keep_acknowledged_s=r.keep_acknowledged_s,
+        )
 
     @property
     def lost(self) -> Counter[str]:
@@ -56,12 +115,34 @@ class LearnerBroker:
         """Trajectory entries this process rejected to the dlq."""
         return self._dead_letters.count
 
+    # --- the lease ------------------------------------------------------------------------------
+    def take_lease(self, take_over: bool = False) -> str:
+        """Rank 0, before any write: take the run's lease (`LeaseHeld` names its holder) and
+        keep it renewed; returns the token for the other ranks."""
+        self.lease.take(take_over)
+        self.lease.keep()
+        assert self.lease.token is not None
+        return self.lease.token
+
+    def use_lease(self, token: str) -> None:
+        """Fence this process's writes with rank 0's lease."""
+        self.lease.token = token
+
+    def check_lease(self) -> None:
+        """Before a file becomes visible (checkpoint, weights, ledger line): `LeaseLost` unless
+        the lease is ours for at least its TTL."""
+        self.lease.check()
+
+    def release(self) -> None:
+        self.lease.release()
+
     # --- the run --------------------------------------------------------------------------------
     def ensure_groups(self) -> None:
         self._registry.ensure_groups()
 
     def register_run(self, fingerprint: Fingerprint) -> None:
-        self._registry.register(fingerprint)
+        self._mac_key = self._registry.register(fingerprint)
+        self._reader = TrajectoryReader(self.io, self.lease, self.limits, self._mac_key)
 
     def check_intact(self) -> None:
         self._registry.check_intact()
@@ -77,28 +158,90 @@ class LearnerBroker:
 
     # --- prompts --------------------------------------------------------------------------------
     def add_prompts(self, works: list[PromptWork], issued: int | None = None) -> None:
-        """XADD the prompts, and the new `issued` total to the run hash in the same transaction."""
+        """Sign and XADD the prompts, with the new `issued` total in the same call."""
         self._auditor.verify_prompts()  # before our XADDs move the stream's last id past a lost tail
+        works = [sign(self._mac_key, w) for w in works]
         self._auditor.added_prompts(self._prompts.add(works, issued), issued)
 
     def replaced_groups(self) -> int:
         return self._prompts.replaced_groups()
+
+    # --- generators -------------------------------------------------------------------------------
+    def generators(self) -> list[str]:
+        """The active generators, whose streams every read covers."""
+        return list(self._generators)
+
+    def maintain(self) -> None:
+        """The work of a watch (module docstring), at most every watch interval."""
+        if not self._auditor.due():
+            return
+        if self._maintainer:
+            self.roster.admit_joined()
+        self._auditor.watch()
+        if self._maintainer:
+            self.roster.check_streams(self._auditor.witnesses())
+            every = statuses(self.io)
+            self.roster.sweep([g for g, s in every.items() if s != ACTIVE])
+            self.roster.contain([g for g, s in every.items() if s != ACTIVE])
+            if time.monotonic() >= self._next_trim:
+                self._next_trim = time.monotonic() + retention.INTERVAL_S
+                self._retention.trim(sorted(every))
+                self.roster.retire_idle()
+        every = statuses(self.io)
+        self._generators = sorted(g for g, s in every.items() if s == ACTIVE)
+        self._refused = {g for g, s in every.items() if s != ACTIVE}
+
+    def maintain_now(self) -> None:
+        """`maintain`, retention included, whether or not they are due (tests, and a caller
+        that just changed the roster)."""
+        self._auditor.defer_watch(0.0)
+        self._next_trim = 0.0
+        self.maintain()
+
+    def refused(self) -> set[str]:
+        """Generators whose entries are refused (quarantined), as of the last `maintain`."""
+        return set(self._refused)
 
     # --- trajectories -----------------------------------------------------------------------------
     def read_trajectories(
         self,
         consumer: str,
         count: int,
-        block_ms: int,
-        vocab_size: int,
-        own_pending: bool = False,
-        after: str = "0",
-    ) -> tuple[list[tuple[str, Trajectory]], list[Rejected]]:
-        self._auditor.watch()
-        return self._trajectories.read(consumer, count, block_ms, vocab_size, own_pending, after)
+        block_ms: int | None,
+        check: tuple[int, int, int],
+        after: dict[str, str] | None = None,
+    ) -> tuple[Good, list[Rejected]]:
+        """Read every active generator's stream; `check` = (vocab size, group size, the
+        learner's version) for validation; `after` re-reads this consumer's pending entries."""
+        self.maintain()
+        assert self._reader is not None, "register the run first"
+        if not self._generators:
+            if block_ms:
+                time.sleep(block_ms / 1000)  # nobody to wait for yet
+            return [], []
+        return self._reader.read(consumer, self._generators, count, block_ms, check, after)
 
-    def ack_trajectories(self, entry_ids: list[str], replaced: int = 0) -> None:
-        self._trajectories.ack(entry_ids, replaced)
+    def dead_letter(self, rejected: list[Rejected]) -> None:
+        """Copy rejected entries (recorded by the caller) to the dlq and acknowledge them; a
+        forged one quarantines its generator."""
+        assert self._reader is not None, "register the run first"
+        self._dead_letters.send(rejected, self._reader.acks([r.ref for r in rejected]))
+        for r in rejected:
+            if r.error.code in QUARANTINE:
+                gid = split_ref(r.ref)[0]
+                if self.roster.quarantine(gid, f"{r.error.code}: {r.reason}"):
+                    self._generators = [g for g in self._generators if g != gid]
+                    self._refused.add(gid)
+
+    def ack_trajectories(
+        self, refs: Sequence[str], finished: Sequence[str] = (), replaced: int = 0
+    ) -> None:
+        """Acknowledge entries; `finished`: traj_ids the learner is done with (trained, or
+        dropped and replaced), forgotten by `inflight`; `replaced`: groups to replace. Safe to
+        replay (broker/trajectories.py `ack`)."""
+        if refs or finished or replaced:
+            assert self._reader is not None, "register the run first"
+            self._reader.ack(refs, finished, replaced)
 
     # --- weights --------------------------------------------------------------------------------
     def announce_weights(
@@ -143,10 +286,12 @@ class LearnerBroker:
                 out[f"gen/{key}"] = max(values)
         return out
 
-    # --- lost writes (also run by every read, through `watch`) ----------------------------------
+    # --- lost writes (also run by every read, through `maintain`) -------------------------------
     def track_trajectory_writes(self) -> None:
-        """Rank 0 only: one witness of forgotten trajectory writes per run."""
+        """Rank 0 only: one witness of forgotten trajectory writes per run, and the one
+        process that admits, checks and trims generators' streams."""
         self._auditor.track_trajectory_writes()
+        self._maintainer = True
 
     def verify_prompts(self) -> int:
         return self._auditor.verify_prompts()

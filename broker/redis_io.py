@@ -5,9 +5,12 @@ maxmemory, and the one place where redis-py's loosely typed replies become typed
 Guarantees:
 - Nothing here re-creates a run's keys once they are gone: a missing stream, consumer group or run
   hash raises `RunLost`, which names what is missing.
-- Writes refused because Redis is at maxmemory (noeviction: "OOM ...") are retried with backoff
-  (broker/retry.py) for `busy_timeout_s`, then raise `BrokerUnavailable`. A lost connection is
-  the client's business (broker/connection.py), not this module's.
+- Writes refused because Redis is at maxmemory (noeviction: "OOM ...") or busy (a long script,
+  loading its data after a restart, a replica during a failover) are retried with backoff
+  (broker/retry.py) for `busy_timeout_s`, then raise `BrokerUnavailable`. Any other refusal is
+  tried `REFUSED_ATTEMPTS` times in all, then raises `WriteRefused` naming the write and Redis's
+  reason: one line for the user, never a traceback. A lost connection is the client's business
+  (broker/connection.py), not this module's.
 """
 
 from __future__ import annotations
@@ -38,6 +41,15 @@ class RunLost(RunMismatch):
     """Redis no longer holds this run's state (it came back empty, or keys were deleted)."""
 
 
+class WriteRefused(RunMismatch):
+    """Redis kept refusing a write for a reason waiting does not cure (a permission, a key of
+    the wrong type); the message names the write and the reason."""
+
+
+REFUSED_ATTEMPTS = 3  # tries of a write Redis refuses for a reason other than memory or load
+_BUSY = ("BUSY", "LOADING", "READONLY", "MASTERDOWN", "TRYAGAIN")
+
+
 def text(v: bytes | str) -> str:
     """A reply value as text (the client does not decode replies: fields hold raw bytes)."""
     return v.decode() if isinstance(v, bytes) else v
@@ -66,6 +78,12 @@ def is_oom(e: Exception) -> bool:
     )
 
 
+def is_busy(e: Exception) -> bool:
+    """Redis refused a write it will take once it is less busy: maxmemory, a running script,
+    loading its data, a replica that is not (yet) the primary."""
+    return is_oom(e) or (isinstance(e, redis.ResponseError) and str(e).startswith(_BUSY))
+
+
 def _no_such_key(e: Exception) -> bool:
     return "no such key" in str(e).lower()
 
@@ -86,22 +104,46 @@ class RunRedis:
             "or start a new run (another run.run_id)"
         )
 
-    def write(self, call: Callable[[], T]) -> T:
-        """Run a write, waiting out "OOM" refusals (Redis at maxmemory with noeviction)."""
+    def write(
+        self,
+        call: Callable[[], T],
+        what: str = "a write",
+        final: Callable[[Exception], bool] | None = None,
+    ) -> T:
+        """Run a write, waiting out refusals of a busy Redis (at maxmemory with noeviction,
+        loading, ...) and trying other refusals `REFUSED_ATTEMPTS` times; `final(e)` says which
+        errors no retry can cure (raised as they are)."""
         timeout_s = self.busy_timeout_s
+        refusals = [0]
+
+        def retry_if(e: Exception) -> bool:
+            if is_busy(e):
+                return True
+            if not isinstance(e, redis.ResponseError) or (final is not None and final(e)):
+                return False
+            refusals[0] += 1
+            if refusals[0] >= REFUSED_ATTEMPTS:
+                raise WriteRefused(
+                    f"Redis refused {what} of run {self.keys.prefix} {refusals[0]} times: {e}"
+                ) from None
+            return True
 
         def give_up(e: Exception, failures: int) -> Exception:
+            if is_oom(e):
+                return BrokerUnavailable(
+                    f"Redis refused writes for {timeout_s:.0f}s because it is at "
+                    "maxmemory: raise maxmemory or free memory"
+                )
             return BrokerUnavailable(
-                f"Redis refused writes for {timeout_s:.0f}s because it is at "
-                "maxmemory: raise maxmemory or free memory"
+                f"Redis refused writes for {timeout_s:.0f}s because it is busy ({str(e)[:80]})"
             )
 
         return retry_until(
             call,
             timeout_s=timeout_s,
-            retry_if=is_oom,
+            retry_if=retry_if,
             give_up=give_up,
-            warn="Redis is at maxmemory (%s); retrying the write in %.1fs",
+            warn="Redis refused a write (%s); retrying it in %.1fs",
         )
 
     def pipeline(self, transaction: bool) -> Pipeline:

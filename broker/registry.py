@@ -2,10 +2,11 @@
 `weights` hash (the last published version) and the generators' heartbeat hashes.
 
 Guarantees:
-- Only the learner creates a run: `ensure_groups` and `register` create the streams, their
-  consumer groups and the run hash. A generator only `join`s, read-only (its ACL allows no more),
-  and refuses a run with another config fingerprint or wire schema (`RunMismatch`, naming each
-  key that differs: broker/fingerprint.py).
+- Only the learner creates a run: `ensure_groups` and `register` create the prompts stream, its
+  consumer group, the learner's dlq, the run hash and the MAC key, under its lease (every write
+  of the learner here is fenced: broker/lease.py). A generator only `join`s, read-only (its ACL
+  allows no more), and refuses a run with another config fingerprint or wire schema
+  (`RunMismatch`, naming each key that differs: broker/fingerprint.py).
 - `check_intact` (learner) and `run_state` (generator, every turn) raise `RunLost` naming what is
   missing once Redis no longer holds the run; nothing here re-creates it.
 - The `weights` hash is the source of truth for the published version; notifications
@@ -15,53 +16,71 @@ Guarantees:
   version when a background publisher (learner/publish.py) announces while the audit repeats.
 - Heartbeat hashes expire after `ttl_s`: a generator that stops beating leaves
   `live_generators`, and weight retention keeps every version a live generator reports loaded.
+  The generators are those the learner admitted (broker/roster.py), read without SCAN (which
+  would list other runs' keys) and each from its own key, which only it can write.
 """
 
 from __future__ import annotations
 
+import secrets
 import threading
 import time
 from typing import Any
 
-import redis
-
 from rollflash.broker.fingerprint import Fingerprint, fingerprint_mismatch
 from rollflash.broker.keys import GEN_GROUP, LEARNER_GROUP
+from rollflash.broker.lease import RunLease
 from rollflash.broker.redis_io import RunMismatch, RunRedis, opt_text, text, wire
+from rollflash.broker.roster import ACTIVE, statuses
 from rollflash.broker.schema import SCHEMA_VERSION
+from rollflash.broker.streams import flat
 
 Fields = dict[str, str | int | float]
 
 
 class RunRegistry:
-    def __init__(self, io: RunRedis):
+    def __init__(self, io: RunRedis, lease: RunLease | None = None):
         self.io, self.keys = io, io.keys
+        self.lease = lease  # the learner's: its writes here are fenced
         self.fingerprint: str | None = None  # set by the learner's `register`
         self.announced: Fields | None = None  # the last weights this process announced
         self._announcing = threading.Lock()  # announce_weights and announce_again, one at a time
 
     # --- the run hash ---------------------------------------------------------------------------
-    def ensure_groups(self) -> None:
-        """Learner: create both streams and their consumer groups unless they exist."""
-        for stream, group in (
-            (self.keys.prompts, GEN_GROUP),
-            (self.keys.trajectories, LEARNER_GROUP),
-        ):
-            try:
-                self.io.client.xgroup_create(stream, group, id="0", mkstream=True)
-            except redis.ResponseError as e:
-                if "BUSYGROUP" not in str(e):
-                    raise
+    @property
+    def _lease(self) -> RunLease:
+        assert self.lease is not None, "a learner write without the lease"
+        return self.lease
 
-    def register(self, fingerprint: Fingerprint) -> None:
-        """Learner: record the run's config fingerprint, or refuse a run with another one."""
-        pipe = self.io.pipeline(transaction=True)
-        pipe.hsetnx(self.keys.run, "fingerprint", fingerprint.digest)
-        pipe.hsetnx(self.keys.run, "fingerprint_keys", fingerprint.to_json())
-        pipe.hsetnx(self.keys.run, "schema", SCHEMA_VERSION)
-        pipe.execute()
+    def ensure_groups(self) -> None:
+        """Learner: create the prompts stream and its group, and the learner's (empty) dlq,
+        unless they exist."""
+        commands: list[Any] = []
+        if not self.io.client.exists(self.keys.prompts):
+            commands.append(("XGROUP", "CREATE", self.keys.prompts, GEN_GROUP, "0", "MKSTREAM"))
+        if not self.io.client.exists(self.keys.dlq):
+            commands.append(("XGROUP", "CREATE", self.keys.dlq, "x", "$", "MKSTREAM"))
+            commands.append(("XGROUP", "DESTROY", self.keys.dlq, "x"))
+        self._lease.execute(commands, "the run's creation")
+
+    def register(self, fingerprint: Fingerprint) -> bytes:
+        """Learner: record the run's config fingerprint, or refuse a run with another one;
+        returns the run's MAC key (made by its first learner)."""
+        self._lease.execute(
+            [
+                ("HSETNX", self.keys.run, "fingerprint", fingerprint.digest),
+                ("HSETNX", self.keys.run, "fingerprint_keys", fingerprint.to_json()),
+                ("HSETNX", self.keys.run, "schema", SCHEMA_VERSION),
+                ("SET", self.keys.mac_key, secrets.token_hex(32), "NX"),
+            ],
+            "the run's registration",
+        )
         self._check(fingerprint)
         self.fingerprint = fingerprint.digest
+        key: Any = self.io.client.get(self.keys.mac_key)
+        if key is None:
+            raise self.io.lost(f"the MAC key {self.keys.mac_key} is gone")
+        return bytes(key)
 
     def join(self, fingerprint: Fingerprint, timeout_s: float) -> None:
         """Generator: wait (read-only) for the learner to register the run, then check it."""
@@ -95,12 +114,15 @@ class RunRegistry:
 
     def check_intact(self) -> None:
         """Raise `RunLost` naming what is missing unless Redis still holds the run hash (with
-        this run's fingerprint), both streams and both consumer groups. Needs XINFO (the learner's
-        ACL user; not the generator's). One round trip."""
+        this run's fingerprint), the prompts stream and every admitted generator's stream with
+        their consumer groups. Needs XINFO (the learner's ACL user; not the generator's). One
+        round trip."""
+        streams = [self.keys.prompts]
+        streams += [self.keys.trajectories(g) for g, s in statuses(self.io).items() if s == ACTIVE]
         pipe = self.io.pipeline(transaction=False)
         pipe.hget(self.keys.run, "fingerprint")
-        pipe.xinfo_groups(self.keys.prompts)
-        pipe.xinfo_groups(self.keys.trajectories)
+        for stream in streams:
+            pipe.xinfo_groups(stream)
         fingerprint, *groups = pipe.execute(raise_on_error=False)
         if fingerprint is None:
             raise self.io.lost(f"the run hash {self.keys.run} is gone")
@@ -109,11 +131,9 @@ class RunRegistry:
                 f"run {self.keys.prefix} now has config fingerprint {text(fingerprint)}, "
                 f"this learner registered {self.fingerprint}"
             )
-        for stream, group, info in zip(
-            (self.keys.prompts, self.keys.trajectories), (GEN_GROUP, LEARNER_GROUP), groups
-        ):
-            info = self.io.stream_reply(info, stream)
-            if group not in {text(g["name"]) for g in info}:
+        for stream, info in zip(streams, groups):
+            group = GEN_GROUP if stream == self.keys.prompts else LEARNER_GROUP
+            if group not in {text(g["name"]) for g in self.io.stream_reply(info, stream)}:
                 raise self.io.lost(f"the consumer group {group!r} of {stream} is gone")
 
     def run_state(self) -> str | None:
@@ -128,11 +148,11 @@ class RunRegistry:
         return self.io.hash(self.keys.run)
 
     def set_fields(self, **fields: str | int | float) -> None:
-        self.io.write(lambda: self.io.client.hset(self.keys.run, mapping=wire(fields)))
+        self._lease.execute([("HSET", self.keys.run, *flat(fields))], "the run hash")
 
     def count(self, name: str, n: int) -> None:
         """Add `n` to the run hash's counter `name` (learner only: generators may not write it)."""
-        self.io.write(lambda: self.io.client.hincrby(self.keys.run, name, n))
+        self._lease.execute([("HINCRBY", self.keys.run, name, n)], "a run counter")
 
     # --- weights ----------------------------------------------------------------------------------
     def announce_weights(
@@ -160,7 +180,7 @@ class RunRegistry:
     def _write_announced(self) -> None:
         announced = self.announced
         if announced is not None:
-            self.io.write(lambda: self.io.client.hset(self.keys.weights, mapping=wire(announced)))
+            self._lease.execute([("HSET", self.keys.weights, *flat(announced))], "the weights hash")
 
     def weights(self) -> dict[str, str]:
         return self.io.hash(self.keys.weights)
@@ -177,18 +197,23 @@ class RunRegistry:
 
         self.io.write(write)
 
+    def generator_ids(self) -> list[str]:
+        """The generators the learner admitted (quarantined ones too) and those asking to join."""
+        joined: Any = self.io.client.smembers(self.keys.joined)
+        return sorted(set(statuses(self.io)) | {text(g) for g in joined})
+
     def live_generators(self) -> dict[str, dict[str, str]]:
-        """Each live generator's status hash, read in one pipeline after the key scan."""
-        keys = [text(k) for k in self.io.client.scan_iter(match=self.keys.gen_pattern, count=100)]
-        if not keys:
+        """Each live generator's status hash (its heartbeat), read in one pipeline."""
+        ids = self.generator_ids()
+        if not ids:
             return {}
         pipe = self.io.client.pipeline(transaction=False)
-        for key in keys:
-            pipe.hgetall(key)
+        for gid in ids:
+            pipe.hgetall(self.keys.gen(gid))
         out = {}
-        for key, raw in zip(keys, pipe.execute()):
-            if raw:  # expired between the scan and the read
-                out[self.keys.generator_id(key)] = {text(k): text(v) for k, v in raw.items()}
+        for gid, raw in zip(ids, pipe.execute()):
+            if raw:  # no heartbeat (expired, or never beat)
+                out[gid] = {text(k): text(v) for k, v in raw.items()}
         return out
 
     def loaded_versions(self) -> set[int]:
@@ -201,16 +226,23 @@ class RunRegistry:
 
     # --- for `rollctl status` ---------------------------------------------------------------------
     def stream_status(self) -> dict[str, dict[str, Any]]:
-        """Each stream's length and its consumer groups' consumers, pending and lag."""
+        """Each stream's length and its consumer groups' consumers, pending and lag: the
+        prompts, every admitted generator's trajectories (`traj:{id}`), the learner's dlq."""
+        names = [("prompts", self.keys.prompts)]
+        names += [(f"traj:{g}", self.keys.trajectories(g)) for g in sorted(statuses(self.io))]
         out = {}
-        for name, key in (
-            ("prompts", self.keys.prompts),
-            ("trajectories", self.keys.trajectories),
-            ("dlq", self.keys.dlq),
-        ):
+        for name, key in names + [("dlq", self.keys.dlq)]:
             length: Any = self.io.client.xlen(key)
             out[name] = {"length": length, "groups": self._groups(key)}
         return out
+
+    def quarantined(self) -> dict[str, str]:
+        """Quarantined generator id -> why (broker/roster.py)."""
+        return {
+            g: s.removeprefix("quarantined ")
+            for g, s in statuses(self.io).items()
+            if s.startswith("quarantined")
+        }
 
     def dead_letters_by_code(self) -> dict[str, int]:
         """Entries dead-lettered so far, by reason code (broker/wire.py)."""

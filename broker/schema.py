@@ -23,7 +23,10 @@ reward function's score, None where it failed, with two or more functions or a f
 optional too.
 Readers refuse keys they do not know, so a new field needs a new SCHEMA_VERSION. The small
 scalar fields (`traj_id`, `behavior_version`, `reward_mean`, ...) sit beside the msgpack `data`
-field so that `redis-cli XRANGE` shows them readably.
+field so that `redis-cli XRANGE` shows them readably; so does `mac`, the learner's MAC over the
+prompt entry (broker/provenance.py), which a generator copies from the prompt to its trajectory.
+Every string has a byte cap: ids at `WireLimits.max_id_bytes`, a sample's `text` at
+`WireLimits.max_text_bytes`, a `reward_failure` at 48 characters.
 """
 
 from __future__ import annotations
@@ -41,6 +44,13 @@ from rollflash.broker.sample_ranges import check_count as _check_count
 from rollflash.broker.sample_ranges import check_ids as _check_ids
 from rollflash.broker.sample_ranges import check_reward_parts as _check_reward_parts
 from rollflash.broker.sample_ranges import check_samples as _check_samples
+from rollflash.broker.scalars import (
+    check_schema,
+    check_text,
+    int_field,
+    mac_field,
+    text_field,
+)
 from rollflash.broker.turns import TURN_FIELDS as _TURN_FIELDS
 from rollflash.broker.turns import TURN_NAMES as _TURN_NAMES
 from rollflash.broker.turns import check_turns as _check_turns
@@ -55,9 +65,7 @@ from rollflash.broker.wire import (
     typed,
 )
 
-SCHEMA_VERSION = 1
-
-_MAX_TEXT = 256  # bytes of an id or a generator name on the wire
+SCHEMA_VERSION = 2
 
 
 @dataclass
@@ -71,6 +79,8 @@ class PromptWork:
     item: dict[str, Any]  # the task item (prompt text, answer, ...) as plain msgpack types
     sample_index: int = -1  # with prompt replication: which sample of the group (-1: all n)
     retried: bool = False  # set by the reader, not on the wire: delivered before (streams.py)
+    mac: str = ""  # the learner's MAC over the fields above (broker/provenance.py)
+    reissued: bool = False  # issued again by the learner (broker/inflight.py): `reissued` = 1
 
 
 @dataclass
@@ -110,6 +120,7 @@ class Trajectory:
     samples: list[Sample] = field(default_factory=list)
     retried: bool = False  # its prompt had been delivered before: a generator died holding it,
     #                        or Redis forgot an acknowledgement (so maybe a duplicate)
+    mac: str = ""  # copied from the prompt entry: the learner checks it (broker/provenance.py)
 
     @property
     def reward_mean(self) -> float:
@@ -135,6 +146,7 @@ class Trajectory:
             prompt_ids=np.asarray(prompt_ids, dtype=np.int32),
             samples=samples,
             retried=work.retried,
+            mac=work.mac,
         )
 
 
@@ -147,6 +159,7 @@ def encode_prompt(w: PromptWork) -> dict[str, Any]:
         "n": w.n,
         "issued_version": w.issued_version,
         "sample_index": w.sample_index,
+        "mac": w.mac,
         "data": data,
     }
 
@@ -190,37 +203,9 @@ def encode_trajectory(t: Trajectory) -> dict[str, Any]:
         "generator": t.generator,
         "n": len(t.samples),
         "reward_mean": f"{t.reward_mean:.4f}",
+        "mac": t.mac,
         "data": msgpack.packb(body, use_bin_type=True),
     }
-
-
-def _check_schema(fields: dict[bytes, bytes]) -> None:
-    schema = fields.get(b"schema")
-    if schema != str(SCHEMA_VERSION).encode():
-        raise WireError(f"schema {schema!r} is not the supported {SCHEMA_VERSION}", "schema")
-
-
-def _text_field(fields: dict[bytes, bytes], key: str, what: str) -> str:
-    raw = fields.get(key.encode())
-    if not isinstance(raw, bytes) or not 0 < len(raw) <= _MAX_TEXT:
-        raise WireError(
-            f"{what}: bad scalar field {key} (missing or over {_MAX_TEXT} bytes)", "bad_type"
-        )
-    try:
-        return raw.decode()
-    except UnicodeDecodeError:
-        raise WireError(f"{what}: bad scalar field {key} (not UTF-8)", "bad_type") from None
-
-
-def _int_field(fields: dict[bytes, bytes], key: str, what: str, low: int, high: int) -> int:
-    raw = fields.get(key.encode())
-    try:
-        value = int(raw)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        raise WireError(f"{what}: bad scalar field {key} ({raw!r:.40})", "bad_type") from None
-    if not low <= value <= high:
-        raise WireError(f"{what}.{key}: {value} outside [{low}, {high}]", "out_of_range")
-    return value
 
 
 _PROMPT_BODY = frozenset({"item"})
@@ -232,7 +217,7 @@ def decode_prompt(fields: dict[bytes, bytes], max_bytes: int) -> PromptWork:
 
 
 def _decode_prompt(fields: dict[bytes, bytes], limits: WireLimits) -> PromptWork:
-    _check_schema(fields)
+    check_schema(fields, SCHEMA_VERSION)
     body = BodyReader(fields.get(b"data"), limits)
     item = None
     for _ in body.fields("prompt", _PROMPT_BODY):
@@ -240,14 +225,16 @@ def _decode_prompt(fields: dict[bytes, bytes], limits: WireLimits) -> PromptWork
     body.finish()
     if item is None:
         raise WireError("prompt: item missing", "schema")
-    n = _int_field(fields, "n", "prompt", 1, limits.max_samples)
+    n = int_field(fields, "n", "prompt", 1, limits.max_samples)
     return PromptWork(
-        prompt_id=_text_field(fields, "prompt_id", "prompt"),
-        group_id=_text_field(fields, "group_id", "prompt"),
+        prompt_id=text_field(fields, "prompt_id", "prompt", limits),
+        group_id=text_field(fields, "group_id", "prompt", limits),
         n=n,
-        issued_version=_int_field(fields, "issued_version", "prompt", 0, _MAX_VERSION),
+        issued_version=int_field(fields, "issued_version", "prompt", 0, _MAX_VERSION),
         item=item,
-        sample_index=int(fields[b"sample_index"]) if b"sample_index" in fields else -1,
+        sample_index=int_field(fields, "sample_index", "prompt", -1, limits.max_samples * 4),
+        mac=mac_field(fields, "prompt", limits),
+        reissued=fields.get(b"reissued") == b"1",
     )
 
 
@@ -277,7 +264,7 @@ def _decoded(what: str, decode: Callable[[], Any]) -> Any:
 
 
 def _decode_trajectory(fields: dict[bytes, bytes], limits: WireLimits) -> Trajectory:
-    _check_schema(fields)
+    check_schema(fields, SCHEMA_VERSION)
     body = BodyReader(fields.get(b"data"), limits)
     parts: dict[str, Any] = {"retried": False}
     for key in body.fields("trajectory", _TRAJECTORY_BODY):
@@ -299,26 +286,27 @@ def _decode_trajectory(fields: dict[bytes, bytes], limits: WireLimits) -> Trajec
         raise WireError("trajectory: no samples", "out_of_range")
     _check_ids(prompt_ids, "prompt_ids", limits)
     oldest = _check_samples(samples, limits)
-    behavior = _int_field(fields, "behavior_version", "trajectory", 0, _MAX_VERSION)
+    behavior = int_field(fields, "behavior_version", "trajectory", 0, _MAX_VERSION)
     if behavior != oldest:
         raise WireError(
             f"trajectory.behavior_version: {behavior} is not its oldest token's version {oldest}",
             "out_of_range",
         )
-    if _int_field(fields, "n", "trajectory", 1, limits.max_samples) != len(samples):
+    if int_field(fields, "n", "trajectory", 1, limits.max_samples) != len(samples):
         raise WireError(f"trajectory.n: does not match its {len(samples)} samples", "out_of_range")
     if not 0 <= parts["issued_version"] <= _MAX_VERSION:
         raise WireError("trajectory.issued_version: out of range", "out_of_range")
     return Trajectory(
-        traj_id=_text_field(fields, "traj_id", "trajectory"),
-        prompt_id=_text_field(fields, "prompt_id", "trajectory"),
-        group_id=_text_field(fields, "group_id", "trajectory"),
-        generator=_text_field(fields, "generator", "trajectory"),
+        traj_id=text_field(fields, "traj_id", "trajectory", limits),
+        prompt_id=text_field(fields, "prompt_id", "trajectory", limits),
+        group_id=text_field(fields, "group_id", "trajectory", limits),
+        generator=text_field(fields, "generator", "trajectory", limits),
         behavior_version=behavior,
         issued_version=parts["issued_version"],
         prompt_ids=prompt_ids,
         samples=samples,
         retried=parts["retried"],
+        mac=mac_field(fields, "trajectory", limits),
     )
 
 
@@ -336,7 +324,7 @@ def _decode_sample(fields: dict[Any, Any], what: str, limits: WireLimits) -> Sam
             (reward.__class__ is float or reward.__class__ is int)
             and math.isfinite(reward)
             and finished.__class__ is bool
-            and text.__class__ is str
+            and (text.__class__ is str and len(text) <= limits.max_text_bytes // 4)
             and ids.shape == logprobs.shape == versions.shape
         ):
             return Sample(ids, logprobs, versions, float(reward), finished, text)
@@ -367,6 +355,7 @@ def _decode_sample(fields: dict[Any, Any], what: str, limits: WireLimits) -> Sam
         )
     if not math.isfinite(parts["reward"]):
         raise WireError(f"{what}.reward: not finite ({parts['reward']})", "out_of_range")
+    check_text(parts["text"], f"{what}.text", limits)
     env_errors = _check_count(parts.get("env_errors", 0), f"{what}.env_errors")
     turns = {k: parts[k] for k in _TURN_NAMES if k in parts}
     return Sample(

@@ -1,124 +1,155 @@
-"""The run's two streams and their dead letters: `prompts` (the learner adds, the generators'
-group `gen` claims) and `trajectories` (the generators add, the learner's group `learner` reads).
+"""The prompts stream and the dead letters: `prompts` (the learner adds, the generators' group
+`gen` claims), the learner's `dlq` (trajectory entries it rejected) and each generator's
+`dlq:{id}` (prompt entries it rejected). The trajectory streams are in broker/trajectories.py.
 
 Delivery guarantees:
-- A prompt entry is acknowledged by a generator in the same MULTI/EXEC transaction that adds its
-  trajectory (`TrajectoryStream.add`), so a group is never both lost and acknowledged. A generator
-  that dies before that leaves the prompt pending; on restart it re-reads its own pending entries
-  first, and any other generator takes it over (XAUTOCLAIM) once it has been idle for
-  `rollout.reclaim_idle_s`. Entries delivered before are marked `retried`, and so are the
-  trajectories made from them: the learner counts those.
-- A trajectory entry is acknowledged by the learner only after the update that used it has been
-  published (or after it was rejected), so a learner crash re-delivers it to the same consumer.
-- Entries that fail to decode or validate are copied to `dlq` with the reason and their original
-  id, then acknowledged, in one transaction: nothing is dropped silently and nothing poisons a
-  reader twice.
-Trajectories are at-least-once (a retried command may have run: broker/connection.py); the
-learner drops duplicates by `traj_id`.
+- The learner issues prompts with `issue`, a fenced function (broker/lease.py): each entry is
+  added with its traj_id recorded in `inflight` (traj_id -> entry id) and the new `issued` total
+  in the run hash, atomically. `inflight` is what the learner checks for prompts whose answer
+  never came (broker/inflight.py), and what keeps the stream from being trimmed below a prompt
+  still in flight (broker/retention.py).
+- A prompt entry is acknowledged by a generator in the function that adds its trajectory, after
+  the XADD succeeded (broker/trajectories.py), so a group is never both lost and acknowledged by
+  an honest generator. A generator that dies before that leaves the prompt pending; on restart it
+  re-reads its own pending entries first, and any other generator takes it over (XAUTOCLAIM) once
+  it has been idle for `rollout.reclaim_idle_s`. Entries delivered before, or issued again by
+  the learner (`reissued`), are marked `retried`, and so are the trajectories made from them:
+  the learner counts those.
+- A prompt entry a generator cannot decode is copied to its `dlq:{id}` with the reason and
+  acknowledged, in one function call; the learner issues it again like any prompt answered with
+  nothing it could use.
+- A trajectory entry the learner rejects is copied to `dlq` with its reason, counted by code in
+  `dlq_reasons` and acknowledged in one fenced call; if Redis keeps refusing the copy, it is
+  acknowledged without one (counted `dlq_refused` in the run hash), so no entry poisons a reader
+  twice and a broken dlq never stops the learner. Copied fields are cut at `DLQ_FIELD_BYTES`.
 - XADD uses NOMKSTREAM and reads need the consumer group: a stream or group Redis no longer holds
   raises `RunLost` (broker/redis_io.py), never re-creates it.
-- Every write rides out Redis at maxmemory for `busy_timeout_s` (broker/redis_io.py).
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from rollflash.broker.keys import GEN_GROUP, LEARNER_GROUP
-from rollflash.broker.redis_io import Entry, RunRedis, text, wire
-from rollflash.broker.schema import (
-    PromptWork,
-    Trajectory,
-    WireError,
-    decode_prompt,
-    decode_trajectory,
-    encode_prompt,
-    encode_trajectory,
-)
-from rollflash.broker.wire import WireLimits
+from rollflash.broker import functions
+from rollflash.broker.keys import GEN_GROUP
+from rollflash.broker.lease import RunLease
+from rollflash.broker.redis_io import Entry, RunRedis, WriteRefused, text
+from rollflash.broker.schema import PromptWork, WireError, decode_prompt, encode_prompt
 
 log = logging.getLogger(__name__)
 
 Claimed = list[tuple[str, PromptWork]]  # (prompt entry id, work)
+Issued = tuple[str, dict[str, Any], str]  # (entry id, encoded fields, traj_id)
+DLQ_FIELD_BYTES = 1 << 16  # a dead letter keeps each original field up to this size
+
+
+def flat(fields: dict[str, Any]) -> list[Any]:
+    """A field mapping as the argument list of an XADD inside a function."""
+    return [x for kv in fields.items() for x in kv]
+
+
+def traj_id_of(w: PromptWork) -> str:
+    """The traj_id the answer to `w` will carry (schema.Trajectory.for_work)."""
+    return w.group_id if w.sample_index < 0 else f"{w.group_id}/{w.sample_index}"
 
 
 @dataclass
 class Rejected:
-    entry_id: str
-    reason: str
+    """A trajectory entry the learner refuses: dead-lettered with `error` once recorded."""
+
+    ref: str  # "{generator}/{entry id}" (broker/trajectories.py)
+    error: WireError
+    fields: dict[bytes, bytes] = field(default_factory=dict)
+
+    @property
+    def reason(self) -> str:
+        return str(self.error)
+
+
+def dead_letter_entry(error: WireError, source: str, entry_id: str, fields: dict) -> dict:
+    """The fields of a dead letter: reason, code, where it came from and its original fields."""
+    entry: dict[str, Any] = {
+        "reason": str(error),
+        "code": error.code,
+        "source": source,
+        "original_id": entry_id,
+    }
+    for k, v in fields.items():
+        if len(v) > DLQ_FIELD_BYTES:
+            v = f"<{len(v)} bytes, sha256 {hashlib.sha256(v).hexdigest()[:16]}>".encode()
+        entry[f"orig_{text(k)}"] = v
+    return entry
 
 
 class DeadLetters:
-    """The `dlq` stream: rejected entries with their reason, kept for a person to inspect."""
+    """The learner's `dlq`: rejected trajectory entries with their reason."""
 
-    def __init__(self, io: RunRedis, max_payload_bytes: int):
-        self.io, self.max_payload_bytes = io, max_payload_bytes
+    def __init__(self, io: RunRedis, lease: RunLease):
+        self.io, self.lease = io, lease
         self.count = 0  # entries this process sent to the dlq
 
-    def send(
-        self, stream: str, group: str, entry_id: str, error: WireError, fields: dict[bytes, bytes]
-    ) -> None:
-        """Copy a rejected entry to the dlq with its reason and reason code, count it by code in
-        the `dlq_reasons` hash, and acknowledge the original, in one transaction."""
-        reason = str(error)
-        log.warning("dead-lettering %s %s: %s", stream, entry_id, reason)
-        entry: dict[str, Any] = {
-            "reason": reason,
-            "code": error.code,
-            "source": stream,
-            "original_id": entry_id,
-        }
-        for k, v in fields.items():
-            entry[f"orig_{text(k)}"] = v if len(v) <= self.max_payload_bytes else b"<oversize>"
-
-        def write() -> None:
-            pipe = self.io.pipeline(transaction=True)
-            pipe.xadd(self.io.keys.dlq, wire(entry), maxlen=100_000, approximate=True)
-            pipe.xack(stream, group, entry_id)
-            pipe.hincrby(self.io.keys.dlq_reasons, error.code, 1)
-            if group == LEARNER_GROUP:  # the learner replaces a rejected group with a fresh prompt
-                pipe.hincrby(self.io.keys.run, "replaced", 1)
-            pipe.execute()
-
-        self.io.write(write)
-        self.count += 1
+    def send(self, rejected: list[Rejected], ack: list[Any]) -> None:
+        """Copy `rejected` to the dlq, count them by code and run `ack` (their XACKs), in one
+        fenced call; without the copies if Redis keeps refusing them (module docstring)."""
+        if not rejected:
+            return
+        keys = self.io.keys
+        copies: list[Any] = []
+        for r in rejected:
+            gen, _, entry_id = r.ref.partition("/")
+            log.warning("dead-lettering %s: %s", r.ref, r.reason)
+            entry = dead_letter_entry(r.error, keys.trajectories(gen), entry_id, r.fields)
+            copies.append(("XADD", keys.dlq, "NOMKSTREAM", "*", *flat(entry)))
+            copies.append(("HINCRBY", keys.dlq_reasons, r.error.code, 1))
+        try:
+            self.lease.execute(copies + ack, "a dead letter")
+        except WriteRefused as e:
+            log.error("the dlq refuses dead letters (%s); acknowledging them without a copy", e)
+            self.lease.execute([*ack, ("HINCRBY", keys.run, "dlq_refused", len(rejected))])
+        self.count += len(rejected)
 
 
 class PromptQueue:
-    """The `prompts` stream: the learner adds work, the generators claim it."""
+    """The `prompts` stream: the learner issues work, the generators claim it."""
 
-    def __init__(self, io: RunRedis, max_payload_bytes: int, dead_letters: DeadLetters):
-        self.io, self.keys = io, io.keys
+    def __init__(self, io: RunRedis, max_payload_bytes: int, lease: RunLease | None = None):
+        self.io, self.keys, self.lease = io, io.keys, lease
         self.max_payload_bytes = max_payload_bytes
-        self.dead_letters = dead_letters
+        self.dead_lettered = 0  # prompt entries this process sent to its dlq
 
     # --- the learner's side -----------------------------------------------------------------------
-    def add(
-        self, works: list[PromptWork], issued: int | None = None
-    ) -> list[tuple[str, dict[str, Any]]]:
-        """XADD the prompts; `issued` (the learner's new total) is recorded in the run hash in the
-        same transaction, so Redis always holds the exact count a resumed learner continues.
-        Returns each entry's id with its encoded fields."""
-        entries = [encode_prompt(w) for w in works]
-        return list(zip(self.add_encoded(entries, issued), entries))
+    def add(self, works: list[PromptWork], issued: int | None = None) -> list[Issued]:
+        """Issue signed prompts; `issued` (the learner's new total) is recorded in the run hash
+        in the same call, so Redis always holds the exact count a resumed learner continues."""
+        entries = [(encode_prompt(w), traj_id_of(w)) for w in works]
+        ids = self.add_encoded(entries, issued)
+        return [(i, f, t) for i, (f, t) in zip(ids, entries)]
 
-    def add_encoded(self, entries: list[dict[str, Any]], issued: int | None) -> list[str]:
+    def add_encoded(
+        self, entries: list[tuple[dict[str, Any], str]], issued: int | None
+    ) -> list[str]:
         """`add` for entries already encoded (prompts added again after Redis forgot them)."""
+        assert self.lease is not None
+        args: list[Any] = ["" if issued is None else issued]
+        for fields, traj_id in entries:
+            args += [traj_id, 2 * len(fields), *flat(fields)]
+        keys = [self.keys.prompts, self.keys.inflight, self.keys.run]
+        return [text(i) for i in self.lease.call("issue", keys, args, "prompt issue")]
 
-        def write() -> list[str]:
-            pipe = self.io.pipeline(transaction=True)
-            for fields in entries:
-                pipe.xadd(self.keys.prompts, wire(fields), nomkstream=True)
-            if issued is not None:
-                pipe.hset(self.keys.run, "issued", issued)
-            ids = pipe.execute()[: len(entries)]
-            if any(i is None for i in ids):
-                raise self.io.lost(f"the stream {self.keys.prompts} is gone")
-            return [text(i) for i in ids]
-
-        return self.io.write(write)
+    def reissue(self, pairs: list[tuple[str, str]], owner: str = "") -> list[str]:
+        """Add (traj_id, prompt entry id) pairs again as new entries: those pending for `owner`
+        (a quarantined generator; acknowledged for it), or with owner "" those acknowledged
+        without an answer; the function skips any whose traj_id moved on. Returns the traj_ids
+        issued again."""
+        if not pairs:
+            return []
+        assert self.lease is not None
+        args: list[Any] = [owner] + [x for pair in pairs for x in pair]
+        keys = [self.keys.prompts, self.keys.inflight, self.keys.run]
+        return [text(t) for t in self.lease.call("reissue", keys, args, "prompt reissue")]
 
     def replaced_groups(self) -> int:
         """Groups the learner ranks dropped and asked to replace, over the run's life."""
@@ -138,15 +169,15 @@ class PromptQueue:
             count,
             None if own_pending else block_ms,
         )
-        return self._decode(entries, retried=own_pending)
+        return self._decode(consumer, entries, retried=own_pending)
 
     def reclaim(self, consumer: str, min_idle_ms: int, count: int) -> Claimed:
         """Take over prompts another generator claimed but has not finished for `min_idle_ms`
         (it probably died): XAUTOCLAIM moves them to `consumer`."""
         entries = self.io.autoclaim(self.keys.prompts, GEN_GROUP, consumer, min_idle_ms, count)
-        return self._decode(entries, retried=True)
+        return self._decode(consumer, entries, retried=True)
 
-    def _decode(self, entries: list[Entry], retried: bool) -> Claimed:
+    def _decode(self, consumer: str, entries: list[Entry], retried: bool) -> Claimed:
         """`retried`: the entries were delivered before (own pending, taken over); the
         trajectories made from them say so, and the learner counts them."""
         out = []
@@ -157,95 +188,19 @@ class PromptQueue:
             try:
                 work = decode_prompt(fields, self.max_payload_bytes)
             except WireError as e:
-                self.dead_letters.send(self.keys.prompts, GEN_GROUP, entry_id, e, fields)
+                self._dead_letter(consumer, entry_id, e, fields)
                 continue
-            out.append((entry_id, replace(work, retried=retried)))
+            out.append((entry_id, replace(work, retried=retried or work.reissued)))
         return out
 
-
-class TrajectoryStream:
-    """The `trajectories` stream: the generators add finished groups, the learner reads them."""
-
-    def __init__(self, io: RunRedis, limits: WireLimits, dead_letters: DeadLetters):
-        self.io, self.keys = io, io.keys
-        self.limits = limits  # what the learner accepts (the vocabulary is given per read)
-        self.dead_letters = dead_letters
-
-    # --- the generators' side ---------------------------------------------------------------------
-    def add(self, t: Trajectory, prompt_entry_id: str | None) -> str:
-        """XADD the trajectory and XACK its prompt atomically; returns the trajectory entry id."""
-        return self.add_many([(t, prompt_entry_id)])[0]
-
-    def add_many(self, items: list[tuple[Trajectory, str | None]]) -> list[str]:
-        """`add` for several trajectories in one transaction (one round trip): every XADD and
-        its prompt's XACK happen together or not at all. Returns the entry ids, in order."""
-        encoded = [(wire(encode_trajectory(t)), prompt_entry_id) for t, prompt_entry_id in items]
-
-        def write() -> list[Any]:
-            pipe = self.io.pipeline(transaction=True)
-            for fields, prompt_entry_id in encoded:
-                pipe.xadd(self.keys.trajectories, fields, nomkstream=True)
-                if prompt_entry_id is not None:
-                    pipe.xack(self.keys.prompts, GEN_GROUP, prompt_entry_id)
-            return _xadd_replies(pipe.execute(), encoded)
-
-        entry_ids = self.io.write(write)
-        if any(entry_id is None for entry_id in entry_ids):
-            raise self.io.lost(f"the stream {self.keys.trajectories} is gone")
-        return [text(entry_id) for entry_id in entry_ids]
-
-    # --- the learner's side -----------------------------------------------------------------------
-    def read(
-        self,
-        consumer: str,
-        count: int,
-        block_ms: int,
-        vocab_size: int,
-        own_pending: bool = False,
-        after: str = "0",
-    ) -> tuple[list[tuple[str, Trajectory]], list[Rejected]]:
-        """Read and validate; invalid entries are dead-lettered, acked, and returned as Rejected.
-        `own_pending` re-reads this consumer's unacknowledged entries with ids above `after`."""
-        entries = self.io.read_group(
-            LEARNER_GROUP,
-            consumer,
-            self.keys.trajectories,
-            after if own_pending else ">",
-            count,
-            None if own_pending else block_ms,
+    def _dead_letter(self, consumer: str, entry_id: str, e: WireError, fields: dict) -> None:
+        """A generator's own dlq: the copy, then the prompt's acknowledgement."""
+        log.warning("dead-lettering prompt %s: %s", entry_id, e)
+        entry = dead_letter_entry(e, self.keys.prompts, entry_id, fields)
+        stream = self.keys.generator_dlq(consumer)
+        args = [entry_id, 2 * len(entry), *flat(entry)]
+        self.io.write(
+            lambda: functions.fcall(self.io.client, "publish", [stream, self.keys.prompts], args),
+            f"a dead letter to {stream}",
         )
-        good, bad = [], []
-        for entry_id, fields in entries:
-            try:
-                limits = replace(self.limits, vocab_size=vocab_size)
-                good.append((entry_id, decode_trajectory(fields, limits)))
-            except WireError as e:
-                self.dead_letters.send(self.keys.trajectories, LEARNER_GROUP, entry_id, e, fields)
-                bad.append(Rejected(entry_id, str(e)))
-        return good, bad
-
-    def ack(self, entry_ids: list[str], replaced: int = 0) -> None:
-        """Acknowledge entries; `replaced` counts the groups among them that were dropped and
-        must be replaced by fresh prompts. It is added to the run hash's `replaced` in the same
-        transaction, so the admission count survives a learner crash exactly."""
-        if not entry_ids and not replaced:
-            return
-
-        def write() -> None:
-            pipe = self.io.pipeline(transaction=True)
-            if entry_ids:
-                pipe.xack(self.keys.trajectories, LEARNER_GROUP, *entry_ids)
-            if replaced:
-                pipe.hincrby(self.keys.run, "replaced", replaced)
-            pipe.execute()
-
-        self.io.write(write)  # HINCRBY is refused at maxmemory
-
-
-def _xadd_replies(replies: list[Any], encoded: list[tuple[Any, str | None]]) -> list[Any]:
-    """The XADD replies of a transaction that interleaves each XADD with an optional XACK."""
-    out, i = [], 0
-    for _, prompt_entry_id in encoded:
-        out.append(replies[i])
-        i += 1 if prompt_entry_id is None else 2
-    return out
+        self.dead_lettered += 1

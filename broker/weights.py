@@ -29,6 +29,7 @@ import os
 import shutil
 import stat
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -161,9 +162,11 @@ class WeightStore:
         version: int,
         step: int,
         adapter_config: dict[str, Any] | None = None,
+        fence: Callable[[], None] = lambda: None,
     ) -> VersionInfo:
         """Write `state` as version `version`: full weights, or with `adapter_config` a PEFT
-        adapter (its tensors under PEFT's names, and its adapter_config.json)."""
+        adapter (its tensors under PEFT's names, and its adapter_config.json). `fence` runs
+        right before the version becomes visible (the learner's lease check, broker/lease.py)."""
         final = self.version_dir(version)
         if final.exists():
             raise FileExistsError(f"weight version {version} already exists at {final}")
@@ -184,6 +187,7 @@ class WeightStore:
             (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
             _fsync_file(tmp / MANIFEST)
             _fsync_dir(tmp)
+            fence()
             os.rename(tmp, final)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)  # nothing of a failed version stays

@@ -57,17 +57,23 @@ class WireLimits:
     max_samples: int = 1024  # samples in one trajectory entry
     max_abs_reward: float = 1e6  # |reward| of a sample and of each turn
     max_objects: int = 200_000  # msgpack containers and their items in one body
+    max_id_bytes: int = 256  # an id, a generator name or a MAC (the readable fields)
+    max_text_bytes: int = 1 << 16  # a sample's decoded `text`
     max_reward_parts: int = 16  # reward functions whose scores one sample carries
 
     @classmethod
     def for_config(cls, cfg: Any, vocab_size: int | None) -> WireLimits:
         """The learner's limits: at most a group of n samples per entry (one with prompt
-        replication), rewards within `reward.max_abs_reward`."""
+        replication), rewards within `reward.max_abs_reward`, a text of at most 32 bytes per
+        token of the longest response the config allows (and at least 64 KiB)."""
+        r = cfg.rollout
+        longest = max(r.max_new_tokens, r.max_episode_tokens)
         return cls(
             max_bytes=cfg.redis.max_payload_bytes,
             vocab_size=vocab_size,
-            max_samples=cfg.rollout.num_return_sequences,
+            max_samples=r.num_return_sequences,
             max_abs_reward=cfg.reward.max_abs_reward,
+            max_text_bytes=max(1 << 16, 32 * longest),
         )
 
 

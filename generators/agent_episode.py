@@ -163,7 +163,7 @@ class AgentRollout:
             totals[0] += len(traj.samples)
             totals[1] += sum(len(s.response_ids) for s in traj.samples)
             if r.interrupt and time.monotonic() - started < r.heartbeat_ttl_s / 3:
-                for entry_id, work in broker.claim_prompts(generator_id, 1, block_ms=None):
+                for entry_id, work in broker.claim_prompts(1, block_ms=None):
                     if work.issued_version <= self.follower.loaded_version:
                         start(entry_id, work)  # else it stays pending: the next pull's
 

@@ -171,23 +171,19 @@ class ContinuousRollout:
         and then prompts another generator abandoned (as `Generator.claim` does per pull)."""
         if full:
             taken = set(self.inflight) | {e for e, _ in self.held}  # pending for us, being handled
-            own = self.broker.claim_prompts(
-                self.id, count + len(taken), block_ms=None, own_pending=True
-            )
+            own = self.broker.claim_prompts(count + len(taken), block_ms=None, own_pending=True)
             own = [(e, w) for e, w in own if e not in taken]
             if own:
                 return own
             reclaimed = [
                 (e, w)
-                for e, w in self.broker.reclaim_prompts(
-                    self.id, self.liveness.reclaim_idle_ms, count
-                )
+                for e, w in self.broker.reclaim_prompts(self.liveness.reclaim_idle_ms, count)
                 if e not in taken
             ]
             if reclaimed:
                 log.warning("took over %d prompts abandoned by another generator", len(reclaimed))
                 return reclaimed
-        return self.broker.claim_prompts(self.id, count, block_ms=block_ms)
+        return self.broker.claim_prompts(count, block_ms=block_ms)
 
     def _start(self, entry_id: str, work: PromptWork) -> None:
         self.inflight[entry_id] = _Group(work, self.follower.loaded_version)

@@ -340,7 +340,7 @@ def rollout_episodes(
         generator's heartbeat stays fresh."""
         if time.monotonic() - pull_started > cfg.rollout.heartbeat_ttl_s / 3:
             return []
-        new = broker.claim_prompts(generator_id, 1, block_ms=None)
+        new = broker.claim_prompts(1, block_ms=None)
         ready = [(e, w) for e, w in new if w.issued_version <= follower.loaded_version]
         claimed.extend(ready)  # the rest stay pending: the next pull starts with them
         return [_group_spec(task, w, extra) for _, w in ready]

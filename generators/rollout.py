@@ -181,13 +181,15 @@ class Generator:
                 "refills that runner)"
             )
         self.broker = GeneratorBroker(
-            connect(cfg.redis.url, cfg.redis.connect_timeout_s),
+            connect(cfg.redis.url, cfg.redis.connect_timeout_s, cfg.redis.sentinel),
             cfg.run.run_id,
+            generator_id,
             cfg.redis.max_payload_bytes,
             busy_timeout_s=cfg.redis.connect_timeout_s,
         )
-        # read-only: the learner creates the run and its consumer groups (least privilege)
-        self.broker.join_run(cfg.fingerprint(), timeout_s=cfg.trainer.wait_timeout_s)
+        # the learner creates the run and admits us (broker/roster.py): we only ask to join
+        beat, ttl = {"state": "joining"}, cfg.rollout.heartbeat_ttl_s
+        self.broker.join_run(cfg.fingerprint(), cfg.trainer.wait_timeout_s, beat, ttl)
         self.engine = make_engine(cfg, seed=cfg.run.seed + sum(map(ord, generator_id)))
         self.follower = WeightFollower(
             self.broker,
@@ -222,9 +224,9 @@ class Generator:
             time.sleep(0.5)
 
     def heartbeat(self, state: str) -> None:
+        writes = self.broker.writes  # acknowledged / indeterminate trajectory writes
         self.liveness.beat(self.follower.loaded_version)
         self.broker.heartbeat(
-            self.id,
             {
                 "loaded_version": self.follower.loaded_version,
                 "state": state,
@@ -235,6 +237,8 @@ class Generator:
                 "reload_pause_s": round(self.follower.reload_pause_s, 4),
                 "redis_lost": self.broker.lost["trajectories"],
                 "dead_letters": self.broker.dead_lettered,
+                "published": writes["acknowledged"],
+                "indeterminate": writes["indeterminate"],
                 "reward_errors": getattr(self.task, "functions", None)
                 and self.task.functions.total_errors
                 or 0,
@@ -248,14 +252,14 @@ class Generator:
         count = self.cfg.rollout.prompts_per_pull
         # normally empty (a batch is finished before the next claim): non-empty after a restart
         # of this process, or when Redis forgot acknowledgements (restart without fsync)
-        own = self.broker.claim_prompts(self.id, count, block_ms=0, own_pending=True)
+        own = self.broker.claim_prompts(count, block_ms=0, own_pending=True)
         if own:
             return own
-        reclaimed = self.broker.reclaim_prompts(self.id, self.liveness.reclaim_idle_ms, count)
+        reclaimed = self.broker.reclaim_prompts(self.liveness.reclaim_idle_ms, count)
         if reclaimed:
             log.warning("took over %d prompts abandoned by another generator", len(reclaimed))
             return reclaimed
-        return self.broker.claim_prompts(self.id, count, block_ms=1000)
+        return self.broker.claim_prompts(count, block_ms=1000)
 
     def serve_once(self) -> None:
         c = self.counters

@@ -10,13 +10,17 @@ Entries of an incomplete group stay pending in the consumer group (not acknowled
 re-delivers them; the caller acknowledges all of a group's entries together.
 
 State stays bounded: the ids of completed groups, and incomplete groups themselves, are forgotten
-once their prompt's issue step falls below the collector's floor (`forget_before`); the caller
-drops anything that old before it reaches `is_late` or `add` (learner/collect.py).
+once their prompt's issue step, or the step their first entry arrived at, falls below the
+collector's floor (`forget_before`): however far ahead an entry claims its prompt was issued (the
+learner refuses a version newer than its own, broker/provenance.py), a partial group is held at
+most keep_steps steps. The caller drops anything that old before it reaches `is_late` or `add`
+(learner/collect.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from rollflash.broker.schema import Trajectory
@@ -26,6 +30,7 @@ from rollflash.learner.recent import RecentIds
 @dataclass
 class _Partial:
     issue_step: int  # the learner step its prompt was issued at
+    first_seen: int  # the learner step its first entry arrived at
     parts: list[Trajectory] = field(default_factory=list)
     entry_ids: list[str] = field(default_factory=list)
 
@@ -50,10 +55,12 @@ class GroupAssembler:
     def is_late(self, traj: Trajectory) -> bool:
         return traj.group_id in self.completed
 
-    def add(self, entry_id: str, traj: Trajectory, issue_step: int = 0) -> Completed | None:
-        """Add one entry (its prompt issued at learner step `issue_step`); returns the group when
-        this entry completes it."""
-        p = self.partial.setdefault(traj.group_id, _Partial(issue_step))
+    def add(
+        self, entry_id: str, traj: Trajectory, issue_step: int = 0, first_seen: int = 0
+    ) -> Completed | None:
+        """Add one entry (its prompt issued at learner step `issue_step`, read at step
+        `first_seen`); returns the group when this entry completes it."""
+        p = self.partial.setdefault(traj.group_id, _Partial(issue_step, first_seen))
         p.parts.append(traj)
         p.entry_ids.append(entry_id)
         if p.samples < self.group_size:
@@ -78,9 +85,13 @@ class GroupAssembler:
         """Forget completed groups issued before step `floor`, and remove the incomplete ones
         issued before it; returns those (group = the first part) for the caller to drop."""
         self.completed.forget_before(floor)
-        expired = [gid for gid, p in self.partial.items() if p.issue_step < floor]
+        return self.remove(lambda _, p: min(p.issue_step, p.first_seen) < floor)
+
+    def remove(self, which: Callable[[list[str], _Partial], bool]) -> list[Completed]:
+        """Remove the incomplete groups for which `which(entry_ids, partial)` holds; returns
+        them (group = the first part)."""
         out = []
-        for gid in expired:
+        for gid in [gid for gid, p in self.partial.items() if which(p.entry_ids, p)]:
             p = self.partial.pop(gid)
             out.append(Completed(p.parts[0], p.entry_ids, [part.traj_id for part in p.parts]))
         return out

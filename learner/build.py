@@ -1,7 +1,7 @@
 """Building one learner rank: the parts `start` wires together, each from its own builder.
 
 dist       = init_dist(trainer.device)                # rank, world size, this rank's device
-broker     = connect_broker(cfg, dist)                # Redis: groups, run registration
+broker     = connect_broker(cfg, dist)                # Redis: the lease first, then the run
 models     = build_models(cfg, dist)                  # on the device, wrapped (learner/load.py)
   (with model.lora the policy is the base wrapped with peft adapters: learner/lora.py)
 optim      = build_optim(cfg, models)                 # AdamW + lr schedule (LoRA: adapters only)
@@ -15,15 +15,13 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 import torch
 
 from rollflash.algos import RunningRewardNorm
 from rollflash.broker.config import Config
-from rollflash.broker.connection import connect
 from rollflash.broker.learner_side import LearnerBroker
-from rollflash.broker.wire import WireLimits
 from rollflash.envs import Item, Task, is_multi_turn, task_from_config, train_stream
 from rollflash.envs.chat import PromptFormatter, format_task
 from rollflash.errors import MissingFile
@@ -39,6 +37,7 @@ from rollflash.learner.evaluate import heldout_accuracy, sampled_eval
 from rollflash.learner.filters import drop_reason
 from rollflash.learner.guards import GuardMonitor
 from rollflash.learner.history import History
+from rollflash.learner.ledger import Ledger
 from rollflash.learner.lora import trainable_parameters
 from rollflash.learner.metrics import MetricsSink, open_sink
 from rollflash.learner.policy import load_policy
@@ -81,7 +80,7 @@ class Learner:
     guard: GuardMonitor  # reward-hacking guards, adaptive kl_coef (learner/guards.py)
     publisher: Publisher | None  # rank 0 only
     sink: MetricsSink | None  # rank 0 only
-    ledger: TextIO  # one JSON line per step: the trajectory ids trained or dropped
+    ledger: Ledger  # every entry trained or dropped, durably before it is acknowledged
     best: BestVersion | None = None  # rank 0 with eval.keep_best (learner/best.py)
     history: History = field(default_factory=History)  # the summary's figures (checkpointed)
     progress: RankProgress = field(default_factory=RankProgress)  # trained, not yet acknowledged
@@ -156,18 +155,19 @@ class Learner:
             self.sink.close()
         if self.publisher is not None:
             self.publisher.close()
+        if self.dist.is_main:
+            self.broker.release()  # the run's lease: a successor may start at once
         self.dist.close()
 
 
-def connect_broker(cfg: Config, dist: Dist) -> LearnerBroker:
-    """The run's broker, with its consumer groups and this run registered (refused if Redis
-    holds another run's schema or came back empty)."""
-    broker = LearnerBroker(
-        connect(cfg.redis.url, cfg.redis.connect_timeout_s),
-        cfg.run.run_id,
-        cfg.redis.max_payload_bytes,
-        limits=WireLimits.for_config(cfg, vocab_size=None),
-    )
+def connect_broker(cfg: Config, dist: Dist, take_over: bool = False) -> LearnerBroker:
+    """The run's broker: rank 0 takes the run's lease before anything is written (another
+    learner's holds: `LeaseHeld`), every rank fences its writes with it; then the consumer
+    groups and this run are registered (refused if Redis holds another run's schema or came
+    back empty)."""
+    broker = LearnerBroker.for_config(cfg)
+    token = broker.take_lease(take_over) if dist.is_main else None
+    broker.use_lease(dist.gather(token)[0])
     broker.ensure_groups()  # before registering: generators wait for the registration
     broker.register_run(cfg.fingerprint())
     broker.check_intact()  # a Redis that came back empty is reported, never silently re-created
@@ -286,16 +286,17 @@ def build_collector(
     return collector
 
 
-def start(cfg: Config, resume: bool | None = None) -> Learner:
+def start(cfg: Config, resume: bool | None = None, take_over: bool = False) -> Learner:
     """Build this rank's learner. `resume`: None resumes when a checkpoint exists, True requires
-    one, False refuses to start over an earlier run's weights."""
+    one, False refuses to start over an earlier run's weights; `take_over`: take the run's lease
+    from a dead learner (broker/lease.py)."""
     alloc = set_alloc_conf(cfg.trainer.cuda_alloc_conf)  # before CUDA allocates anything
     dist = init_dist(cfg.trainer.device, cfg.trainer.dist_timeout_s)
     cuda_defaults(dist.device, cfg.trainer.tf32)
     run_dir = Path(cfg.run.run_dir)
+    broker = connect_broker(cfg, dist, take_over)  # before any write: one learner per run
     if dist.is_main:
         cfg.save(run_dir / "config.yaml")
-    broker = connect_broker(cfg, dist)
     checkpoints = CheckpointStore(run_dir)
     ckpt = None if resume is False else checkpoints.latest()
     if resume and ckpt is None:
@@ -311,7 +312,11 @@ def start(cfg: Config, resume: bool | None = None) -> Learner:
     state = LearnerState() if ckpt is None else resume_state(cfg, dist, models, optim, ckpt)
     collector = build_collector(cfg, dist, broker, task, state, models.policy.config.vocab_size)
     main = dist.is_main
-    ledger = run_dir / ("ledger.jsonl" if main else f"ledger.rank{dist.rank}.jsonl")
+    ledger = Ledger(
+        run_dir / ("ledger.jsonl" if main else f"ledger.rank{dist.rank}.jsonl"),
+        fence=broker.check_lease,  # no record from a learner that lost the run
+    )
+    collector.ledger, collector.lost = ledger, broker.lost_prompts if main else None
     ln = Learner(
         cfg=cfg,
         dist=dist,
@@ -326,7 +331,7 @@ def start(cfg: Config, resume: bool | None = None) -> Learner:
         guard=GuardMonitor(cfg),
         publisher=Publisher(cfg, broker, resuming=ckpt is not None) if main else None,
         sink=open_sink(cfg, state.trackers) if main else None,
-        ledger=open(ledger, "a", buffering=1),  # line-buffered: a kill -9 loses no whole line
+        ledger=ledger,
         best=BestVersion(run_dir) if main and cfg.eval.keep_best else None,
         history=History.from_json(state.history),
     )

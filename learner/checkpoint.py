@@ -12,14 +12,18 @@ Layout: `{run_dir}/checkpoints/step{step:08d}/` holds
   (learner/history.py), the trajectory ids
   consumed whose prompt is recent enough to be remembered (`seen`: issue step -> ids,
   learner/collect.py), and per rank the stream entries trained since the previous checkpoint
-  (`rank{r}` -> entry ids and trajectory ids). Checkpoints written before `seen` was filed by
+  (`rank{r}` -> entry refs and trajectory ids) and the size of its ledger file then
+  (`ledger_offset`: a resume replays the ledger's acknowledgements from there,
+  learner/ledger.py). Checkpoints written before `seen` was filed by
   issue step hold a plain list; it loads as filed under the checkpoint's step, which is forgotten
   once that step falls below the collector's floor.
 Checkpoints of the earlier layout (`model.safetensors`, `critic.safetensors`, `optim.pt` and one
 RNG state for every rank) still load: rank 0 reads the weights and broadcasts them, every rank
 reads `optim.pt` onto the CPU.
 A checkpoint appears by one atomic rename of a fsynced temp directory, then `LATEST` is replaced
-atomically; a directory without `state.json` (written last) is never used.
+atomically; a directory without `state.json` (written last) is never used. Both happen right
+after the run's lease is checked (`fence`, broker/lease.py): a learner that lost the run
+publishes no checkpoint.
 
 Delivery rule (ARCHITECTURE.md): a trajectory entry is acknowledged only after the
 checkpoint that contains its effect is durable. A crash therefore leaves every entry trained after
@@ -36,6 +40,7 @@ import logging
 import os
 import random
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -205,9 +210,16 @@ class CheckpointStore:
         complete = sorted(d for d in self.root.glob("step*") if (d / STATE).is_file())
         return complete[-1] if complete else None
 
-    def save(self, state: LearnerState, trainables: Trainables, dist: Dist = Dist()) -> Path:
+    def save(
+        self,
+        state: LearnerState,
+        trainables: Trainables,
+        dist: Dist = Dist(),
+        fence: Callable[[], None] = lambda: None,
+    ) -> Path:
         """Write the checkpoint of `state.step` durably (collective: every rank writes its
-        shard; rank 0 writes `state.json` and makes it visible); returns its directory."""
+        shard; rank 0 writes `state.json` and, after `fence`, makes it visible); returns its
+        directory."""
         final = self.step_dir(state.step)
         tmp = self.root / f".tmp-step{state.step:08d}"  # one name every rank knows
         if dist.is_main:
@@ -223,6 +235,7 @@ class CheckpointStore:
         _fsync_file(tmp / STATE)
         _fsync_dir(tmp / DCP_DIR)
         _fsync_dir(tmp)
+        fence()
         shutil.rmtree(final, ignore_errors=True)  # a rolled-back lineage's checkpoint of this step
         os.rename(tmp, final)
         latest_tmp = self.root / f".LATEST.{os.getpid()}"

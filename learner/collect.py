@@ -17,7 +17,14 @@ together hold `rollout_batch_size` complete, fresh groups:
   acknowledged, counted and replaced too, up to FILTER_CAP x B per step, after which groups are
   kept anyway so that a model that solves every prompt cannot make a step wait forever.
 Accepted entries are NOT acknowledged here: the learner acknowledges them once the checkpoint that
-contains their update is durable, so a learner crash re-delivers them.
+contains their update is durable, so a learner crash re-delivers them. Every other entry is
+recorded in the ledger (learner/ledger.py) before the call that acknowledges it, with the
+outcome stale, duplicate, late, filtered, dead_lettered (rejected by validation or provenance) or
+refused (its generator was quarantined: every group holding one of its entries is dropped, and
+its prompts are issued again, broker/inflight.py). A trained or dropped-and-replaced group's
+traj_ids leave `inflight` as it is taken (broker/trajectories.py), and a duplicate's too unless
+this rank holds the first copy (a Redis that forgot the removal has it back), so rank 0's check
+for lost prompts (`lost`, broker/inflight.py) sees every other issued prompt answered or held.
 
 With several ranks, every rank reads as its own consumer and keeps the groups it accepted; after
 each read the ranks exchange counts, and once they hold B groups together each rank trains a quota
@@ -54,13 +61,19 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from rollflash.broker.inflight import LostPrompts
 from rollflash.broker.learner_side import LearnerBroker
 from rollflash.broker.schema import Trajectory
+from rollflash.broker.streams import Rejected
+from rollflash.broker.trajectories import split_ref
 from rollflash.errors import RollflashError
 from rollflash.learner.admission import Admission
 from rollflash.learner.assemble import GroupAssembler
 from rollflash.learner.checkpoint import Lineage
 from rollflash.learner.dist import Dist, split_quotas
+from rollflash.learner.drops import Drops, Entries, traj_id_of, union
+from rollflash.learner.ledger import Ledger
+from rollflash.learner.pause import pause_point
 from rollflash.learner.recent import RecentIds
 
 log = logging.getLogger(__name__)
@@ -81,14 +94,17 @@ class Ready:
     """An accepted group not yet trained, with the stream entries to acknowledge once it is."""
 
     group: Trajectory
-    entry_ids: list[str]
-    traj_ids: list[str]  # the traj_id of each entry (pending in the stream until trained)
+    entry_ids: list[str]  # refs of its entries (broker/trajectories.py)
+    traj_ids: list[
+        str
+    ]  # the traj_id of each of those entries (pending in the stream until trained)
 
 
 @dataclass
 class Collected:
     groups: list[Trajectory] = field(default_factory=list)  # this rank's share of the step
     entry_ids: list[str] = field(default_factory=list)  # to acknowledge after the checkpoint
+    part_ids: list[str] = field(default_factory=list)  # the traj_id of each of those entries
     stale_ids: list[str] = field(default_factory=list)  # ids dropped as too old (above)
     duplicate_ids: list[str] = field(default_factory=list)  # entry traj_ids seen before
     late_ids: list[str] = field(default_factory=list)  # samples for already complete groups
@@ -97,6 +113,7 @@ class Collected:
     filtered: Counter = field(default_factory=Counter)  # filter reason -> dropped groups
     rejected: int = 0
     issued: int = 0  # prompts rank 0 issued while collecting this step (admission top-ups)
+    refused: int = 0  # entries of quarantined generators dropped
     wait_s: float = 0.0
     staleness: Counter = field(default_factory=Counter)  # steps of lag -> accepted groups
 
@@ -116,11 +133,14 @@ class Collector:
         drop: Callable[[Trajectory], str | None] = lambda g: None,
         dist: Dist = Dist(),
         lineage: Lineage | None = None,
+        ledger: Ledger | None = None,
+        lost: LostPrompts | None = None,
     ):
         self.broker, self.admission, self.dist = broker, admission, dist
         self.vocab_size, self.max_staleness, self.timeout_s = vocab_size, max_staleness, timeout_s
         self.drop = drop
         self.lineage = lineage or Lineage()
+        self.ledger, self.lost = ledger, lost  # lost: rank 0's check for lost prompts
         self.assembler = GroupAssembler(group_size)
         self.keep_steps = max_staleness + KEEP_MARGIN
         self.floor = 0  # ids of prompts issued before this step are forgotten
@@ -128,6 +148,7 @@ class Collector:
         self.trained = RecentIds()  # trajectory ids trained by any rank
         self.ready: list[Ready] = []
         self.backlog: list[tuple[str, Trajectory]] = []  # re-read pending entries, read first
+        self._send_held = False  # rank 0 asked for every rank's held traj_ids (broker/inflight.py)
 
     def age(self, group: Trajectory, step: int) -> int:
         return step - self.lineage.step_of(group.behavior_version)
@@ -144,15 +165,32 @@ class Collector:
         here (in a ready or an incomplete group) is not final: a learner resumed from the
         checkpoint re-reads its entry and must accept it, so the checkpoint subtracts every rank's
         pending ids from the consumed ones."""
-        pending = self.assembler.pending_traj_ids() + [t for r in self.ready for t in r.traj_ids]
+        pending = self.held()
         out: dict[int, set[str]] = {}
         for traj_id, step in self.seen.pairs() + self.trained.pairs():
             out.setdefault(step, set()).add(traj_id)
         return {s: sorted(ids) for s, ids in sorted(out.items())}, pending
 
+    def held(self) -> list[str]:
+        """The traj_ids of the entries this rank holds unacknowledged and untrained."""
+        ready = [t for r in self.ready for t in r.traj_ids]
+        return self.assembler.pending_traj_ids() + ready + [t.traj_id for _, t in self.backlog]
+
+    def settle(self, drops: Drops, step: int) -> None:
+        """Record `drops` in the ledger (as dropped while step + 1 was collected), then
+        acknowledge them (one call)."""
+        if not drops.refs and not drops.finished:
+            return
+        refs = [r for rs in drops.refs.values() for r in rs]
+        if self.ledger is not None and refs:  # trained parts only leave `inflight`
+            self.ledger.acked(step + 1, drops.outcomes, drops.refs, drops.finished, drops.replaced)
+            pause_point("before_ack", step + 1)
+        self.broker.ack_trajectories(refs, drops.finished, drops.replaced)
+
     def collect(self, step: int, version: int | None = None) -> Collected:
         """This rank's share of B fresh groups for the model at `step` (published as `version`,
-        which prompts issued now are tagged with; default `step`)."""
+        which prompts issued now are tagged with, and the newest version an entry may name;
+        default `step`)."""
         version = step if version is None else version
         want = self.admission.batch_size
         out = Collected()
@@ -162,20 +200,26 @@ class Collector:
         while True:
             if self.dist.is_main:
                 out.issued += self.admission.top_up(self.broker, step, version)
+            if self.lost is not None:
+                self.lost.before_read()
             # the ranks share what is missing, so that few groups are left over for the next step
             share = -(-(want - have) // self.dist.world_size)
-            entries, rejected = self._read(share)  # rejected groups: replaced already
+            entries, rejected = self._read(share, version)
             if entries or rejected:
                 last_arrival = time.monotonic()
-            out.rejected += rejected
-            ack_now, dropped = [], 0
+            drops = Drops()
+            self.reject(out, rejected, step)
             for entry_id, traj in entries:
-                ids, replace = self._sort_entry(out, entry_id, traj, step)
-                ack_now += ids
-                dropped += replace
-            self.broker.ack_trajectories(ack_now, replaced=dropped)
+                self._sort_entry(out, drops, entry_id, traj, step)
+            self._refuse(out, drops)
+            self.settle(drops, step)
             timed_out = time.monotonic() - last_arrival > self.timeout_s
-            counts = self.dist.gather([len(self.ready), timed_out])
+            held = self.held() if self._send_held else None
+            want_held = self.lost is not None and self.lost.want_held
+            counts = self.dist.gather([len(self.ready), timed_out, held, want_held])
+            if self.lost is not None:
+                self.lost.after_gather(union(c[2] for c in counts))
+            self._send_held = bool(counts[0][3])
             have = sum(c[0] for c in counts)
             if have >= want:
                 break
@@ -191,47 +235,98 @@ class Collector:
         out.wait_s = time.monotonic() - started
         return out
 
-    def _read(self, count: int) -> tuple[list[tuple[str, Trajectory]], int]:
+    def _read(self, count: int, version: int) -> tuple[Entries, list[Rejected]]:
         if self.backlog:
             entries, self.backlog = self.backlog[: max(count, 1)], self.backlog[max(count, 1) :]
-            return entries, 0
+            return entries, []
         # each entry completes at most one group, so this never reads far past the batch
-        good, bad = self.broker.read_trajectories(
-            self.dist.consumer, count=max(count, 1), block_ms=_BLOCK_MS, vocab_size=self.vocab_size
+        check = (self.vocab_size, self.assembler.group_size, version)
+        return self.broker.read_trajectories(
+            self.dist.consumer, count=max(count, 1), block_ms=_BLOCK_MS, check=check
         )
-        return good, len(bad)
+
+    def reject(self, out: Collected, rejected: list[Rejected], step: int) -> None:
+        """Record rejected entries, then dead-letter them (copied, acknowledged; broker)."""
+        if not rejected:
+            return
+        out.rejected += len(rejected)
+        if self.ledger is not None:
+            ids = [traj_id_of(r) for r in rejected]
+            refs = {"dead_lettered": [r.ref for r in rejected]}
+            self.ledger.acked(step + 1, {"dead_lettered": ids}, refs, [], 0)
+        self.broker.dead_letter(rejected)
 
     def _sort_entry(
-        self, out: Collected, entry_id: str, traj: Trajectory, step: int
-    ) -> tuple[list[str], int]:
-        """File one entry under stale / duplicate / late / pending / filtered / ready; returns
-        the entry ids to acknowledge now and how many groups they drop (to be replaced)."""
+        self, out: Collected, drops: Drops, entry_id: str, traj: Trajectory, step: int
+    ) -> None:
+        """File one entry under stale / duplicate / late / pending / filtered / ready; what is
+        dropped goes into `drops` (acknowledged, and replaced where a group is lost)."""
         issued = self.issue_step(traj)
+        t = traj.traj_id
         if issued < self.floor:  # its id may be forgotten: never trained (module docstring)
-            out.stale_ids.append(traj.traj_id)
-            return [entry_id], 1
-        if traj.traj_id in self.seen or traj.traj_id in self.trained:
-            out.duplicate_ids.append(traj.traj_id)
-            return [entry_id], 0
-        self.seen.add(traj.traj_id, issued)
+            out.stale_ids.append(t)
+            return drops.add("stale", [t], [entry_id], [t], replace=1)
+        if t in self.seen or t in self.trained:
+            out.duplicate_ids.append(t)
+            # done with unless this rank holds its first copy: `inflight` may have it back
+            # (a Redis that forgot the write that removed it), and nothing else would remove it
+            done = [] if t in self.held() else [t]  # (a duplicate is rare: a list will do)
+            return drops.add("duplicate", [t], [entry_id], done)
+        self.seen.add(t, issued)
         if traj.retried:  # a re-delivered prompt that is no duplicate: its first answer is lost
-            out.retried_ids.append(traj.traj_id)
+            out.retried_ids.append(t)
         if self.assembler.is_late(traj):
-            out.late_ids.append(traj.traj_id)
-            return [entry_id], 0
-        done = self.assembler.add(entry_id, traj, issued)
+            out.late_ids.append(t)
+            return drops.add("late", [t], [entry_id], [t])
+        done = self.assembler.add(entry_id, traj, issued, first_seen=step)
         if done is None:
-            return [], 0  # stays pending until its group completes
+            return None  # stays pending until its group completes
+        g = done.group.group_id
         if self.age(done.group, step) > self.max_staleness:
-            out.stale_ids.append(done.group.group_id)
-            return done.entry_ids, 1
+            out.stale_ids.append(g)
+            return drops.add("stale", [g], done.entry_ids, done.traj_ids, replace=1)
         reason = self.drop(done.group)
         if reason is not None and len(out.filtered_ids) < FILTER_CAP * self.admission.batch_size:
             out.filtered[reason] += 1
-            out.filtered_ids.append(done.group.group_id)
-            return done.entry_ids, 1
+            out.filtered_ids.append(g)
+            return drops.add("filtered", [g], done.entry_ids, done.traj_ids, replace=1)
         self.ready.append(Ready(done.group, done.entry_ids, done.traj_ids))
-        return [], 0
+        return None
+
+    def _refuse(self, out: Collected, drops: Drops) -> None:
+        """Drop every group holding an entry of a quarantined generator (broker/roster.py):
+        acknowledged, not finished, so its prompts are issued again (broker/inflight.py)."""
+        refused = self.broker.refused()
+        if not refused:
+            return
+
+        def theirs(refs: list[str]) -> bool:
+            return any(split_ref(r)[0] in refused for r in refs)
+
+        kept = []
+        for r in self.ready:
+            if theirs(r.entry_ids):
+                self._forget(r.traj_ids, r.group.group_id)
+                drops.add("refused", r.traj_ids, r.entry_ids)
+                out.refused += len(r.entry_ids)
+            else:
+                kept.append(r)
+        self.ready = kept
+        for c in self.assembler.remove(lambda refs, _: theirs(refs)):
+            self._forget(c.traj_ids, c.group.group_id)
+            drops.add("refused", c.traj_ids, c.entry_ids)
+            out.refused += len(c.entry_ids)
+        backlog = [(e, t) for e, t in self.backlog if split_ref(e)[0] in refused]
+        if backlog:
+            self.backlog = [(e, t) for e, t in self.backlog if split_ref(e)[0] not in refused]
+            drops.add("refused", [t.traj_id for _, t in backlog], [e for e, _ in backlog])
+            out.refused += len(backlog)
+
+    def _forget(self, traj_ids: list[str], group_id: str) -> None:
+        """Forget ids of a refused group, so that its answers issued again are not duplicates."""
+        for t in traj_ids:
+            self.seen.discard(t)
+        self.assembler.completed.discard(group_id)
 
     def _drop_aged(self, out: Collected, step: int) -> None:
         """Move the floor and forget what lies below it; groups kept from an earlier step may
@@ -243,31 +338,39 @@ class Collector:
         for r in self.ready:
             (aged if self.age(r.group, step) > self.max_staleness else fresh).append(r)
         self.ready = fresh
+        drops = Drops()
         for r in aged + self.assembler.forget_before(self.floor):
             out.stale_ids.append(r.group.group_id)
-            self.broker.ack_trajectories(r.entry_ids, replaced=1)
+            drops.add("stale", [r.group.group_id], r.entry_ids, r.traj_ids, replace=1)
+        self.settle(drops, step)
 
     def _take(self, out: Collected, quota: int, step: int) -> None:
         """Move this rank's quota of ready groups (oldest first) into the step's batch. A group
         another rank trains in this same step (a duplicate that reached two ranks) is dropped by
-        the higher rank; every rank records every trained id, so none is trained twice later."""
+        the higher rank; every rank records every trained id, so none is trained twice later.
+        The taken groups' traj_ids leave `inflight` (their entries stay pending until the
+        checkpoint)."""
         mine, self.ready = self.ready[:quota], self.ready[quota:]
         taken = self.dist.gather([(r.group.traj_id, self.issue_step(r.group)) for r in mine])
         earlier = {t for ids in taken[: self.dist.rank] for t, _ in ids}
+        drops = Drops()
         for r in mine:
             if r.group.traj_id in earlier:
                 out.duplicate_ids.append(r.group.traj_id)
-                self.broker.ack_trajectories(r.entry_ids)
+                drops.add("duplicate", [r.group.traj_id], r.entry_ids)
                 continue
             out.groups.append(r.group)
             out.entry_ids.extend(r.entry_ids)
+            out.part_ids.extend(r.traj_ids)
             out.staleness[max(0, self.age(r.group, step))] += 1
         self.trained.update((t, s) for ids in taken for t, s in ids)
         kept = []
         for r in self.ready:  # a copy of a group another rank has just trained
             if r.group.traj_id in self.trained:
                 out.duplicate_ids.append(r.group.traj_id)
-                self.broker.ack_trajectories(r.entry_ids)
+                drops.add("duplicate", [r.group.traj_id], r.entry_ids)
             else:
                 kept.append(r)
         self.ready = kept
+        drops.finished += out.part_ids  # trained: done with their prompts (module docstring)
+        self.settle(drops, step)

@@ -34,7 +34,8 @@ from rollflash.learner.completions import pick_completions
 from rollflash.learner.global_stats import global_std
 from rollflash.learner.guards import guard_values
 from rollflash.learner.metrics import merge_rank_metrics, reward_breakdown
-from rollflash.learner.publish import checkpoint, pause_point, publish
+from rollflash.learner.pause import pause_point
+from rollflash.learner.publish import checkpoint, publish
 from rollflash.learner.train import train_step
 
 log = logging.getLogger(__name__)
@@ -85,20 +86,18 @@ def train(ln: Learner, batch: Collected) -> dict[str, float]:
 
 def record(ln: Learner, batch: Collected) -> None:
     """Note the step's entries as trained (acknowledged after the next checkpoint) and write the
-    ledger line: what was trained and what was dropped, by reason."""
+    ledger line of what was trained, durably, before that (what was dropped has its own lines:
+    learner/ledger.py)."""
     ln.progress.entry_ids += batch.entry_ids
-    ln.progress.traj_ids += [g.traj_id for g in batch.groups]
+    ln.progress.traj_ids += batch.part_ids
     row = {
         "step": ln.state.step,
         "version": ln.state.version,
         "trained": [g.traj_id for g in batch.groups],
-        "stale": batch.stale_ids,
-        "duplicate": batch.duplicate_ids,
-        "late": batch.late_ids,
-        "filtered": batch.filtered_ids,
+        "refs": batch.entry_ids,
         "retried": batch.retried_ids,
     }
-    ln.ledger.write(json.dumps(row) + "\n")
+    ln.ledger.trained(row)
 
 
 def add_to_history(ln: Learner, batch: Collected) -> None:
@@ -124,6 +123,7 @@ def learner_step(ln: Learner) -> dict[str, float]:
     """Train step s into step s + 1, publish it as the next version and, on checkpoint steps,
     checkpoint and acknowledge; returns the step's metrics (merged over ranks)."""
     state, t0 = ln.state, time.monotonic()
+    ln.broker.check_lease()  # renewed by every step, and stopped here if it was lost
     batch = ln.collector.collect(state.step, state.version)
     pause_point("after_read", state.step + 1)
     trained = time.monotonic()
@@ -308,13 +308,27 @@ def finish(ln: Learner, started: float, sampled: dict[str, float]) -> dict[str, 
 
 
 def run(
-    cfg: Config, resume: bool | None = None, on_step: Callable[[dict], None] | None = None
+    cfg: Config,
+    resume: bool | None = None,
+    on_step: Callable[[dict], None] | None = None,
+    take_over: bool = False,
 ) -> dict[str, Any]:
     """Train until `trainer.total_steps` (or a guard stops the run); returns the summary.
     `on_step`: called on rank 0 with each step's metrics row (`step` included), e.g. a
-    progress bar (rollctl/progress.py)."""
+    progress bar (rollctl/progress.py); `take_over`: take the run's lease from a learner the
+    operator knows is dead (broker/lease.py)."""
     setup_process("learner", seed=cfg.run.seed, torch_threads=cfg.run.torch_threads)
-    ln = start(cfg, resume)
+    ln = start(cfg, resume, take_over)
+    try:
+        return _train(ln, cfg, on_step)
+    except BaseException:
+        if ln.dist.is_main:
+            ln.broker.release()  # a learner that failed frees the run for its successor
+        raise
+
+
+def _train(ln: Learner, cfg: Config, on_step: Callable[[dict], None] | None) -> dict[str, Any]:
+    """`run`'s steps, from the first evaluation to the summary."""
     started = time.monotonic()
     sampled_before = begin(ln)
     if ln.publisher is not None:

@@ -13,19 +13,16 @@
   become durable (learner/checkpoint.py: sharded, each rank writes its own shard, nothing is
   gathered); only then are those entries acknowledged, so a crash re-delivers them.
 - `resume_after`: a restarted learner publishes its checkpoint as the next version, acknowledges
-  what the checkpoint already holds and queues this rank's other pending entries to train again.
+  what the checkpoint already holds, replays the acknowledgements its ledger recorded since the
+  checkpoint (learner/ledger.py) and queues this rank's other pending entries to train again.
 
-Set ROLLFLASH_PAUSE_AT=<point>:<step> (points: after_read, after_update, after_checkpoint) and the
-learner stops itself with SIGSTOP there, so a fault test can kill -9 it inside that exact window.
+The fault windows a test can stop the learner at (ROLLFLASH_PAUSE_AT) are in learner/pause.py.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
-import os
-import signal
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -35,13 +32,17 @@ import torch
 
 from rollflash.broker.config import Config
 from rollflash.broker.learner_side import LearnerBroker
+from rollflash.broker.trajectories import split_ref
 from rollflash.broker.weights import WeightStore
 from rollflash.errors import RunDirInUse
-from rollflash.learner.checkpoint import RankProgress, rng_state
+from rollflash.learner.checkpoint import rng_state
 from rollflash.learner.checkpoint_io import Trainables
+from rollflash.learner.collect import Collected
 from rollflash.learner.device import DTYPES, resolved_dtype
 from rollflash.learner.dist import Destination, is_sharded
+from rollflash.learner.ledger import refs_of, rows_since
 from rollflash.learner.lora import published_weights
+from rollflash.learner.pause import pause_point
 from rollflash.learner.publish_process import PublishProcess, VersionWriter
 
 if TYPE_CHECKING:
@@ -69,7 +70,8 @@ class Publisher:
         self.broker = broker
         mode = cfg.trainer.background_publish
         self.threaded = mode is True
-        self._process = PublishProcess(cfg) if mode == "process" else None
+        lease = (broker.lease.token or "") if mode == "process" else ""
+        self._process = PublishProcess(cfg, lease) if mode == "process" else None
         self._writer = None if self._process else VersionWriter(cfg, broker)
         self._worker = ThreadPoolExecutor(1, "publish") if mode is True else None
         self._pending: Future | None = None
@@ -130,13 +132,6 @@ class Publisher:
                 self._writer.close()
 
 
-def pause_point(name: str, step: int) -> None:
-    """Stop this process here when ROLLFLASH_PAUSE_AT names this point (fault tests)."""
-    if os.environ.get("ROLLFLASH_PAUSE_AT") == f"{name}:{step}":
-        log.warning("pausing at %s of step %d (ROLLFLASH_PAUSE_AT)", name, step)
-        os.kill(os.getpid(), signal.SIGSTOP)
-
-
 def publish_dtype(cfg: Config, device: torch.device) -> torch.dtype:
     """`trainer.publish_dtype`; auto is `model.dtype` on the learner's `device`, so a float32
     run publishes exactly the weights it trains (the generators' log-probs then match the
@@ -168,22 +163,23 @@ def checkpoint(ln: Learner) -> float:
     """Make the model's current state durable, then acknowledge what it was trained on."""
     started, dist, state = time.monotonic(), ln.dist, ln.state
     consumed, pending = ln.collector.consumed()
-    parts = dist.gather(
-        [dist.consumer, ln.progress.entry_ids, ln.progress.traj_ids, consumed, pending, rng_state()]
-    )
+    progress = [ln.progress.entry_ids, ln.progress.traj_ids, ln.ledger.offset()]
+    parts = dist.gather([dist.consumer, *progress, consumed, pending, rng_state()])
     if dist.is_main:
         state.ranks = {
-            name: {"entry_ids": ids, "traj_ids": trajs} for name, ids, trajs, *_ in parts
+            name: {"entry_ids": ids, "traj_ids": trajs, "ledger_offset": offset}
+            for name, ids, trajs, offset, *_ in parts
         }
-        state.seen = _merge_consumed([p[3] for p in parts], {t for p in parts for t in p[4]})
+        state.seen = _merge_consumed([p[4] for p in parts], {t for p in parts for t in p[5]})
         state.issued = ln.collector.admission.issued
         state.replaced = ln.broker.replaced_groups()
         state.reward_norm = dataclasses.asdict(ln.models.algo.reward_norm)
-        state.rng = {p[0]: p[5] for p in parts}  # every rank's own generators
+        state.rng = {p[0]: p[6] for p in parts}  # every rank's own generators
         state.scheduler = ln.optim.scheduler.state_dict()
         state.guards = ln.guard.state_dict()
         state.history = ln.history.to_json()
-    ln.checkpoints.save(state, Trainables.of(ln.models, ln.optim), dist)  # collective
+    trainables = Trainables.of(ln.models, ln.optim)
+    ln.checkpoints.save(state, trainables, dist, fence=ln.broker.check_lease)  # collective
     if dist.is_main:
         ln.broker.set_run_fields(checkpoint_step=state.step)
     dist.barrier()
@@ -204,9 +200,14 @@ def _merge_consumed(ranks: list[dict[int, list[str]]], pending: set[str]) -> dic
 
 def resume_after(ln: Learner, ckpt: Path) -> None:
     """Continue after the checkpoint: publish it as the next version, acknowledge what it
-    already holds, and queue this rank's other pending entries to be trained again."""
+    already holds and what the ledger recorded since, and queue this rank's other pending
+    entries to be trained again."""
     state, dist = ln.state, ln.dist
-    last = max([state.version] + (ln.publisher.store.versions() if ln.publisher else []))
+    mine = state.ranks.get(dist.consumer, {})
+    since = rows_since(ln.ledger.path, mine.get("ledger_offset", 0))
+    # a version the dead lineage recorded but whose publish a kill cut short is not reused either
+    recorded = [r["version"] for r in since if isinstance(r.get("version"), int)]
+    last = max([state.version, *recorded] + (ln.publisher.store.versions() if ln.publisher else []))
     last = dist.gather(last)[0]
     state.version = last + 1
     state.lineage.rebase(state.version, state.step)
@@ -215,23 +216,13 @@ def resume_after(ln: Learner, ckpt: Path) -> None:
         ln.broker.set_run_fields(
             version=state.version, step=state.step, state="training", resumed_from_step=state.step
         )
-    done = RankProgress(**state.ranks.get(dist.consumer, {}))
-    ln.broker.ack_trajectories(done.entry_ids)
-    done_ids = set(done.entry_ids)
-    after = "0"
-    while True:
-        good, _ = ln.broker.read_trajectories(
-            dist.consumer,
-            count=512,
-            block_ms=0,
-            vocab_size=ln.models.policy.config.vocab_size,
-            own_pending=True,
-            after=after,
-        )
-        if not good:
-            break
-        after = good[-1][0]
-        ln.collector.backlog += [(i, t) for i, t in good if i not in done_ids]
+    done = set(mine.get("entry_ids", []))
+    ln.broker.ack_trajectories(sorted(done))
+    for row in (r for r in since if r.get("event") == "acked"):
+        ln.broker.ack_trajectories(refs_of(row), row["finished"], row["replaced"])
+        done.update(refs_of(row))
+    ln.ledger.event(event="resume", step=state.step, version=state.version)
+    _queue_pending(ln, done)
     log.info(
         "resumed from %s: step %d, now version %d; %d pending entries to train again",
         ckpt.name,
@@ -239,6 +230,21 @@ def resume_after(ln: Learner, ckpt: Path) -> None:
         state.version,
         len(ln.collector.backlog),
     )
-    ln.ledger.write(
-        json.dumps({"event": "resume", "step": state.step, "version": state.version}) + "\n"
-    )
+
+
+def _queue_pending(ln: Learner, done: set[str]) -> None:
+    """This rank's pending entries, except `done`, into the collector's backlog; invalid ones
+    are recorded and dead-lettered."""
+    check = (ln.models.policy.config.vocab_size, ln.cfg.rollout.num_return_sequences,
+             ln.state.version)  # fmt: skip
+    after: dict[str, str] = {}
+    while True:
+        good, bad = ln.broker.read_trajectories(ln.dist.consumer, 512, None, check, after)
+        if not good and not bad:
+            break
+        for r, _ in good:
+            after[split_ref(r)[0]] = split_ref(r)[1]
+        for rejected in bad:
+            after[split_ref(rejected.ref)[0]] = split_ref(rejected.ref)[1]
+        ln.collector.reject(Collected(), [b for b in bad if b.ref not in done], ln.state.step)
+        ln.collector.backlog += [(r, t) for r, t in good if r not in done]

@@ -69,7 +69,9 @@ class VersionWriter:
         step: int,
         adapter_config: dict[str, Any] | None = None,
     ) -> VersionInfo:
-        info = self.store.publish(weights, version, step, adapter_config)  # manifest last
+        fence = self.broker.check_lease  # a learner that lost the run publishes nothing
+        fence()  # before the store looks: the run's new learner may have this version already
+        info = self.store.publish(weights, version, step, adapter_config, fence)  # manifest last
         self.broker.announce_weights(
             version, info.path, info.sha256, self.zmq.endpoint, self.http_url
         )
@@ -107,10 +109,11 @@ class PublishFailed(RuntimeError):
 class PublishProcess:
     """The learner's end: `submit` a version, `wait` for it, `close`."""
 
-    def __init__(self, cfg: Config):
+    def __init__(self, cfg: Config, lease_token: str):
         ctx = mp.get_context("spawn")
         self._conn, child = ctx.Pipe()
-        self._proc = ctx.Process(target=_serve, args=(cfg, child), name="publish", daemon=True)
+        args = (cfg, child, lease_token)  # the helper's writes are fenced by the learner's lease
+        self._proc = ctx.Process(target=_serve, args=args, name="publish", daemon=True)
         self._proc.start()
         child.close()
         self._buffers: dict[str, torch.Tensor] = {}
@@ -257,7 +260,7 @@ def _views(block: torch.Tensor, layout: Layout) -> dict[str, torch.Tensor]:
     }
 
 
-def _serve(cfg: Config, conn: Connection) -> None:
+def _serve(cfg: Config, conn: Connection, lease_token: str) -> None:
     """The helper: publish each version handed over, answer ("published", version) or
     ("error", reason)."""
     from rollflash.broker.redis_server import die_with_parent
@@ -265,19 +268,23 @@ def _serve(cfg: Config, conn: Connection) -> None:
     die_with_parent(signal.SIGKILL)
     torch.set_num_threads(1)
     try:
-        writer = _writer(cfg)
+        writer = _writer(cfg, lease_token)
     except Exception as e:  # e.g. Redis unreachable: the learner reports it
         conn.send(("error", f"{e.__class__.__name__}: {e}"))
         return
-    conn.send(("started", None))
+    try:
+        conn.send(("started", None))
+        _answer(writer, conn)
+    except (EOFError, ConnectionError):  # the learner is gone (closed, or died mid-message)
+        pass
+    writer.close()
+    os._exit(0)  # nothing is left to flush, and tearing down torch's interpreter took ~0.5 s
+
+
+def _answer(writer: VersionWriter, conn: Connection) -> None:
+    """Publish each version handed over until the learner says stop."""
     buffers: dict[str, torch.Tensor] = {}
-    while True:
-        try:
-            message = conn.recv()
-        except (EOFError, ConnectionError):  # the learner is gone (closed, or died mid-message)
-            break
-        if message[0] == "stop":
-            break
+    while (message := conn.recv())[0] != "stop":
         if message[0] == "buffers":
             buffers = _views(message[1], message[2])
             continue
@@ -290,17 +297,17 @@ def _serve(cfg: Config, conn: Connection) -> None:
         conn.send(
             ("published", (version, info.path, info.sha256, writer.zmq.endpoint, writer.http_url))
         )
-    writer.close()
-    os._exit(0)  # nothing is left to flush, and tearing down torch's interpreter took ~0.5 s
 
 
-def _writer(cfg: Config) -> VersionWriter:
+def _writer(cfg: Config, lease_token: str) -> VersionWriter:
     """The helper's writer, with a broker of its own (the learner's password is in `cfg`)."""
     from rollflash.broker.connection import connect
 
     broker = LearnerBroker(
-        connect(cfg.redis.url, cfg.redis.connect_timeout_s),
+        connect(cfg.redis.url, cfg.redis.connect_timeout_s, cfg.redis.sentinel),
         cfg.run.run_id,
         cfg.redis.max_payload_bytes,
+        lease_ttl_s=cfg.redis.lease_ttl_s,
     )
+    broker.use_lease(lease_token)
     return VersionWriter(cfg, broker)

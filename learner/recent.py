@@ -28,6 +28,12 @@ class RecentIds:
             self._step[traj_id] = issue_step
             self._by_step.setdefault(issue_step, []).append(traj_id)
 
+    def discard(self, traj_id: str) -> None:
+        """Forget one id (its entry was refused: an answer issued again is not a copy)."""
+        step = self._step.pop(traj_id, None)
+        if step is not None:
+            self._by_step[step].remove(traj_id)
+
     def update(self, ids: Iterable[tuple[str, int]]) -> None:
         for traj_id, issue_step in ids:
             self.add(traj_id, issue_step)

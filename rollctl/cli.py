@@ -46,8 +46,15 @@ def start_learner(
         "--resume/--no-resume",
         help="Resume from the run's latest checkpoint (default: when one exists).",
     ),
+    take_over: bool = typer.Option(
+        False,
+        "--take-over",
+        help="Take the run's lease from a learner you know is dead, without waiting for it to "
+        "expire (redis.lease_ttl_s). Never while it may still run: both would write the run.",
+    ),
 ) -> None:
-    """Run the learner: train, publish weights, checkpoint, write metrics and summary.json."""
+    """Run the learner: train, publish weights, checkpoint, write metrics and summary.json.
+    One learner per run: a second one stops at once and names the one holding the run."""
 
     cfg = _load(config, set_, redis_url)
     _need_redis(cfg)
@@ -62,7 +69,7 @@ def start_learner(
 
     bar = terminal_progress(cfg.trainer.total_steps, sys.stderr)  # None off a terminal
     try:
-        _guarded(learner.run, cfg, resume, bar.update if bar else None)
+        _guarded(learner.run, cfg, resume, bar.update if bar else None, take_over)
     finally:
         if bar is not None:
             bar.close()
@@ -92,8 +99,12 @@ def start_generator(
     if gpus is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = _generator_gpus(cfg, gpus)
     from rollflash import generators
+    from rollflash.broker.keys import NAME_RULE, valid_name
 
-    _guarded(generators.run, cfg, generator_id or f"{socket.gethostname()}-{os.getpid()}")
+    gid = generator_id or f"{socket.gethostname()[:50]}-{os.getpid()}"
+    if not valid_name(gid):
+        _fail(f"--id: {gid[:80]!r} is not {NAME_RULE} (it names the generator's Redis keys)")
+    _guarded(generators.run, cfg, gid)
 
 
 @app.command("start-reward-worker")
@@ -219,35 +230,30 @@ def acl(
     config: Path | None = ConfigOpt,
     set_: list[str] | None = SetOpt,
     redis_url: str | None = RedisOpt,
-    generator_password: str | None = typer.Option(None, help="Default: random."),
-    learner_password: str | None = typer.Option(None, help="Default: random."),
+    generator: list[str] | None = typer.Option(
+        None,
+        "--generator",
+        help="A generator id (its --id) to make a user for (repeatable); without it, the "
+        "learner's user.",
+    ),
+    password: str | None = typer.Option(None, help="The user's password (default: random)."),
     apply: bool = typer.Option(
         False, "--apply", help="Create the users on --redis-url (needs an admin connection)."
     ),
 ) -> None:
-    """Print (or apply) least-privilege Redis ACL users for this run's generators and learner."""
-    import secrets
-
-    from rollflash.broker.acl import acl_commands, generator_acl, learner_acl
-
+    """Print (or apply) least-privilege Redis ACL users for this run: the learner's, or one per
+    generator, each with what it may do (docs/security.md)."""
     cfg = _load(config, set_, redis_url)
-    gpw = generator_password or secrets.token_urlsafe(18)
-    lpw = learner_password or secrets.token_urlsafe(18)
-    run = cfg.run.run_id
+    from rollflash.rollctl.acl import acl_users, apply_users, print_users
+
+    try:
+        users = acl_users(cfg.run.run_id, generator or [], password)
+    except ValueError as e:
+        _fail(str(e))
     if apply:
         _need_redis(cfg)
-        from rollflash.broker.connection import connect
-
-        r = _guarded(connect, cfg.redis.url, cfg.redis.connect_timeout_s)
-        r.execute_command("ACL", "SETUSER", f"rl-{run}-generator", *generator_acl(run, gpw))
-        r.execute_command("ACL", "SETUSER", f"rl-{run}-learner", *learner_acl(run, lpw))
-    for line in acl_commands(run, gpw, lpw):
-        typer.echo(line)
-    typer.echo(
-        f"# generators: --redis-url redis://rl-{run}-generator:{gpw}@HOST:6379 "
-        f"(or rediss:// for TLS)"
-    )
-    typer.echo(f"# learner:    --redis-url redis://rl-{run}-learner:{lpw}@HOST:6379")
+        _guarded(apply_users, cfg, users)
+    print_users(cfg.run.run_id, users, typer.echo)
 
 
 @app.command("plot")

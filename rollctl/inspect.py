@@ -117,7 +117,7 @@ def dlq_view(fields: dict[bytes, bytes], d: Decoder, current: int | None) -> dic
     get = {k.decode(errors="replace"): v for k, v in fields.items()}
     original = {k[5:]: v for k, v in fields.items() if k.startswith(b"orig_")}
     source = _cut(get.get("source", b""))
-    view = trajectory_view if source.endswith("trajectories") else prompt_view
+    view = trajectory_view if ":traj:" in source else prompt_view
     return {
         "reason": _cut(get.get("reason", b"")),
         "code": _cut(get.get("code", b"")),
@@ -138,12 +138,21 @@ def read_entries(
 ) -> tuple[list[tuple[str, dict[bytes, bytes]]], int | None]:
     """The entries asked for, oldest first, and the version the `weights` hash holds now."""
     keys = RunKeys(cfg.run.run_id)
-    r = connect(cfg.redis.url or "", min(cfg.redis.connect_timeout_s, 5.0))
-    key = {"prompts": keys.prompts, "trajectories": keys.trajectories, "dlq": keys.dlq}[stream]
-    if entry_id is not None:
-        raw: Any = r.xrange(key, entry_id, entry_id)
+    r = connect(cfg.redis.url or "", min(cfg.redis.connect_timeout_s, 5.0), cfg.redis.sentinel)
+    if stream == "trajectories":  # every generator's own stream (broker/keys.py)
+        gens: Any = r.hkeys(keys.generators)
+        streams = [keys.trajectories(g.decode()) for g in sorted(gens) if b":" not in g]
     else:
-        raw = list(reversed(r.xrevrange(key, count=last)))
+        streams = [keys.prompts if stream == "prompts" else keys.dlq]
+    raw: list[Any] = []
+    for key in streams:
+        if entry_id is not None:
+            raw += r.xrange(key, entry_id, entry_id)
+        else:
+            raw += r.xrevrange(key, count=last)
+    raw.sort(key=lambda e: tuple(int(x) for x in e[0].decode().split("-")))
+    if entry_id is None and last:  # the last N over every stream read
+        raw = raw[-last:]
     version = r.hget(keys.weights, "version")
     entries = [(i.decode(), dict(f)) for i, f in raw]
     return entries, int(version) if version is not None else None

@@ -86,7 +86,7 @@ def inspect(
     ),
     last: int | None = typer.Option(None, "--last", "-n", min=1, help="The last N entries."),
     stream: str = typer.Option(
-        "trajectories", "--stream", "-s", help="prompts | trajectories | dlq"
+        "trajectories", "--stream", "-s", help="prompts | trajectories (every generator's) | dlq"
     ),
     as_json: bool = typer.Option(False, "--json", help="One JSON object per entry and line."),
     run_dir: Path | None = RunDirOpt,
@@ -120,7 +120,7 @@ def redis_cli(
     config: Path | None = ConfigOpt,
     redis_url: str | None = RedisOpt,
 ) -> None:
-    """redis-cli on the run's Redis: `rollctl redis-cli XINFO GROUPS rl:demo:trajectories`
+    """redis-cli on the run's Redis: `rollctl redis-cli XINFO GROUPS rl:demo:traj:gen-0`
     (no command: an interactive session). The run's own embedded server, or the snapshot it left
     when stopped."""
     exe = shutil.which("redis-cli")

@@ -16,14 +16,28 @@ from typing import Any
 import redis
 
 from rollflash.broker.config import Config
-from rollflash.broker.connection import connect
+from rollflash.broker.connection import BrokerUnavailable, connect
 from rollflash.broker.keys import GEN_GROUP
 from rollflash.broker.redis_io import RunRedis, text
 from rollflash.broker.registry import RunRegistry
 
 
 def collect_status(cfg: Config) -> dict:
-    io = RunRedis(connect(cfg.redis.url, min(cfg.redis.connect_timeout_s, 5.0)), cfg.run.run_id)
+    """The run's status; `BrokerUnavailable` (one line) if the Redis user may not read it."""
+    io = RunRedis(
+        connect(cfg.redis.url, min(cfg.redis.connect_timeout_s, 5.0), cfg.redis.sentinel),
+        cfg.run.run_id,
+    )
+    try:
+        return _collect(cfg, io)
+    except redis.exceptions.NoPermissionError as e:
+        raise BrokerUnavailable(
+            f"the Redis user may not read the status of run {cfg.run.run_id} ({e}): use the "
+            "learner's user (rollctl acl) or an admin one"
+        ) from None
+
+
+def _collect(cfg: Config, io: RunRedis) -> dict:
     registry = RunRegistry(io)
     now = time.time()
     gens = {}
@@ -37,6 +51,7 @@ def collect_status(cfg: Config) -> dict:
         "streams": registry.stream_status(),
         "generators": gens,
         "dead_letters": registry.dead_letters_by_code(),
+        "quarantined": registry.quarantined(),
     }
 
 
@@ -102,6 +117,11 @@ def dead_letter_line(by_code: dict[str, int]) -> str:
     return f"dead letters: {sum(by_code.values())}" + (f" ({detail})" if detail else "")
 
 
+def quarantine_lines(quarantined: dict[str, str]) -> list[str]:
+    """Generators whose entries the learner refuses, with why (broker/roster.py)."""
+    return [f"generator {g} QUARANTINED: {why}" for g, why in sorted(quarantined.items())]
+
+
 def _queue(name: str, stream: dict) -> str:
     groups = " ".join(
         f"{g['group']}: pending={g['pending']} lag={g['lag']}" for g in stream["groups"]
@@ -123,6 +143,7 @@ def compact_lines(s: dict, total_steps: int) -> list[str]:
         "queues   " + "  ".join(_queue(n, st) for n, st in s["streams"].items() if n != "dlq"),
         dead_letter_line(s["dead_letters"]),
         guard_line(lr),
+        *quarantine_lines(s.get("quarantined", {})),
         f"generators: {len(s['generators'])} alive"
         + (f", {len(s['gone'])} gone" if s.get("gone") else ""),
     ]
@@ -197,6 +218,8 @@ def show_status(cfg: Config, as_json: bool) -> None:
     print(guard_line(lr))
     print(redis_lost_line(lr, s["generators"]))
     print(dead_letter_line(s["dead_letters"]))
+    for line in quarantine_lines(s["quarantined"]):
+        print(line)
     w = s["weights"]
     print(f"weights: v{w.get('version', '-')} {w.get('path', '')}")
     for name, st in s["streams"].items():

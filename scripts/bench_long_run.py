@@ -1,16 +1,20 @@
-"""Benchmark: the learner's memory and checkpoint size over a long simulated run.
+"""Benchmark: the learner's memory, Redis's memory and the checkpoint size over a long simulated
+run.
 
 Runs the real system with `rollctl run`: an embedded redis-server, the learner's real control loop
 (admission, collection, duplicate and staleness filters, publishing, checkpoints every
 `--checkpoint-every` steps) and 2 generator processes, with the simulated engine and a simulated
 learner step (`rollout.engine: sim`, `sim.learner_step_s`), so that thousands of steps take minutes
-and the learner's own state is what grows, if anything does. Every `--sample-s` seconds it
-samples the learner process's resident memory (VmRSS in /proc: Linux only) and the size of its
-latest checkpoint directory, with the learner's step (the run hash).
+and the learner's own state, and the run's keys in Redis, are what grows, if anything does.
+Every `--sample-s` seconds it samples the learner process's resident memory (VmRSS in /proc:
+Linux only), Redis's `used_memory` and the length of every stream of the run, and the size of
+the learner's latest checkpoint directory, with the learner's step (the run hash).
 
 Prints one JSON line: the first and last samples taken once the learner had trained
-`--warmup-steps` steps (start-up allocations settle first), the RSS and checkpoint bytes of
-both, their ratios last / first, and the checkpoint's `seen` ids at the end.
+`--warmup-steps` steps and run `--warmup-s` seconds (start-up allocations settle, and the
+acknowledged trajectories Redis keeps for `redis.keep_acknowledged_s`, 30 s, fill their
+window), the RSS, Redis memory and checkpoint bytes of both, their ratios last / first, and the
+checkpoint's `seen` ids at the end.
 
     .venv/bin/python scripts/bench_long_run.py [--steps 5000] [--set key=value ...]
 """
@@ -76,13 +80,17 @@ def _checkpoint_bytes(run_dir: Path) -> tuple[int, int]:
     return size, ids
 
 
-def _step(r: redis.Redis | None, run_id: str) -> int:
+def _redis(r: redis.Redis | None, run_id: str) -> tuple[int, int, int]:
+    """(the learner's step, Redis used_memory, entries in the run's streams)."""
     if r is None:
-        return 0
+        return 0, 0, 0
     try:
-        return int(r.hget(f"rl:{run_id}:run", "step") or 0)
+        step = int(r.hget(f"rl:{run_id}:run", "step") or 0)
+        used = int(r.info("memory")["used_memory"])
+        streams = [k for k in r.scan_iter(match=f"rl:{run_id}:*") if r.type(k) == b"stream"]
+        return step, used, sum(r.xlen(k) for k in streams)
     except redis.RedisError:
-        return 0
+        return 0, 0, 0
 
 
 def run(steps: int, every: int, sample_s: float, overrides: list[str], workdir: Path) -> list:
@@ -94,7 +102,7 @@ def run(steps: int, every: int, sample_s: float, overrides: list[str], workdir: 
     for s in sets:
         cmd += ["--set", s]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    samples, r = [], None
+    samples, r, started = [], None, time.monotonic()
     while proc.poll() is None:
         time.sleep(sample_s)
         sock = run_dir / "redis" / "redis.sock"
@@ -104,7 +112,11 @@ def run(steps: int, every: int, sample_s: float, overrides: list[str], workdir: 
         if rss is None:
             continue
         size, ids = _checkpoint_bytes(run_dir)
-        samples.append({"step": _step(r, run_id), "rss": rss, "ckpt_bytes": size, "seen": ids})
+        step, used, entries = _redis(r, run_id)
+        samples.append(
+            {"t": time.monotonic() - started, "step": step, "rss": rss, "redis": used,
+             "entries": entries, "ckpt_bytes": size, "seen": ids}
+        )  # fmt: skip
     if proc.returncode != 0:
         raise SystemExit(f"rollctl run failed ({proc.returncode}): {proc.stderr.read()[-2000:]}")
     return samples
@@ -116,13 +128,18 @@ def main() -> None:
     p.add_argument("--checkpoint-every", type=int, default=50)
     p.add_argument("--sample-s", type=float, default=2.0)
     p.add_argument("--warmup-steps", type=int, default=200)
+    p.add_argument("--warmup-s", type=float, default=45.0)
     p.add_argument("--set", dest="overrides", action="append", default=[])
     p.add_argument("--label", default="", help="a note carried into the JSON line")
     args = p.parse_args()
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="bench-long-") as tmp:
         samples = run(args.steps, args.checkpoint_every, args.sample_s, args.overrides, Path(tmp))
-    settled = [s for s in samples if s["step"] >= args.warmup_steps and s["ckpt_bytes"]]
+    settled = [
+        s
+        for s in samples
+        if s["step"] >= args.warmup_steps and s["t"] >= args.warmup_s and s["ckpt_bytes"]
+    ]
     if len(settled) < 2:
         raise SystemExit(f"too few samples after step {args.warmup_steps}: {samples[-3:]}")
     first, last = settled[0], settled[-1]
@@ -143,6 +160,13 @@ def main() -> None:
                 "ckpt_bytes_last": last["ckpt_bytes"],
                 "ckpt_ratio": round(last["ckpt_bytes"] / first["ckpt_bytes"], 3),
                 "rss_mib_max": round(max(s["rss"] for s in settled) / 2**20, 1),
+                "redis_mib_first": round(first["redis"] / 2**20, 2),
+                "redis_mib_last": round(last["redis"] / 2**20, 2),
+                "redis_ratio": round(last["redis"] / first["redis"], 3),
+                "redis_mib_max": round(max(s["redis"] for s in settled) / 2**20, 2),
+                "stream_entries_first": first["entries"],
+                "stream_entries_last": last["entries"],
+                "stream_entries_max": max(s["entries"] for s in settled),
                 "workload": WORKLOAD + args.overrides,
             }
         )

@@ -85,14 +85,17 @@ class Replayer:
     """Answers the learner's prompts with the recorded groups, as a generator at the learner's
     current version would (the groups' samples cycle; their rewards come with them)."""
 
-    def __init__(self, cfg, groups: list[Trajectory]):
+    def __init__(self, cfg, groups: list[Trajectory], learner):
         self.groups, self.next = groups, 0
         self.broker = GeneratorBroker(
-            connect(cfg.redis.url, 10), cfg.run.run_id, cfg.redis.max_payload_bytes
+            connect(cfg.redis.url, 10), cfg.run.run_id, "replay", cfg.redis.max_payload_bytes
         )
+        self.broker.ask_to_join({"state": "up"}, ttl_s=3600)
+        learner.broker.maintain_now()  # the learner admits it (broker/roster.py)
+        self.broker.wait_admitted(10)
 
     def answer_all(self, version: int) -> None:
-        while claimed := self.broker.claim_prompts("replay", 1000, block_ms=None):
+        while claimed := self.broker.claim_prompts(1000, block_ms=None):
             for entry_id, work in claimed:
                 g = self.groups[self.next % len(self.groups)]
                 self.next += 1
@@ -162,7 +165,7 @@ def learner_phases(
     cfg = cfg.model_copy(deep=True)
     cfg.run.run_dir = tempfile.mkdtemp(prefix="bench-phases-")
     ln = start(cfg, resume=False)
-    replay = Replayer(cfg, groups)
+    replay = Replayer(cfg, groups, ln)
     totals: dict[str, float] = collections.defaultdict(float)
     step_s, profiler = 0.0, None
     try:

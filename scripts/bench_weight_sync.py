@@ -60,7 +60,7 @@ def child(config: str, generator_id: str, version: int) -> None:
     from rollflash.generators.sim_engine import SimEngine
 
     cfg = load_config(config)
-    broker = GeneratorBroker(connect(cfg.redis.url, 10), cfg.run.run_id, 1_000_000)
+    broker = GeneratorBroker(connect(cfg.redis.url, 10), cfg.run.run_id, generator_id, 1_000_000)
     follower = WeightFollower(broker, version_source(cfg, generator_id), SimEngine(cfg.sim, 0))
     time.sleep(1.0)  # the follower has read the hash and subscribed to the announcements
     print(json.dumps({"ready": True, "rss_kib": kib("VmRSS:")}), flush=True)

@@ -39,20 +39,29 @@ def run_id() -> str:
 
 @pytest.fixture
 def learner_broker(redis_url, run_id):
+    """A learner's broker holding the run's lease, with the run created and registered, and
+    admitting generators (what rank 0 does)."""
+    from rollflash.broker.config import load_config
     from rollflash.broker.connection import connect
     from rollflash.broker.learner_side import LearnerBroker
 
     b = LearnerBroker(connect(redis_url, 5.0), run_id, max_payload_bytes=1_000_000)
+    b.take_lease()
     b.ensure_groups()
-    return b
+    b.register_run(load_config(None).fingerprint())
+    b.track_trajectory_writes()
+    yield b
+    b.release()
 
 
 @pytest.fixture
 def generator_broker(redis_url, run_id, learner_broker):
-    from rollflash.broker.connection import connect
-    from rollflash.broker.generator_side import GeneratorBroker
+    """Generator gen-0 of the same run, admitted."""
+    from tests.helpers.brokers import admit, generator
 
-    return GeneratorBroker(connect(redis_url, 5.0), run_id, max_payload_bytes=1_000_000)
+    g = generator(redis_url, run_id)
+    admit(learner_broker, g)
+    return g
 
 
 def build_model(

@@ -69,6 +69,7 @@ def test_a_sim_generator_joins_an_hf_run_and_only_shared_keys_refuse(
         for p in (learner, joined, *refused.values()):
             p.kill()
     r = redis.Redis.from_url(redis_url)
-    writers = {f[b"generator"] for _, f in r.xrange(f"rl:{run_id}:trajectories")}
-    assert writers == {b"sim-0"}  # the learner trained 2 steps on the sim generator's groups
+    streams = [k.decode() for k in r.scan_iter(match=f"rl:{run_id}:traj:*")]
+    writers = {s.rsplit(":", 1)[1] for s in streams if r.xinfo_stream(s)["entries-added"]}
+    assert writers == {"sim-0"}  # the learner trained 2 steps on the sim generator's groups
     assert r.hget(f"rl:{run_id}:run", "step") == b"2"

@@ -3,10 +3,12 @@ from its own run (Redis contents, the learner's ledger, generator heartbeats); t
 at the end of the session, and appended as JSON lines to $ROLLFLASH_FAULT_REPORT when it is set
 (scripts/fault_report.py runs the suite that way). Columns (docs/faults.md):
 injected, recovered, lost (acknowledged trajectories / prompts Redis no longer holds and nobody
-re-created), reported (what the system itself counted and reported), by_learner / by_writers
-(forgotten trajectory writes counted by the learner / by their writers: overlapping counts of the
-same events, never added up), duplicated (trajectories trained more than once),
-dropped_duplicates (duplicates the learner dropped by traj_id).
+re-created), indeterminate (writes whose reply a fault took: stored once, twice or not at all),
+reported (what the system itself counted and reported), by_learner / by_writers (forgotten
+trajectory writes counted by the learner / by their writers: overlapping counts of the same
+events, never added up), duplicated (trajectories trained more than once), dropped_duplicates
+(duplicates the learner dropped by traj_id), unrecorded (entries the learner acknowledged
+without a ledger record: always 0).
 """
 
 from __future__ import annotations

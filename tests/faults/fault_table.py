@@ -4,12 +4,14 @@
 COLUMNS = (
     "injected",
     "lost",
+    "indeterminate",
     "recovered",
     "reported",
     "by_learner",
     "by_writers",
     "duplicated",
     "dropped_duplicates",
+    "unrecorded",
 )
 
 

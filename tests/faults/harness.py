@@ -1,6 +1,13 @@
 """Helpers for the fault suite: a run config for the simulated engine, real learner and generator
 processes started through `rollctl`, and what a finished run left behind (ledger, heartbeats,
-streams), from which the tests compute what was lost and duplicated."""
+streams), from which the tests compute what was lost and duplicated.
+
+Accounting is Jepsen's (its queue checker): a write is acknowledged (its writer got the reply),
+or indeterminate (the reply was lost with the connection and the call re-sent: stored once,
+twice, or not at all); a lost write is an acknowledged one Redis does not hold. Counts an
+indeterminate write can move are bounds, never equalities (`write_accounting`). The learner's
+side is audited from its ledger (`ledger_audit`): every entry it acknowledged has exactly one
+record, and no trajectory is trained twice."""
 
 from __future__ import annotations
 
@@ -14,6 +21,8 @@ from pathlib import Path
 
 import redis
 import yaml
+
+from rollflash.learner import ledger
 
 
 def write_config(
@@ -100,9 +109,68 @@ def stop_all(procs: list[subprocess.Popen]) -> None:
             p.wait()
 
 
+def ledgers(run_dir: Path) -> list[list[dict]]:
+    """Every rank's ledger rows (learner/ledger.py)."""
+    return [ledger.read([p]) for p in sorted(run_dir.glob("ledger*.jsonl"))]
+
+
 def trained_ids(run_dir: Path) -> list[str]:
-    rows = [json.loads(x) for x in (run_dir / "ledger.jsonl").read_text().splitlines()]
-    return [g for row in rows for g in row["trained"]]
+    """The traj_ids trained in the final lineage, with repeats (a duplicate shows twice)."""
+    return ledger.trained_ids(ledgers(run_dir))
+
+
+def streams(r: redis.Redis, run_id: str) -> list[str]:
+    """Every generator's trajectories stream of the run."""
+    return sorted(k.decode() for k in r.scan_iter(match=f"rl:{run_id}:traj:*"))
+
+
+def ledger_audit(r: redis.Redis, run_id: str, run_dir: Path, skip: set[str] = frozenset()) -> dict:
+    """Entries the learner acknowledged, per Redis (each stream's learner group: entries read
+    minus pending), against the ledger's records: `acknowledged`, `recorded` (entries with a
+    record), `unrecorded` (acknowledged without one, counted per stream), `multiple` (entries
+    with more than one record) and `trained_twice` (traj_ids trained more than once).
+    `skip`: generators whose streams' counters another client made meaningless (an attacker
+    deleting entries the learner had not read yet) are not counted."""
+    records = ledger.audit(ledgers(run_dir))
+    acknowledged = unrecorded = 0
+    for stream in streams(r, run_id):
+        if stream.rsplit(":", 1)[1] in skip:
+            continue
+        group = next(g for g in r.xinfo_groups(stream) if g["name"] == b"learner")
+        if group["entries-read"] is None:  # Redis cannot count it (entries deleted, a power cut)
+            continue
+        acked = group["entries-read"] - group["pending"]
+        gen = stream.rsplit(":", 1)[1]
+        mine = sum(1 for ref in records if ref.split("/", 1)[0] == gen)
+        acknowledged += acked
+        unrecorded += max(0, acked - mine)
+    trained = trained_ids(run_dir)
+    return {
+        "acknowledged": acknowledged,
+        "recorded": len(records),
+        "unrecorded": unrecorded,
+        "multiple": sorted(ref for ref, outcomes in records.items() if len(outcomes) > 1),
+        "trained_twice": len(trained) - len(set(trained)),
+    }
+
+
+def write_accounting(r: redis.Redis, run_id: str) -> dict[str, int]:
+    """Trajectory writes, Jepsen-style, summed over the generators: `acknowledged` (heartbeat
+    `published`), `indeterminate` (re-sent after a lost connection), `stored` (entries-added of
+    their streams, which survives trimming and restarts), and the bounds on `lost`, the
+    acknowledged writes Redis does not hold: stored = acknowledged - lost + (indeterminate ones
+    that landed), so acknowledged - stored <= lost <= acknowledged - stored + indeterminate."""
+    gens = generator_fields(r, run_id)
+    acked = sum(int(g["published"]) for g in gens.values())
+    indeterminate = sum(int(g["indeterminate"]) for g in gens.values())
+    stored = sum(r.xinfo_stream(s)["entries-added"] for s in streams(r, run_id))
+    return {
+        "acknowledged": acked,
+        "indeterminate": indeterminate,
+        "stored": stored,
+        "lost_at_least": max(0, acked - stored),
+        "lost_at_most": max(0, acked - stored + indeterminate),
+    }
 
 
 def dropped_duplicates(run_dir: Path) -> int:
@@ -118,26 +186,41 @@ def generator_fields(r: redis.Redis, run_id: str) -> dict[str, dict[str, str]]:
     return out
 
 
-def acknowledged_not_stored(r: redis.Redis, run_id: str) -> int:
-    """Trajectory writes generators were told succeeded (their `groups` counters: one trajectory
-    per prompt) minus the writes the stream holds (`entries-added` survives restarts)."""
-    acked = sum(int(g["groups"]) for g in generator_fields(r, run_id).values())
-    return acked - r.xinfo_stream(f"rl:{run_id}:trajectories")["entries-added"]
+def written_by(r: redis.Redis, run_id: str, run_dir: Path) -> dict[str, set[str]]:
+    """traj_id -> the generators whose entries of it Redis still holds or the learner recorded
+    (trained, or dropped as a duplicate, ...), for whole groups (one entry each)."""
+    out: dict[str, set[str]] = {}
+    for stream in streams(r, run_id):
+        for _, f in r.xrange(stream):
+            out.setdefault(f[b"traj_id"].decode(), set()).add(f[b"generator"].decode())
+    for rows in ledgers(run_dir):
+        for row in ledger.surviving(rows):
+            if row.get("event") is None:
+                pairs = zip(row["trained"], row["refs"])
+            else:
+                pairs = (p for k, refs in row["refs"].items() for p in zip(row[k], refs))
+            for traj_id, ref in pairs:
+                out.setdefault(traj_id, set()).add(ref.split("/")[0])
+    return out
 
 
 def learner_lag(r: redis.Redis, run_id: str) -> int | None:
-    """Trajectory entries not yet delivered to the learner's consumer group."""
-    groups = r.xinfo_groups(f"rl:{run_id}:trajectories")
-    return next(g["lag"] for g in groups if g["name"] == b"learner")
+    """Trajectory entries not yet delivered to the learner's consumer group, over every
+    generator's stream."""
+    lags = []
+    for stream in streams(r, run_id):
+        lags.append(next(g["lag"] for g in r.xinfo_groups(stream) if g["name"] == b"learner"))
+    return None if None in lags else sum(lags)
 
 
-# How many XINFO STREAM calls to wait for so that the learner has looked at the trajectories
-# stream twice: its watch (broker/streams.py `watch`) makes one such call on the trajectories
-# stream and at most one on the prompts stream, so any 4 consecutive calls hold two trajectory
-# looks; Redis < 7 counts all XINFO subcommands together, 3-4 per watch, so 8 calls are needed
-# there (and are plenty on Redis 7). Two looks, because the second is sent only after the learner
-# has taken in the first one's answer.
-LOOKS_PER_TWO_WATCHES = 8
+def looks_for_two_watches(streams: int) -> int:
+    """How many XINFO STREAM calls to wait for so that the learner's rank 0 has looked at every
+    trajectories stream twice. Its watch (broker/learner_side.py `maintain`) makes at most
+    3 * streams + 1 of them (the loss auditor's look at each stream, the check of each stream
+    inside its function, the lost-prompt snapshot's, and one on the prompts stream), so any
+    3 * (3 * streams + 1) consecutive calls hold two whole watches. Two, because the second
+    is sent only after the learner has taken in the first one's answer."""
+    return 3 * (3 * streams + 1)
 
 
 def stream_looks(r: redis.Redis) -> int:
@@ -161,8 +244,16 @@ def last_metrics(run_dir: Path) -> dict:
     return json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])
 
 
-def traj_ids(r: redis.Redis, run_id: str) -> set[str]:
-    return {f[b"traj_id"].decode() for _, f in r.xrange(f"rl:{run_id}:trajectories")}
+def traj_ids(r: redis.Redis, run_id: str, run_dir: Path) -> set[str]:
+    """The traj_ids Redis holds (what trimming left of each stream) or that the learner
+    recorded in its ledger (trained or dropped: they were stored)."""
+    held = {f[b"traj_id"].decode() for s in streams(r, run_id) for _, f in r.xrange(s)}
+    recorded = set()
+    for rows in ledgers(run_dir):
+        for row in ledger.surviving(rows):
+            for outcome in ledger.OUTCOMES:
+                recorded.update(row.get(outcome, []))
+    return held | recorded
 
 
 def resp_commands(data: bytes) -> list[list[bytes]]:
@@ -183,10 +274,14 @@ def resp_commands(data: bytes) -> list[list[bytes]]:
 
 
 def xadds(commands: list[list[bytes]], key: str) -> list[dict[str, str]]:
-    """The field maps of the XADDs to `key` among `commands`."""
+    """The field maps of the XADDs to `key` (a trailing `*`: any key with that prefix) among
+    `commands`."""
     out = []
     for c in commands:
-        if c[0].upper() == b"XADD" and c[1] == key.encode():
+        name = c[1].decode(errors="replace") if len(c) > 1 else ""
+        if c[0].upper() != b"XADD":
+            continue
+        if name == key or (key.endswith("*") and name.startswith(key[:-1])):
             args = c[2:]
             start = next(i for i, a in enumerate(args) if b"-" in a and a[:1].isdigit()) + 1
             pairs = args[start:]

@@ -9,7 +9,7 @@ import time
 
 import redis
 import yaml
-from harness import start, wait_until, write_config
+from harness import ledgers, start, streams, trained_ids, traj_ids, wait_until, write_config
 
 STEPS, B = 10, 4
 
@@ -88,24 +88,27 @@ def test_killed_and_frozen_generators_lose_nothing_and_train_nothing_twice(
                 os.kill(p.pid, signal.SIGCONT)
                 p.terminate()
                 p.wait(timeout=30)
-    ledger = [json.loads(x) for x in (run_dir / "ledger.jsonl").read_text().splitlines()]
-    trained = [g for row in ledger for g in row["trained"]]
+    (ledger,) = ledgers(run_dir)
+    trained = trained_ids(run_dir)
     assert len(trained) == STEPS * B and len(set(trained)) == len(trained)
-    assert not set(trained) & {g for row in ledger for g in row["duplicate"]} - set(trained)
+    dups = [g for row in ledger for g in row.get("duplicate", [])]
+    assert not set(trained) & set(dups) - set(trained)
     # every prompt the killed generator had claimed was finished by someone else
     assert _pending_of(r, prompts, "victim") == []
     metrics = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    produced = [f[b"traj_id"].decode() for _, f in r.xrange(f"rl:{run_id}:trajectories")]
-    duplicates_produced = len(produced) - len(set(produced))
+    # entries written (entries-added survives trimming) less the distinct traj_ids among them
+    # (what the streams still hold, and what the learner recorded of the rest)
+    written = sum(r.xinfo_stream(s)["entries-added"] for s in streams(r, run_id))
+    duplicates_produced = written - len(traj_ids(r, run_id, run_dir))
     counted = sum(m["async/duplicates"] for m in metrics)
-    consumed_dups = sum(len(row["duplicate"]) for row in ledger)
+    consumed_dups = len(dups)
     assert counted == consumed_dups <= duplicates_produced
     assert counted >= 1  # the sleeper's late copy reached the learner and was dropped by id
     # the prompts taken over from the dead victim were answered first by their new owner, which
     # says so (`retried`); the learner counts each such first answer
-    retried = [t for row in ledger for t in row["retried"]]
+    retried = [t for row in ledger for t in row.get("retried", [])]
     assert len(retried) >= 1 and set(retried) <= set(trained) | {
-        g for row in ledger for g in row["stale"]
+        g for row in ledger for g in row.get("stale", [])
     }
     assert sum(m["async/retried"] for m in metrics) == len(retried)
 
@@ -125,13 +128,15 @@ def test_a_killed_generator_is_gone_from_status_once_its_heartbeat_expires(
     config = write_config(tmp_path, redis_url, run_id, 1, 1, rollout={"heartbeat_ttl_s": ttl})
     cfg = load_config(config)
     learner = LearnerBroker(connect(redis_url, 5), run_id, cfg.redis.max_payload_bytes)
+    learner.take_lease()
     learner.ensure_groups()
     learner.register_run(cfg.fingerprint())  # the run the generator joins; no prompts needed
     gen = start("start-generator", config, "--id", "doomed")
     try:
         wait_until(
             lambda: (
-                "doomed" in collect_status(cfg)["generators"]
+                learner.roster.admit_joined() is not None  # what the learner's reads do
+                and "doomed" in collect_status(cfg)["generators"]
                 and _is_consumer(redis_url, run_id, "doomed")
             ),
             120,

@@ -1,14 +1,18 @@
 """Learner crashes with real processes and a real redis-server: the learner is kill -9'd inside a
-chosen window and started again while the generators keep running.
+chosen window and started again (`--take-over`: the test knows the holder of the run's lease is
+dead) while the generators keep running.
 
-The learner stops itself with SIGSTOP at the window (ROLLFLASH_PAUSE_AT, learner/publish.py), and the
-test sends the SIGKILL, so every run hits exactly the window it names:
+The learner stops itself with SIGSTOP at the window (ROLLFLASH_PAUSE_AT, learner/pause.py), and
+the test sends the SIGKILL, so every run hits exactly the window it names:
 - after_read: step 5's groups were read but neither trained nor acknowledged;
 - after_update: step 5 was trained and published, but its checkpoint (every 3 steps) not written;
-- after_checkpoint: step 6's checkpoint is durable, its entries not yet acknowledged.
+- after_checkpoint: step 6's checkpoint is durable, its entries not yet acknowledged;
+- before_ack: dropped entries of a step recorded in the ledger, not yet acknowledged.
 Afterwards the surviving lineage (the ledger with the rows of rolled-back steps removed) must have
-trained every delivered trajectory exactly once, nothing may be left unacknowledged, the model
-must hold exactly `total_steps` updates, and versions must only increase.
+trained every delivered trajectory exactly once, every entry the learner acknowledged must have
+exactly one ledger record (the ledger audit, tests/faults/harness.py), nothing may be left
+unacknowledged, the model must hold exactly `total_steps` updates, and versions must only
+increase.
 """
 
 import json
@@ -21,7 +25,9 @@ import pytest
 import redis
 import torch
 import torch.distributed.checkpoint as dcp
-from harness import start, stop_all, wait_until, write_config
+from harness import ledger_audit, ledgers, start, stop_all, streams, wait_until, write_config
+
+from rollflash.learner import ledger as ledger_rows
 
 STEPS, B, EVERY = 10, 4, 3
 
@@ -41,15 +47,34 @@ def checkpoint_weight(step_dir: Path) -> torch.Tensor:
     return target["app"]["policy"]["model"]["weight"]
 
 
-def surviving_rows(ledger: list[dict]) -> list[dict]:
-    """Ledger rows of the final lineage: a resume from step s discards the rows of steps > s."""
-    rows: list[dict] = []
-    for row in ledger:
-        if row.get("event") == "resume":
-            rows = [r for r in rows if r["step"] <= row["step"]]
-        else:
-            rows.append(row)
-    return rows
+def trained_rows(ledger: list[dict]) -> list[dict]:
+    """The trained rows of the final lineage (learner/ledger.py `surviving`)."""
+    return [row for row in ledger_rows.surviving(ledger) if row.get("event") is None]
+
+
+def _kill_at(config, window: str, *extra: str):
+    """Start a learner that stops itself at `window` ("point:step"), and SIGKILL it there."""
+    learner = start("start-learner", config, *extra, env={"ROLLFLASH_PAUSE_AT": window})
+    wait_until(
+        lambda: _stopped(learner.pid) or learner.poll() is not None,
+        120,
+        f"the learner to reach {window}",
+    )
+    assert learner.poll() is None, learner.stderr_text()[-3000:]
+    learner.send_signal(signal.SIGKILL)
+    learner.wait()
+
+
+def _audit(r, run_id, run_dir, whole_groups=True):
+    """Exactly one ledger record for every acknowledged entry; nothing trained twice."""
+    audit = ledger_audit(r, run_id, run_dir)
+    assert audit["unrecorded"] == 0 and audit["multiple"] == [], audit
+    assert audit["recorded"] == audit["acknowledged"] and audit["trained_twice"] == 0, audit
+    # everything read was acknowledged after the checkpoint: with whole groups a read takes
+    # only what completes the step (replicated samples may leave a partial group pending)
+    for stream in streams(r, run_id) if whole_groups else ():
+        assert r.xpending(stream, "learner")["pending"] == 0, stream
+    return audit
 
 
 @pytest.mark.parametrize(
@@ -70,39 +95,26 @@ def test_learner_killed_mid_step_resumes_without_loss_or_double_training(
     )
     gens = [start("start-generator", config, "--id", f"gen-{i}") for i in range(2)]
     try:
-        first = start("start-learner", config, env={"ROLLFLASH_PAUSE_AT": f"{window}:{step}"})
-        wait_until(
-            lambda: _stopped(first.pid) or first.poll() is not None,
-            90,
-            f"the learner to reach {window} of step {step}",
-        )
-        assert first.poll() is None, first.stderr_text()[-3000:]
-        first.send_signal(signal.SIGKILL)
-        first.wait()
-        second = start("start-learner", config)
+        _kill_at(config, f"{window}:{step}")
+        second = start("start-learner", config, "--take-over")
         assert second.wait(timeout=120) == 0, second.stderr_text()[-3000:]
     finally:
         stop_all(gens)
 
     r = redis.Redis.from_url(redis_url)
-    ledger = [json.loads(x) for x in (run_dir / "ledger.jsonl").read_text().splitlines()]
+    (ledger,) = ledgers(run_dir)
     resume = [row for row in ledger if row.get("event") == "resume"]
     assert len(resume) == 1 and resume[0]["step"] == (6 if window == "after_checkpoint" else 3)
-    rows = surviving_rows(ledger)
+    rows = trained_rows(ledger)
     assert [row["step"] for row in rows] == list(range(1, STEPS + 1))
     trained = [t for row in rows for t in row["trained"]]
     assert len(trained) == len(set(trained)) == STEPS * B  # nothing trained twice
     dropped = {t for row in ledger for k in ("stale", "late", "filtered") for t in row.get(k, [])}
     assert not dropped & set(trained)
-    # every trajectory the learner group was handed is trained or accounted for as dropped
-    stream = f"rl:{run_id}:trajectories"
-    last = next(g for g in r.xinfo_groups(stream) if g["name"] == b"learner")["last-delivered-id"]
-    delivered = {f[b"traj_id"].decode() for _, f in r.xrange(stream, max=last)}
-    duplicates = {t for row in ledger for t in row.get("duplicate", [])}
-    assert delivered <= set(trained) | dropped | duplicates
-    assert r.xpending(stream, "learner")["pending"] == 0  # all acknowledged after the checkpoint
+    # every entry the learner group acknowledged is trained or recorded as dropped, once
+    _audit(r, run_id, run_dir)
     # versions only increase; the model holds exactly STEPS updates (one per trained step)
-    versions = [row["version"] for row in ledger]
+    versions = [row["version"] for row in ledger if "version" in row]
     assert versions == sorted(versions) and len(set(versions)) == len(versions)
     status = subprocess.run(
         [sys.executable, "-m", "rollflash.rollctl.cli", "status", "--config", str(config)],
@@ -143,24 +155,19 @@ def test_lora_learner_killed_after_an_update_resumes_exactly_once(
     )
     gens = [start("start-generator", config, "--id", f"gen-{i}") for i in range(2)]
     try:
-        first = start("start-learner", config, env={"ROLLFLASH_PAUSE_AT": "after_update:5"})
-        wait_until(lambda: _stopped(first.pid) or first.poll() is not None, 120, "after_update")
-        assert first.poll() is None, first.stderr.read()[-3000:]
-        first.send_signal(signal.SIGKILL)
-        first.wait()
-        second = start("start-learner", config)
-        assert second.wait(timeout=180) == 0, second.stderr.read()[-3000:]
+        _kill_at(config, "after_update:5")
+        second = start("start-learner", config, "--take-over")
+        assert second.wait(timeout=180) == 0, second.stderr_text()[-3000:]
     finally:
         stop_all(gens)
 
-    ledger = [json.loads(x) for x in (run_dir / "ledger.jsonl").read_text().splitlines()]
+    (ledger,) = ledgers(run_dir)
     assert [row["step"] for row in ledger if row.get("event") == "resume"] == [3]
-    rows = surviving_rows(ledger)
+    rows = trained_rows(ledger)
     assert [row["step"] for row in rows] == list(range(1, steps + 1))
     trained = [t for row in rows for t in row["trained"]]
     assert len(trained) == len(set(trained)) == steps * B  # nothing trained twice
-    r = redis.Redis.from_url(redis_url)
-    assert r.xpending(f"rl:{run_id}:trajectories", "learner")["pending"] == 0
+    _audit(redis.Redis.from_url(redis_url), run_id, run_dir)
     ckpt = run_dir / "checkpoints" / f"step{steps:08d}"
     stored = dcp.FileSystemReader(str(ckpt / "dcp")).read_metadata().state_dict_metadata
     model = [k for k in stored if k.startswith("app.policy.model.")]
@@ -171,3 +178,46 @@ def test_lora_learner_killed_after_an_update_resumes_exactly_once(
     assert len(updates) == 2 and [int(v) for v in updates.values()] == [steps, steps]
     store = WeightStore(run_dir)
     assert store.manifest(store.latest()).kind == "adapter"
+
+
+def test_three_kill_9s_leave_one_ledger_record_per_acknowledged_entry(
+    tmp_path, redis_url, run_id, fault_report
+):
+    """Three crashes of the learner, each in another window, the second between a ledger record
+    of dropped entries and their acknowledgement. Prompts are replicated with one redundant
+    sample, so every group leaves a late sample to drop (and record) in every step."""
+    steps, run_dir = 8, tmp_path / "run"
+    config = write_config(
+        tmp_path,
+        redis_url,
+        run_id,
+        steps,
+        B,
+        sim={"per_token_s": 0.001, "length_median": 16, "length_sigma": 0.5},
+        rollout={"replicate_prompts": True, "redundant_samples": 1},
+        trainer={"checkpoint_every": EVERY},
+    )
+    gens = [start("start-generator", config, "--id", f"gen-{i}") for i in range(2)]
+    try:
+        _kill_at(config, "after_read:5")  # resumes from the checkpoint of step 3
+        _kill_at(config, "before_ack:5", "--take-over")  # from step 3 again
+        _kill_at(config, "after_checkpoint:6", "--take-over")  # from step 6
+        last = start("start-learner", config, "--take-over")
+        assert last.wait(timeout=180) == 0, last.stderr_text()[-3000:]
+    finally:
+        stop_all(gens)
+    r = redis.Redis.from_url(redis_url)
+    (ledger,) = ledgers(run_dir)
+    assert [row["step"] for row in ledger if row.get("event") == "resume"] == [3, 3, 6]
+    assert [row["step"] for row in trained_rows(ledger)] == list(range(1, steps + 1))
+    audit = _audit(r, run_id, run_dir, whole_groups=False)
+    late = [t for row in ledger for t in row.get("late", [])]
+    assert len(late) >= steps * B // 2  # the drops the audit covers: one per group, most steps
+    fault_report(
+        "learner kill -9 x3 (read, record-before-ack, checkpoint)",
+        injected=3,
+        lost=0,
+        recovered=3,
+        duplicated=audit["trained_twice"],
+        unrecorded=audit["unrecorded"],
+    )

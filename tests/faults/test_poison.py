@@ -1,7 +1,8 @@
 """Poison entries injected into a real run (learner and generator processes, simulated engine):
-each kind goes to the dead-letter stream with its reason and original id, is acknowledged, is
-counted (learner metric `async/rejected`, generator heartbeat `dead_letters`), and training
-finishes with every step complete."""
+each kind goes to a dead-letter stream with its reason and original id (poison trajectories to
+the learner's `dlq`, poison prompts to the generator's own `dlq:{id}`), is acknowledged, is
+counted (learner metric `async/rejected` and `rollctl status`'s dead letters, generator heartbeat
+`dead_letters`), and training finishes with every step complete."""
 
 import json
 import math
@@ -55,7 +56,7 @@ def _array(key, values, dtype):
 PROMPT_POISON = {
     "corrupt msgpack": (
         {
-            "schema": 1,
+            "schema": 2,
             "prompt_id": "x",
             "group_id": "x",
             "n": 2,
@@ -65,10 +66,10 @@ PROMPT_POISON = {
         "corrupt msgpack",
     ),
     "wrong schema": ({"schema": 99, "data": msgpack.packb({"item": {}})}, "schema"),
-    "oversize": ({"schema": 1, "data": b"\x00" * (LIMIT + 1)}, "exceeds the limit"),
+    "oversize": ({"schema": 2, "data": b"\x00" * (LIMIT + 1)}, "exceeds the limit"),
     "wrong types": (
         {
-            "schema": 1,
+            "schema": 2,
             "prompt_id": "x",
             "group_id": "x",
             "n": "two",
@@ -80,7 +81,7 @@ PROMPT_POISON = {
 }
 TRAJECTORY_POISON = {
     "corrupt msgpack": ({**_traj_fields(), "data": b"\xc1garbage"}, "corrupt msgpack"),
-    "wrong schema": ({**_traj_fields(), "schema": 2}, "schema"),
+    "wrong schema": ({**_traj_fields(), "schema": 99}, "schema"),
     "NaN reward": (_traj_fields(_set_sample("reward", math.nan)), "reward: not finite"),
     "inf reward": (_traj_fields(_set_sample("reward", math.inf)), "reward: not finite"),
     "inf logprob": (
@@ -123,7 +124,7 @@ def test_poison_on_both_streams_is_dead_lettered_acked_counted_and_training_goes
     try:
         wait_until(lambda: steps_done(run_dir) >= 1, 60, "the first learner step")
         injected = {}
-        for stream, poison in (("prompts", PROMPT_POISON), ("trajectories", TRAJECTORY_POISON)):
+        for stream, poison in (("prompts", PROMPT_POISON), ("traj:gen-0", TRAJECTORY_POISON)):
             for name, (fields, reason) in poison.items():
                 injected[(stream, r.xadd(prefix + stream, fields).decode())] = (name, reason)
         assert learner.wait(timeout=120) == 0, learner.stderr_text()[-3000:]
@@ -133,13 +134,14 @@ def test_poison_on_both_streams_is_dead_lettered_acked_counted_and_training_goes
     trained = trained_ids(run_dir)
     assert len(trained) == len(set(trained)) == STEPS * B
     dead = {
-        (f[b"source"].decode().rsplit(":", 1)[1], f[b"original_id"].decode()): f
-        for _, f in r.xrange(prefix + "dlq")
+        (f[b"source"].decode().removeprefix(prefix), f[b"original_id"].decode()): f
+        for dlq in ("dlq", "dlq:gen-0")
+        for _, f in r.xrange(prefix + dlq)
     }
     for key, (name, reason) in injected.items():
         assert key in dead, f"{key[0]} {name} was not dead-lettered"
         assert reason in dead[key][b"reason"].decode(), (name, dead[key][b"reason"])
-    for stream, group in (("prompts", "gen"), ("trajectories", "learner")):
+    for stream, group in (("prompts", "gen"), ("traj:gen-0", "learner")):
         pending = {
             p["message_id"].decode()
             for p in r.xpending_range(prefix + stream, group, min="-", max="+", count=1000)
@@ -149,12 +151,15 @@ def test_poison_on_both_streams_is_dead_lettered_acked_counted_and_training_goes
     assert sum(m["async/rejected"] for m in metrics) == len(TRAJECTORY_POISON)
     gen_hash = {k.decode(): v.decode() for k, v in r.hgetall(prefix + "gen:gen-0").items()}
     assert int(gen_hash["dead_letters"]) == len(PROMPT_POISON)
-    # rollctl status counts them by reason code, e.g. "dead letters: 16 (bad_shape=2, ...)"
+    # rollctl status counts the learner's by reason code, e.g. "dead letters: 12 (bad_shape=1,
+    # ...)": no generator can add to that count (each reports its own in its heartbeat)
     line = next(x for x in status_text(config).splitlines() if x.startswith("dead letters:"))
     by_code = dict(part.split("=") for part in line.split("(", 1)[1].rstrip(")").split(", "))
-    assert sum(map(int, by_code.values())) == len(PROMPT_POISON) + len(TRAJECTORY_POISON), line
+    assert sum(map(int, by_code.values())) == len(TRAJECTORY_POISON), line
     assert {"corrupt", "too_large", "schema", "unknown_key", "out_of_range"} <= by_code.keys()
-    for stream, poison in (("prompts", PROMPT_POISON), ("trajectories", TRAJECTORY_POISON)):
+    # a malformed entry is no forgery: the generator whose stream held it is not quarantined
+    assert r.hget(prefix + "generators", "gen-0") == b"active"
+    for stream, poison in (("prompts", PROMPT_POISON), ("traj:gen-0", TRAJECTORY_POISON)):
         fault_report(
             f"poison {stream} ({len(poison)} kinds)",
             injected=len(poison),

@@ -29,11 +29,13 @@ PUBLISHER = textwrap.dedent("""
     from rollflash.learner.publish import Publisher
 
     class Broker:  # the weights hash: one line per announcement, in the order made
-        def announce_weights(self, version, path, sha256, zmq_endpoint):
+        def announce_weights(self, version, path, sha256, zmq_endpoint, http_url=""):
             with open(sys.argv[2], "a") as log:
                 log.write(f"{version} {sha256}\\n")
         def loaded_versions(self):
             return set()
+        def check_lease(self):  # the run's lease: this process is the only publisher
+            pass
 
     overrides = ["trainer.background_publish=true", "trainer.keep_versions=1000"]
     cfg = load_config(None, [f"run.run_dir={sys.argv[1]}", *overrides])
@@ -111,9 +113,11 @@ def test_retention_spares_a_version_a_live_generator_has_loaded(tmp_path, redis_
     steps = 6
     config = write_config(tmp_path, redis_url, run_id, steps, 2, trainer={"keep_versions": 1})
     r = redis.Redis.from_url(redis_url)
-    # a generator still running on v0 (its heartbeat, as generators/rollout.py writes it)
+    # a generator still running on v0 (its heartbeat, as generators/rollout.py writes it, and
+    # its request to join)
     r.hset(f"rl:{run_id}:gen:slow-gen", mapping={"loaded_version": 0, "state": "up"})
     r.expire(f"rl:{run_id}:gen:slow-gen", 120)
+    r.sadd(f"rl:{run_id}:joined", "slow-gen")
     gen = start("start-generator", config, "--id", "gen-0")
     learner = start("start-learner", config)
     try:

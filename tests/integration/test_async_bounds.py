@@ -36,7 +36,7 @@ class SimGenerators(threading.Thread):
     def run(self):
         held = []  # (due time, entry id, work)
         while not self.stop.is_set():
-            for entry_id, work in self.broker.claim_prompts("sim", count=8, block_ms=5):
+            for entry_id, work in self.broker.claim_prompts(count=8, block_ms=5):
                 delay = (
                     self.rng.uniform(0.05, 0.4)
                     if self.rng.random() < self.slow_frac
@@ -63,11 +63,12 @@ class SimGenerators(threading.Thread):
                         traj_id=work.group_id,
                         prompt_id=work.prompt_id,
                         group_id=work.group_id,
-                        generator="sim",
+                        generator="gen-0",
                         behavior_version=v,
                         issued_version=work.issued_version,
                         prompt_ids=np.array([1], np.int32),
                         samples=[s] * N,
+                        mac=work.mac,
                     ),
                     entry_id,
                 )
@@ -108,7 +109,7 @@ def test_staleness_and_admission_bounds_hold(learner_broker, generator_broker, r
                 assert got.stale_ids == []
             trained += [g.group_id for g in got.groups]
             stale += got.stale_ids
-            learner_broker.ack_trajectories(got.entry_ids)
+            learner_broker.ack_trajectories(got.entry_ids)  # after the step's checkpoint
             time.sleep(rng.uniform(0, 0.05))  # a training step
             published[0] = version + 1
     finally:
@@ -127,7 +128,7 @@ def test_a_group_with_any_old_token_is_stale(learner_broker, generator_broker):
     tests/security/test_wire.py.)"""
     admission = Admission(_items(), 1, 1.0, 1)
     admission.top_up(learner_broker, step=2)
-    for entry_id, work in generator_broker.claim_prompts("g", 10, 10):
+    for entry_id, work in generator_broker.claim_prompts(10, 10):
         s = Sample(
             response_ids=np.array([5, 6], np.int32),
             logprobs=np.array([-1, -1], np.float32),
@@ -140,11 +141,12 @@ def test_a_group_with_any_old_token_is_stale(learner_broker, generator_broker):
                 traj_id=work.group_id,
                 prompt_id=work.prompt_id,
                 group_id=work.group_id,
-                generator="g",
+                generator="gen-0",
                 behavior_version=int(s.token_versions.min()),
                 issued_version=2,
                 prompt_ids=np.array([1], np.int32),
                 samples=[s],
+                mac=work.mac,
             ),
             entry_id,
         )
@@ -161,7 +163,7 @@ def test_filtered_groups_are_replaced_so_a_step_still_gets_b_groups(
 ):
     """DAPO dynamic sampling through collect: groups the filter rejects are acknowledged, counted
     and replaced by fresh prompts until B groups pass (here every other group is rejected)."""
-    admission = Admission(_items(), 2, 0.0, 1)
+    admission = Admission(_items(), 2, 0.0, N)  # prompts ask for the N samples answered
     published = [0]
     gens = SimGenerators(generator_broker, published, random.Random(0), slow_frac=0.0)
     gens.start()

@@ -1,5 +1,6 @@
 """Broker round trips against a real redis-server (started by tests/conftest.py)."""
 
+import threading
 import time
 
 import numpy as np
@@ -13,6 +14,7 @@ from rollflash.broker.learner_side import LearnerBroker
 from rollflash.broker.redis_io import RunMismatch, RunRedis
 from rollflash.broker.registry import RunRegistry
 from rollflash.broker.schema import PromptWork, Sample, Trajectory
+from tests.helpers.brokers import admit, generator
 
 
 def _work(i: int, version: int = 0) -> PromptWork:
@@ -43,6 +45,7 @@ def _traj(work: PromptWork, version: int = 0) -> Trajectory:
         issued_version=work.issued_version,
         prompt_ids=np.array([1, 5], np.int32),
         samples=[s, s],
+        mac=work.mac,
     )
 
 
@@ -52,82 +55,102 @@ def raw(redis_url, run_id):
     return redis.Redis.from_url(redis_url), RunKeys(run_id)
 
 
-def test_prompt_to_trajectory_round_trip(learner_broker, generator_broker, raw):
+CHECK = (10, 2, 0)  # vocab 10, groups of 2, learner at version 0
+
+
+def test_prompt_to_trajectory_round_trip(learner_broker, generator_broker, raw, redis_url, run_id):
     r, keys = raw
+    other = generator(redis_url, run_id, "gen-1")
+    admit(learner_broker, other)
     learner_broker.add_prompts([_work(i) for i in range(3)])
-    claimed = generator_broker.claim_prompts("gen-0", count=2, block_ms=100)
+    claimed = generator_broker.claim_prompts(count=2, block_ms=100)
     assert [w.prompt_id for _, w in claimed] == ["train-0", "train-1"]
     # another consumer of the group gets the rest, never the same entries
-    other = generator_broker.claim_prompts("gen-1", count=5, block_ms=100)
-    assert [w.prompt_id for _, w in other] == ["train-2"]
+    rest = other.claim_prompts(count=5, block_ms=100)
+    assert [w.prompt_id for _, w in rest] == ["train-2"]
     for entry_id, work in claimed:
         generator_broker.add_trajectory(_traj(work), prompt_entry_id=entry_id)
     # trajectory XADD and prompt XACK happen together: gen-0 has nothing pending now
     assert r.xpending(keys.prompts, GEN_GROUP)["pending"] == 1  # gen-1's
-    good, bad = learner_broker.read_trajectories("rank0", count=10, block_ms=100, vocab_size=10)
+    good, bad = learner_broker.read_trajectories("rank0", 10, 100, CHECK)
     assert bad == [] and [t.traj_id for _, t in good] == ["g000000000", "g000000001"]
-    assert r.xpending(keys.trajectories, LEARNER_GROUP)["pending"] == 2
-    learner_broker.ack_trajectories([e for e, _ in good])
-    assert r.xpending(keys.trajectories, LEARNER_GROUP)["pending"] == 0
+    stream = keys.trajectories("gen-0")
+    assert r.xpending(stream, LEARNER_GROUP)["pending"] == 2
+    learner_broker.ack_trajectories([e for e, _ in good], finished=[t.traj_id for _, t in good])
+    assert r.xpending(stream, LEARNER_GROUP)["pending"] == 0
+    assert sorted(r.hkeys(keys.inflight)) == [b"g000000002"]  # the one still being answered
     # the scalar fields are readable as they are, as `redis-cli XRANGE` shows them
-    _, fields = r.xrange(keys.trajectories, count=1)[0]
+    _, fields = r.xrange(stream, count=1)[0]
     assert fields[b"traj_id"] == b"g000000000" and fields[b"reward_mean"] == b"1.0000"
-    assert fields[b"behavior_version"] == b"0" and fields[b"schema"] == b"1"
+    assert fields[b"behavior_version"] == b"0" and fields[b"schema"] == b"2"
+    assert len(fields[b"mac"]) == 32 and fields[b"generator"] == b"gen-0"
 
 
 def test_unacked_prompts_are_redelivered_to_the_same_consumer(learner_broker, generator_broker):
     learner_broker.add_prompts([_work(0)])
-    first = generator_broker.claim_prompts("gen-0", count=1, block_ms=100)
-    again = generator_broker.claim_prompts("gen-0", count=1, block_ms=100, own_pending=True)
+    first = generator_broker.claim_prompts(count=1, block_ms=100)
+    again = generator_broker.claim_prompts(count=1, block_ms=100, own_pending=True)
     assert [e for e, _ in again] == [e for e, _ in first]
     assert [w.retried for _, w in first + again] == [False, True]  # delivered before: retried
 
 
 def test_poison_trajectory_goes_to_the_dead_letter_stream(learner_broker, generator_broker, raw):
     r, keys = raw
-    good_id = generator_broker.add_trajectory(_traj(_work(0)), prompt_entry_id=None)
-    bad_id = r.xadd(keys.trajectories, {"schema": 1, "traj_id": "x", "data": b"\xc1"}).decode()
-    good, bad = learner_broker.read_trajectories("rank0", count=10, block_ms=100, vocab_size=10)
-    assert [e for e, _ in good] == [good_id]
-    assert [b.entry_id for b in bad] == [bad_id] and "corrupt msgpack" in bad[0].reason
+    learner_broker.add_prompts([_work(0)])
+    ((entry_id, work),) = generator_broker.claim_prompts(count=1, block_ms=100)
+    good_id = generator_broker.add_trajectory(_traj(work), prompt_entry_id=entry_id)
+    stream = keys.trajectories("gen-0")
+    bad_id = r.xadd(stream, {"schema": 2, "traj_id": "x", "data": b"\xc1"}).decode()
+    good, bad = learner_broker.read_trajectories("rank0", 10, 100, CHECK)
+    assert [e for e, _ in good] == [f"gen-0/{good_id}"]
+    assert [b.ref for b in bad] == [f"gen-0/{bad_id}"] and "corrupt msgpack" in bad[0].reason
+    learner_broker.dead_letter(bad)  # the collector records it in its ledger first
     ((_, dlq_fields),) = r.xrange(keys.dlq)
     assert dlq_fields[b"original_id"].decode() == bad_id
+    assert dlq_fields[b"source"].decode() == stream
     assert dlq_fields[b"reason"].startswith(b"corrupt msgpack")
+    assert r.hget(keys.dlq_reasons, "corrupt") == b"1"
     # the poison entry was acknowledged; only the good one is pending
-    assert r.xpending(keys.trajectories, LEARNER_GROUP)["pending"] == 1
-    # and the learner replaces the rejected group by a fresh prompt
-    assert learner_broker.dead_lettered == 1 and learner_broker.replaced_groups() == 1
+    assert r.xpending(stream, LEARNER_GROUP)["pending"] == 1
+    # a malformed entry is no forgery: its generator stays admitted
+    assert learner_broker.dead_lettered == 1 and learner_broker.refused() == set()
 
 
 def test_token_outside_vocabulary_is_dead_lettered(learner_broker, generator_broker):
-    generator_broker.add_trajectory(_traj(_work(0)), prompt_entry_id=None)
-    good, bad = learner_broker.read_trajectories("rank0", count=10, block_ms=100, vocab_size=4)
+    learner_broker.add_prompts([_work(0)])
+    ((entry_id, work),) = generator_broker.claim_prompts(count=1, block_ms=100)
+    generator_broker.add_trajectory(_traj(work), prompt_entry_id=entry_id)
+    good, bad = learner_broker.read_trajectories("rank0", 10, 100, (4, 2, 0))
     assert good == [] and "outside the vocabulary" in bad[0].reason
 
 
 def test_poison_prompt_is_dead_lettered_by_the_generator(generator_broker, raw):
     r, keys = raw
-    bad_id = r.xadd(keys.prompts, {"schema": 1, "data": b"\xc1"}).decode()
-    assert generator_broker.claim_prompts("gen-0", count=1, block_ms=100) == []
-    ((_, dlq_fields),) = r.xrange(keys.dlq)
+    bad_id = r.xadd(keys.prompts, {"schema": 2, "data": b"\xc1"}).decode()
+    assert generator_broker.claim_prompts(count=1, block_ms=100) == []
+    ((_, dlq_fields),) = r.xrange(keys.generator_dlq("gen-0"))
     assert dlq_fields[b"original_id"].decode() == bad_id
     assert r.xpending(keys.prompts, GEN_GROUP)["pending"] == 0  # acknowledged
     assert generator_broker.dead_lettered == 1
-    assert r.hget(keys.run, "replaced") is None  # only the learner's rejections are replaced
+    assert r.xlen(keys.dlq) == 0  # the learner's dlq is the learner's alone
 
 
 def test_a_process_with_another_config_is_refused_naming_the_keys(redis_url, run_id):
     a = LearnerBroker(connect(redis_url, 5), run_id, 1000)
+    a.take_lease()
     a.register_run(load_config(None).fingerprint())
     a.register_run(load_config(None, ["trainer.total_steps=300"]).fingerprint())  # may differ
     other = load_config(None, ["rollout.temperature=0.7", "model.path=models/other"])
+    b = LearnerBroker(connect(redis_url, 5), run_id, 1000)
+    b.use_lease(a.lease.token)  # another rank of the same learner
     with pytest.raises(RunMismatch) as e:
-        LearnerBroker(connect(redis_url, 5), run_id, 1000).register_run(other.fingerprint())
+        b.register_run(other.fingerprint())
     assert str(e.value).startswith(
         f"run rl:{run_id}: was started with another config; keys every process must agree on "
         'differ: model.path (the run: "models/tiny", this process: "models/other"); '
         "rollout.temperature (the run: 1.0, this process: 0.7). Use the run's config"
     )
+    a.release()
 
 
 def test_heartbeats_expire(learner_broker, generator_broker, redis_url, run_id):
@@ -137,11 +160,11 @@ def test_heartbeats_expire(learner_broker, generator_broker, redis_url, run_id):
     status = RunRegistry(RunRedis(connect(redis_url, 5), run_id))  # what `rollctl status` reads
     key = RunKeys(run_id).gen("gen-0")
     r = redis.Redis.from_url(redis_url)
-    generator_broker.heartbeat("gen-0", {"loaded_version": 3}, ttl_s=600)
+    generator_broker.heartbeat({"loaded_version": 3}, ttl_s=600)
     assert 0 < r.pttl(key) <= 600_000  # the heartbeat carries its TTL
     assert status.live_generators()["gen-0"]["loaded_version"] == "3"
     assert learner_broker.loaded_versions() == {3}
-    generator_broker.heartbeat("gen-0", {"loaded_version": 4}, ttl_s=0.2)  # each beat renews it
+    generator_broker.heartbeat({"loaded_version": 4}, ttl_s=0.2)  # each beat renews it
     assert r.pttl(key) <= 200
     deadline = time.monotonic() + 30
     while status.live_generators() and time.monotonic() < deadline:
@@ -149,11 +172,41 @@ def test_heartbeats_expire(learner_broker, generator_broker, redis_url, run_id):
     assert status.live_generators() == {} and learner_broker.loaded_versions() == set()
 
 
-def test_the_learner_sums_live_generators_reward_errors(learner_broker, generator_broker):
+def test_a_generator_waits_out_the_learners_start_up_then_a_bounded_time(
+    learner_broker, redis_url, run_id
+):
+    """Before the run's `state` is set the learner is still starting (its model, version 0, the
+    first evaluation) and a joining generator waits for it, past its timeout and renewing its
+    heartbeat; once the loop runs (and admits every second) the timeout binds."""
+    early, late = generator(redis_url, run_id, "gen-0"), generator(redis_url, run_id, "gen-1")
+    early.ask_to_join({"state": "up"}, ttl_s=0.3)
+
+    def learner_starts():  # for 1 s > the 0.2 s timeout and the 0.3 s heartbeat TTL; then it
+        # admits every 0.1 s for 2 s (a renewed heartbeat is admitted), else its loop runs
+        time.sleep(1.0)
+        for _ in range(20):
+            if learner_broker.roster.admit_joined():
+                return
+            time.sleep(0.1)
+        learner_broker.set_run_fields(state="training")  # the wait below then times out
+
+    admitting = threading.Thread(target=learner_starts)
+    admitting.start()
+    early.wait_admitted(0.2, {"state": "up"}, ttl_s=0.3)  # no RunMismatch: it was admitted
+    admitting.join()
+    learner_broker.set_run_fields(state="training")
+    late.ask_to_join({"state": "up"}, ttl_s=600)  # nobody admits it now
+    with pytest.raises(RunMismatch, match="did not admit generator gen-1 within 0s"):
+        late.wait_admitted(0.2)
+
+
+def test_the_learner_sums_live_generators_reward_errors(learner_broker, redis_url, run_id):
     assert learner_broker.generator_reward_errors() == 0  # no generator yet
-    generator_broker.heartbeat("gen-0", {"reward_errors": 3, "idle_frac": 0.5}, ttl_s=30)
-    generator_broker.heartbeat("gen-1", {"reward_errors": 4, "idle_frac": 0.1}, ttl_s=30)
-    generator_broker.heartbeat("gen-2", {"loaded_version": 1}, ttl_s=30)  # no count reported
+    gens = [generator(redis_url, run_id, f"gen-{i}") for i in range(3)]
+    admit(learner_broker, *gens)
+    gens[0].heartbeat({"reward_errors": 3, "idle_frac": 0.5}, ttl_s=30)
+    gens[1].heartbeat({"reward_errors": 4, "idle_frac": 0.1}, ttl_s=30)
+    gens[2].heartbeat({"loaded_version": 1}, ttl_s=30)  # no count reported
     assert learner_broker.generator_reward_errors() == 3 + 4
     assert learner_broker.generator_idle_frac() == pytest.approx((0.5 + 0.1) / 2)
 

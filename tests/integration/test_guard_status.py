@@ -26,15 +26,15 @@ def test_guard_warnings_and_stop_reach_rollctl_status(learner_broker, redis_url,
     assert guard_line(collect_status(cfg)["learner"]).startswith("guards: ok | stopped by guard")
 
 
-def test_status_watch_redraws_the_compact_view(
-    learner_broker, generator_broker, redis_url, run_id, capsys
-):
+def test_status_watch_redraws_the_compact_view(learner_broker, redis_url, run_id, capsys):
     from rollflash.rollctl.status import watch_status
+    from tests.helpers.brokers import admit, generator
 
     cfg = config_from_dict({"run": {"run_id": run_id}, "redis": {"url": redis_url}})
     learner_broker.set_run_fields(state="training", step=3, reward_mean=0.5)
-    generator_broker.heartbeat(
-        "g1",
+    g1 = generator(redis_url, run_id, "g1")
+    admit(learner_broker, g1)
+    g1.heartbeat(
         {
             "state": "sampling",
             "loaded_version": 2,

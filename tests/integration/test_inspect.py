@@ -47,10 +47,13 @@ def test_entries_decoded_for_a_person_and_a_hostile_one_refused(
     cfg, keys = _config(tiny_model_dir, redis_url, run_id), RunKeys(run_id)
     r = redis.Redis.from_url(redis_url)
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
-    good = r.xadd(keys.trajectories, _trajectory(tok)).decode()
+    r.hset(keys.generators, "gen-0", "active")  # what the learner's admission writes
+    good = r.xadd(keys.trajectories("gen-0"), _trajectory(tok)).decode()
     body = msgpack.unpackb(_trajectory(tok)["data"])
     body["prompt_ids"] = {"dtype": "<i4", "shape": [2**62, 0], "data": b""}  # a hostile shape
-    bad = r.xadd(keys.trajectories, {**_trajectory(tok), "data": msgpack.packb(body)}).decode()
+    bad = r.xadd(
+        keys.trajectories("gen-0"), {**_trajectory(tok), "data": msgpack.packb(body)}
+    ).decode()
     r.hset(keys.weights, "version", 5)
 
     show_entries(cfg, "trajectories", None, 2, as_json=False)
@@ -80,7 +83,7 @@ def test_a_dead_letter_shows_its_reason_and_original_fields(
         {
             "reason": "trajectory: bad scalar field n (b'x')",
             "code": "bad_type",
-            "source": keys.trajectories,
+            "source": keys.trajectories("gen-0"),
             "original_id": "1-0",
             "orig_traj_id": "g9",
             "orig_data": b"\xc1",  # never decoded for display: shown as refused

@@ -58,7 +58,7 @@ def _work(i: int) -> PromptWork:
     )
 
 
-def _traj(work: PromptWork) -> Trajectory:
+def _traj(work: PromptWork, generator: str = "gen-0") -> Trajectory:
     s = Sample(
         np.array([5], np.int32), np.array([-0.5], np.float32), np.array([0], np.int32), 1.0, True
     )
@@ -66,13 +66,17 @@ def _traj(work: PromptWork) -> Trajectory:
         work.group_id,
         work.prompt_id,
         work.group_id,
-        "gen-0",
+        generator,
         0,
         0,
         np.array([1], np.int32),
         [s],
         retried=work.retried,
+        mac=work.mac,
     )
+
+
+CHECK = (10, 1, 0)  # vocabulary 10, one sample a group, the learner at version 0
 
 
 def _pair(
@@ -84,18 +88,28 @@ def _pair(
         100_000,
         busy_timeout_s=5,
         watch_interval_s=watch_interval_s,
+        lease_ttl_s=600,
     )
+    learner.take_lease()
     learner.ensure_groups()
     learner.register_run(FP)
-    gen = GeneratorBroker(connect(server.url, timeout_s), "r", 100_000, busy_timeout_s=5)
+    return learner, _join(server, learner, "gen-0", timeout_s)
+
+
+def _join(server, learner, gid: str, timeout_s: float = 20.0) -> GeneratorBroker:
+    """A generator process `gid` joining the run (the learner admits it)."""
+    gen = GeneratorBroker(connect(server.url, timeout_s), "r", gid, 100_000, busy_timeout_s=5)
+    gen.ask_to_join({"state": "up"}, ttl_s=600)
+    learner.roster.admit_joined()
     gen.join_run(FP, timeout_s=5)
-    return learner, gen
+    learner.maintain_now()
+    return gen
 
 
 def _generate(gen: GeneratorBroker, count: int) -> list[str]:
     """What a generator's turn does: own pending first, then new prompts; returns group ids."""
-    claimed = gen.claim_prompts("gen-0", count, block_ms=0, own_pending=True) or gen.claim_prompts(
-        "gen-0", count, block_ms=100
+    claimed = gen.claim_prompts(count, block_ms=0, own_pending=True) or gen.claim_prompts(
+        count, block_ms=100
     )
     for entry_id, w in claimed:
         gen.add_trajectory(_traj(w), entry_id)
@@ -140,7 +154,7 @@ def test_calls_ride_out_a_restart_and_always_loses_nothing(tmp_path):
         got: dict = {}
         reader = threading.Thread(
             target=lambda: got.update(
-                out=learner.read_trajectories("rank0", 10, 100, vocab_size=10), at=time.monotonic()
+                out=learner.read_trajectories("rank0", 10, 100, CHECK), at=time.monotonic()
             )
         )
         reader.start()
@@ -169,7 +183,7 @@ def test_redis_down_longer_than_the_timeout_fails_with_one_clear_error(tmp_path)
         match=r"cannot reach Redis at unix://.* after \d+ "
         r"attempts in 2s",
     ):
-        learner.read_trajectories("rank0", 10, 100, vocab_size=10)
+        learner.read_trajectories("rank0", 10, 100, CHECK)
     assert 1.4 < time.monotonic() - started < 8
 
 
@@ -182,23 +196,23 @@ def test_a_redis_that_lost_the_run_is_reported_and_nothing_is_recreated(tmp_path
         # the learner's reads re-check that Redis holds the run every time, not once a second
         learner, gen = _pair(server, watch_interval_s=0.0)
         learner.add_prompts([_work(i) for i in range(2)])
-        ((entry_id, work),) = gen.claim_prompts("gen-0", 1, block_ms=100)
+        ((entry_id, work),) = gen.claim_prompts(1, block_ms=100)
         admin = redis.Redis.from_url(server.url)
         if how == "restart without persistence":
             server.kill()
             server.start()
             missing = "run hash"
         elif how == "group destroyed":
-            admin.xgroup_destroy(KEYS.trajectories, "learner")
+            admin.xgroup_destroy(KEYS.trajectories("gen-0"), "learner")
             missing = "consumer group 'learner'"
         else:
             admin.delete(KEYS.prompts)
             missing = "stream rl:r:prompts"
         with pytest.raises(RunLost, match=missing):
             learner.check_intact()
-        calls = {"learner read": lambda: learner.read_trajectories("rank0", 1, 10, 10)}
+        calls = {"learner read": lambda: learner.read_trajectories("rank0", 1, 10, CHECK)}
         if how != "group destroyed":  # the learner's group: only the learner uses it
-            calls["claim"] = lambda: gen.claim_prompts("gen-0", 1, block_ms=10)
+            calls["claim"] = lambda: gen.claim_prompts(1, block_ms=10)
             calls["prompts"] = lambda: learner.add_prompts([_work(9)])
         if how == "restart without persistence":
             calls["trajectory"] = lambda: gen.add_trajectory(_traj(work), entry_id)
@@ -235,7 +249,7 @@ def test_everysec_window_forgotten_prompts_and_trajectories_are_recovered_and_co
         regenerated = _generate(gen, 10)
         assert regenerated == ["g000000002", "g000000003", "g000000004"]
         assert gen.lost["trajectories"] == 2  # g2 and g3
-        good, _ = learner.read_trajectories("rank0", 10, 100, vocab_size=10)
+        good, _ = learner.read_trajectories("rank0", 10, 100, CHECK)
         assert sorted(t.traj_id for _, t in good) == [f"g{i:09d}" for i in range(5)]
         assert admin.xpending(KEYS.prompts, GEN_GROUP)["pending"] == 0
     finally:
@@ -251,7 +265,7 @@ def test_everysec_forgotten_trajectories_of_a_dead_writer_are_counted_by_the_lea
         learner, gen = _pair(server)
         learner.track_trajectory_writes()
         learner.add_prompts([_work(i) for i in range(6)])
-        claimed = gen.claim_prompts("gen-0", 5, block_ms=100)  # g0..g4, delivered to gen-0
+        claimed = gen.claim_prompts(5, block_ms=100)  # g0..g4, delivered to gen-0
 
         def write(k: int) -> None:
             gen.add_trajectory(_traj(claimed[k][1]), claimed[k][0])
@@ -263,26 +277,29 @@ def test_everysec_forgotten_trajectories_of_a_dead_writer_are_counted_by_the_lea
         write(4)  # after the learner's last look: the residual window
         # gen-0 dies (kill -9) with the only memory of having written g2..g4
         _power_cut(server, durable)
-        other = GeneratorBroker(connect(server.url, 20.0), "r", 100_000, busy_timeout_s=5)
-        other.join_run(FP, timeout_s=5)
         if after_restart == "another generator takes over":
-            consumer, redo = "gen-1", other.reclaim_prompts("gen-1", min_idle_ms=0, count=10)
+            other = _join(server, learner, "gen-1")
+            redo = other.reclaim_prompts(min_idle_ms=0, count=10)
         else:  # a new process with the same id and an empty memory
-            consumer, redo = "gen-0", other.claim_prompts("gen-0", 10, None, own_pending=True)
+            other = _join(server, learner, "gen-0")
+            redo = other.claim_prompts(10, None, own_pending=True)
         assert [w.group_id for _, w in redo] == ["g000000002", "g000000003", "g000000004"]
-        redo += other.claim_prompts(consumer, 10, block_ms=100)  # and g5, never claimed before
+        redo += other.claim_prompts(10, block_ms=100)  # and g5, never claimed before
         for entry_id, w in redo:
-            other.add_trajectory(_traj(w), entry_id)
+            other.add_trajectory(_traj(w, other.id), entry_id)
         assert other.lost["trajectories"] == 0  # the writer that could have told is gone
         # 2 kept + 4 new = 6 > the 4 the learner saw: entries-added alone shows no loss
         admin = redis.Redis.from_url(server.url)
-        assert admin.xinfo_stream(KEYS.trajectories)["entries-added"] == 6
-        # but g3's entry, the last the learner saw, is gone: 6 - 4 added since = 2 kept of 4
-        assert learner.verify_trajectories() == 2  # g2, g3 (g4 came after its last look)
-        assert learner.lost["trajectory_writes"] == 2
+        streams = [KEYS.trajectories(g) for g in ("gen-0", "gen-1")]
+        assert sum(admin.xinfo_stream(s)["entries-added"] for s in streams if admin.exists(s)) == 6
+        # but g3's entry, the last the learner saw of gen-0's stream, is gone: of the 4 it saw
+        # there, 2 are kept (entries-added minus those added after g3's id). Counted at its
+        # first look after the restart (the admission of the new process ran one)
+        learner.verify_trajectories()
+        assert learner.lost["trajectory_writes"] == 2  # g2, g3 (g4 came after its last look)
         assert learner.run_fields()["redis_lost_trajectory_writes"] == "2"
         assert learner.verify_trajectories() == 0  # re-based: each loss is counted once
-        good, _ = learner.read_trajectories("rank0", 10, 100, vocab_size=10)
+        good, _ = learner.read_trajectories("rank0", 10, 100, CHECK)
         assert sorted(t.traj_id for _, t in good) == [f"g{i:09d}" for i in range(6)]
         # every prompt delivered again says so, g4 included: the learner, which never saw g4's
         # first trajectory, counts it as retried (learner/collect.py), so no loss goes uncounted

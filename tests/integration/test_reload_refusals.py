@@ -9,12 +9,12 @@ import time
 from rollflash.broker.config import config_from_dict
 from rollflash.broker.weights import WeightStore
 from rollflash.generators import sim_engine
-from rollflash.generators.rollout import Generator
 from rollflash.rollctl.status import show_status
+from tests.helpers.brokers import joined
 
 
 def test_a_loader_error_is_counted_in_status_and_the_generator_keeps_its_version(
-    tmp_path, redis_url, run_id, learner_broker, monkeypatch, capsys
+    tmp_path, redis_url, run_id, monkeypatch, capsys
 ):
     import torch
 
@@ -26,7 +26,6 @@ def test_a_loader_error_is_counted_in_status_and_the_generator_keeps_its_version
             "weights": {"reload_attempts": 2},
         }
     )
-    learner_broker.register_run(cfg.fingerprint())
     loaded = []
 
     def swap_weights(self, weights, version):
@@ -35,9 +34,8 @@ def test_a_loader_error_is_counted_in_status_and_the_generator_keeps_its_version
         loaded.append(version)
 
     monkeypatch.setattr(sim_engine.SimEngine, "swap_weights", swap_weights)
-    gen = Generator(cfg, "gen-x")
     store = WeightStore(cfg.run.run_dir)
-    try:
+    with joined(cfg, "gen-x") as (learner_broker, gen):
         for version in (1, 2):
             info = store.publish({"w": torch.zeros(2) + version}, version, version)
             learner_broker.announce_weights(version, info.path, info.sha256, "")
@@ -47,10 +45,9 @@ def test_a_loader_error_is_counted_in_status_and_the_generator_keeps_its_version
                 gen.follower.maybe_reload(wait_s=0.05)
             gen.heartbeat("up")
             show_status(cfg, as_json=False)
-            line = next(x for x in capsys.readouterr().out.splitlines() if "gen-x" in x)
+            lines = capsys.readouterr().out.splitlines()
+            line = next(x for x in lines if x.startswith("generator gen-x"))
             expected = "loaded=v0 reloads=0 refused=1" if version == 1 else "loaded=v2 reloads=1"
             assert expected in line, line
         assert "refused=1" in line and loaded == [2]
         assert gen.follower.reload_retries == 1  # v1: two attempts, then refused
-    finally:
-        gen.follower.close()

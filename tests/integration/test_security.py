@@ -89,7 +89,7 @@ def tls_redis(tmp_path):
 
 def test_a_run_over_tls_with_acl_users(tmp_path, tls_redis, run_id):
     port, ca, admin = tls_redis
-    admin.execute_command("ACL", "SETUSER", "gen", *generator_acl(run_id, "g-pw"))
+    admin.execute_command("ACL", "SETUSER", "gen", *generator_acl(run_id, "gen-0", "g-pw"))
     admin.execute_command("ACL", "SETUSER", "lrn", *learner_acl(run_id, "l-pw"))
     url = f"rediss://{{user}}:{{pw}}@127.0.0.1:{port}/0?ssl_ca_certs={ca}"
     common = [

@@ -1,6 +1,6 @@
-"""A crafted trajectory entry on a real Redis: the learner's read dead-letters it with its reason
-code and acknowledges it, so a restarted learner re-reading its own pending entries (what a resume
-does) never meets it again."""
+"""A crafted trajectory entry on a real Redis: the learner's read rejects it, and dead-lettering
+it copies it with its reason code and acknowledges it, so a restarted learner re-reading its own
+pending entries (what a resume does) never meets it again."""
 
 import msgpack
 import numpy as np
@@ -22,17 +22,20 @@ def _crafted() -> dict:
     return {**fields, "data": msgpack.packb(body)}
 
 
-def test_a_crafted_entry_is_dead_lettered_once_and_never_pending(learner_broker, redis_url, run_id):
+def test_a_crafted_entry_is_dead_lettered_once_and_never_pending(
+    learner_broker, generator_broker, redis_url, run_id
+):
     r, keys, broker = redis.Redis.from_url(redis_url), RunKeys(run_id), learner_broker
-    entry_id = r.xadd(keys.trajectories, _crafted()).decode()
-    good, bad = broker.read_trajectories("rank0", count=10, block_ms=100, vocab_size=10)
-    assert good == [] and [b.entry_id for b in bad] == [entry_id]
+    stream = keys.trajectories("gen-0")
+    entry_id = r.xadd(stream, _crafted()).decode()
+    check = (10, 1, 0)
+    good, bad = broker.read_trajectories("rank0", 10, 100, check)
+    assert good == [] and [b.ref for b in bad] == [f"gen-0/{entry_id}"]
     assert "shape" in bad[0].reason
+    broker.dead_letter(bad)  # once the caller recorded it (learner/collect.py)
     ((_, dead),) = r.xrange(keys.dlq)
     assert dead[b"original_id"].decode() == entry_id and dead[b"code"] == b"bad_shape"
-    again, rejected = broker.read_trajectories(
-        "rank0", count=10, block_ms=0, vocab_size=10, own_pending=True
-    )
+    again, rejected = broker.read_trajectories("rank0", 10, None, check, after={})
     assert again == [] and rejected == []  # acknowledged with its dead letter
-    assert r.xpending(keys.trajectories, LEARNER_GROUP)["pending"] == 0
+    assert r.xpending(stream, LEARNER_GROUP)["pending"] == 0
     assert r.hgetall(keys.dlq_reasons) == {b"bad_shape": b"1"}

@@ -85,9 +85,12 @@ def test_passes_wrong_answers_and_every_failure_mode_with_its_reason():
 def test_all_or_nothing_and_the_sample_budget():
     half = "def add(a, b):\n    return a + b if a > 0 else 1"
     sleepy = "import time\ndef add(a, b):\n    time.sleep(0.5)\n    return a + b"
+    roomy = CodeVerifier(CodeLimits(time_s=2.0, budget_s=120, max_workers=2, all_or_nothing=True))
+    (strict,) = _score(roomy, [(half, ASSERTS)])  # a budget no load can use up
+    roomy.close()
     v = CodeVerifier(CodeLimits(time_s=2.0, budget_s=1.2, max_workers=2, all_or_nothing=True))
-    slow_tests = ["assert add(1, 1) == 2"] * 4  # 4 x (0.5 s + start) > 1.2 s
-    (strict, budget) = _score(v, [(half, ASSERTS), (sleepy, slow_tests)])
+    slow_tests = ["assert add(1, 1) == 2"] * 4  # 4 x (0.5 s of sleep + start) > 1.2 s
+    (budget,) = _score(v, [(sleepy, slow_tests)])
     v.close()
     assert (float(strict), strict.failure) == (0.0, "")
     # the budget ends the sample before its 4 tests ran: all-or-nothing scores it 0

@@ -44,6 +44,11 @@ def test_every_shipped_config_loads(path):
             {"rollout": {"inflight_samples": -1, "engine": "sim"}},
             "rollout.inflight_samples: must be >= 0",
         ),
+        (
+            {"redis": {"sentinel": {"hosts": ["10.0.0.1:26379", "sentinel-b"]}}},
+            "redis.sentinel.hosts[1]: 'sentinel-b' is not host:port",
+        ),
+        ({"redis": {"sentinel": {"replicas": 0}}}, "redis.sentinel.replicas: must be >= 1"),
     ],
 )
 def test_bad_values_name_the_key(data, message):
@@ -211,11 +216,12 @@ def test_saved_yaml_has_every_section_and_key_in_declaration_order(tmp_path):
     # (functions, weights, timeout_s, dtype, the code and judge sections), rollout +4 (device, the
     # vllm section, agent, agent_timeout_s), trainer +8 (the learner's device and precision keys,
     # publish) and -1 (eval_every moved to eval.every) and +2 (ppo_mini_batches, ppo_epochs) and
-    # +4 (tf32, cuda_alloc_conf, dist_timeout_s, fsdp_reduce_scatter), task -1 (eval_size
-    # moved to eval.size), and eval (7),
-    # logging (8), placement (4) and weights (10)
+    # +4 (tf32, cuda_alloc_conf, dist_timeout_s, fsdp_reduce_scatter), task -1 (eval_size moved
+    # to eval.size), redis +4 (the lease's TTL, how long acknowledged trajectories stay, the dead
+    # letters' retention: count and age) +1 (the sentinel section), and eval (7), logging (8),
+    # placement (4) and weights (10)
     assert {name: len(section) for name, section in saved.items()} == {
-        "run": 4, "redis": 4, "model": 6, "task": 2, "rollout": 18, "trainer": 29, "algo": 29,
+        "run": 4, "redis": 9, "model": 6, "task": 2, "rollout": 18, "trainer": 29, "algo": 29,
         "sim": 6, "reward": 13, "eval": 7, "rm": 14, "guards": 11, "logging": 8, "placement": 4,
         "weights": 10,
     }  # fmt: skip

@@ -74,7 +74,9 @@ def test_tools_return_observations_and_count_turns():
 
 @needs_sandbox
 def test_python_tool_runs_in_the_sandbox_and_keeps_scratch_files():
-    env, _ = _env(0, max_turns=6)
+    # a wall clock far above the 2 CPU seconds: on a loaded machine 2 CPU seconds take longer
+    # than the default 5 s of wall time, and the test is of the CPU limit
+    env, _ = _env(0, max_turns=6, wall_s=120)
     try:
         r = env.step("python: open('n.txt', 'w').write(str(sum(i*i for i in range(1, 11))))")
         assert r.observation == "output: \n"

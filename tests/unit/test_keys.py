@@ -1,28 +1,54 @@
 """The run's key names, spelled once (broker/keys.py) and used by the ACL rules."""
 
-from rollflash.broker.acl import generator_acl, learner_acl
-from rollflash.broker.keys import RunKeys
+import pytest
+
+from rollflash.broker.acl import describe, generator_acl, learner_acl
+from rollflash.broker.keys import RunKeys, valid_name
 
 
 def test_every_key_lives_under_the_run_prefix():
     k = RunKeys("demo")
     assert k.prefix == "rl:demo:"
-    assert (k.prompts, k.trajectories, k.dlq, k.weights, k.run) == (
+    assert (k.prompts, k.dlq, k.weights, k.run, k.lease, k.inflight, k.generators) == (
         "rl:demo:prompts",
-        "rl:demo:trajectories",
         "rl:demo:dlq",
         "rl:demo:weights",
         "rl:demo:run",
+        "rl:demo:lease",
+        "rl:demo:inflight",
+        "rl:demo:generators",
     )
-    assert k.gen("gen-0") == "rl:demo:gen:gen-0" and k.gen_pattern == "rl:demo:gen:*"
-    assert k.generator_id(k.gen("gen:odd")) == "gen:odd"  # only the prefix is removed
+    # what one generator may write carries its id
+    assert k.trajectories("gen-0") == "rl:demo:traj:gen-0"
+    assert k.generator_dlq("gen-0") == "rl:demo:dlq:gen-0"
+    assert k.gen("gen-0") == "rl:demo:gen:gen-0"
+    assert k.generator_of(k.trajectories("gen-0")) == "gen-0"
+
+
+@pytest.mark.parametrize(
+    "name, ok",
+    [("demo", True), ("run_1.b-2", True), ("x" * 64, True), ("x" * 65, False), ("", False),
+     ("exp*", False), ("a?b", False), ("a[b]", False), ("a:b", False), ("a b", False)],
+)  # fmt: skip
+def test_names_that_go_into_acl_patterns_have_no_glob_characters(name, ok):
+    assert valid_name(name) is ok
 
 
 def test_acl_rules_name_the_same_keys():
     k = RunKeys("demo")
-    rules = generator_acl("demo", "pw")
+    rules = generator_acl("demo", "gen-0", "pw")
     assert f"(+xreadgroup +xautoclaim +xack ~{k.prompts})" in rules
-    assert f"(+xadd %W~{k.trajectories} %W~{k.dlq})" in rules
-    assert f"(+hget +hgetall +hmget %R~{k.run} %R~{k.weights})" in rules
-    assert f"(+hset +pexpire ~{k.gen_pattern})" in rules
-    assert learner_acl("demo", "pw")[-1] == "~rl:demo:*"
+    own = f"%W~{k.trajectories('gen-0')} %W~{k.generator_dlq('gen-0')}"
+    assert f"(+xadd {own})" in rules  # its own streams only, write-only
+    assert f"(+hset +pexpire ~{k.gen('gen-0')})" in rules  # its own heartbeat only
+    assert f"(+hget +hgetall +hmget %R~{k.run} %R~{k.weights} %R~{k.generators})" in rules
+    assert not any("dlq_reasons" in r or "*" in r for r in rules)
+    learner = learner_acl("demo", "pw")
+    assert learner[-1] == "~rl:demo:*" and "-@all" in learner
+    assert not {"+scan", "+keys", "+select", "+function|flush", "+function|delete"} & set(learner)
+
+
+def test_the_printed_powers_list_every_selector():
+    lines = describe(generator_acl("demo", "gen-0", "pw"))
+    assert "#   XADD on rl:demo:traj:gen-0 (write-only) rl:demo:dlq:gen-0 (write-only)" in lines
+    assert len(lines) == 1 + 6  # the loose commands, then one line per selector

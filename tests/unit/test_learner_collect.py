@@ -12,22 +12,27 @@ B = 2  # groups per step
 
 
 class FakeBroker:
-    """The three calls the collector makes, in memory: a queue of entries to read, and a record
-    of every acknowledgement with the number of groups it replaces."""
+    """The calls the collector makes, in memory: a queue of entries to read, and a record of
+    every acknowledgement with the traj_ids it finishes and the number of groups it replaces."""
 
     def __init__(self):
         self.queue: list[tuple[str, Trajectory]] = []
         self.acked: list[str] = []
+        self.finished: list[str] = []
         self.replaced = 0
         self.counted: dict[str, int] = {}
 
-    def read_trajectories(self, consumer, count, block_ms, vocab_size):
+    def read_trajectories(self, consumer, count, block_ms, check):
         out, self.queue = self.queue[:count], self.queue[count:]
         return out, []
 
-    def ack_trajectories(self, ids, replaced=0):
+    def ack_trajectories(self, ids, finished=(), replaced=0):
         self.acked += list(ids)
+        self.finished += list(finished)
         self.replaced += replaced
+
+    def refused(self):
+        return set()
 
     def count_in_run(self, name, n):
         self.counted[name] = self.counted.get(name, 0) + n

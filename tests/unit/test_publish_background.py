@@ -53,6 +53,9 @@ class _Broker:
     def loaded_versions(self) -> set[int]:
         return set()
 
+    def check_lease(self) -> None:  # the run's lease: held by this learner throughout
+        pass
+
 
 class _GatedWrites:
     """Wraps the store's file writer: records how many writes overlap, and can hold a version's
@@ -233,12 +236,12 @@ def test_a_repeated_announcement_never_takes_the_weights_hash_back(monkeypatch):
             assert release_first.wait(WAIT_S)
         writes.append(mapping["version"])
 
-    io = SimpleNamespace(
-        keys=SimpleNamespace(weights="weights"),
-        client=SimpleNamespace(hset=hset),
-        write=lambda call: call(),
-    )
-    registry = RunRegistry(io)
+    def execute(commands, what=""):  # the learner's fenced writes (broker/lease.py)
+        for _, key, *flat in commands:
+            hset(key, dict(zip(flat[::2], flat[1::2])))
+
+    io = SimpleNamespace(keys=SimpleNamespace(weights="weights"))
+    registry = RunRegistry(io, lease=SimpleNamespace(execute=execute))
     registry.announced = {"version": 4}
     repeat = threading.Thread(target=registry.announce_again, daemon=True)
     repeat.start()  # writes v4 again and is held inside the write

@@ -6,7 +6,7 @@ import redis
 
 from rollflash.broker import retry
 from rollflash.broker.connection import BrokerUnavailable, ReconnectRetry
-from rollflash.broker.redis_io import RunRedis, is_oom
+from rollflash.broker.redis_io import REFUSED_ATTEMPTS, RunRedis, WriteRefused, is_oom
 
 
 class FakeClock:
@@ -152,8 +152,19 @@ def test_writes_refused_at_maxmemory_are_retried_then_reported(clock):
     assert str(info.value) == (
         "Redis refused writes for 3s because it is at maxmemory: raise maxmemory or free memory"
     )
-    # a write refused for another reason is not waited out
-    call, calls = failing(1, redis.ResponseError("WRONGTYPE"))
-    with pytest.raises(redis.ResponseError, match="WRONGTYPE"):
-        io.write(call)
+    # a write refused for another reason is tried REFUSED_ATTEMPTS = 3 times in all, then
+    # reported in one line naming the write and the reason (not waited out for busy_timeout_s)
+    call, calls = failing(100, redis.ResponseError("WRONGTYPE Operation against a key"))
+    with pytest.raises(WriteRefused) as refused:
+        io.write(call, "an acknowledgement")
+    assert calls["n"] == REFUSED_ATTEMPTS == 3
+    assert str(refused.value) == (
+        "Redis refused an acknowledgement of run rl:r: 3 times: WRONGTYPE Operation against a key"
+    )
+    call, calls = failing(2, redis.ResponseError("ERR something transient"))
+    assert io.write(call) == "ok" and calls["n"] == 3
+    # and one no retry can cure (a lost lease, a permission) is raised at once
+    call, calls = failing(100, redis.ResponseError("NOPERM no"))
+    with pytest.raises(redis.ResponseError, match="NOPERM"):
+        io.write(call, final=lambda e: str(e).startswith("NOPERM"))
     assert calls["n"] == 1
