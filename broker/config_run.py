@@ -12,7 +12,15 @@ from rollflash.broker.config_base import Number, Section
 from rollflash.broker.config_errors import ConfigError
 from rollflash.broker.keys import NAME_RULE, valid_name
 from rollflash.broker.secrets import env_password, read_password_file, url_password, with_password
-from rollflash.broker.sentinel import sentinel_address
+
+
+def sentinel_address(host: str) -> tuple[str, int]:
+    """`host:port` (IPv6 as `[addr]:port`) as redis-py's Sentinel takes it; ValueError if bad.
+    Here, not in broker/sentinel.py, so that the config imports no redis (the GPU check)."""
+    name, sep, port = host.rpartition(":")
+    if not sep or not port.isdigit() or not name:
+        raise ValueError(f"{host!r} is not host:port")
+    return name.strip("[]"), int(port)
 
 
 class RunConfig(Section):

@@ -81,7 +81,8 @@ def is_oom(e: Exception) -> bool:
 def is_busy(e: Exception) -> bool:
     """Redis refused a write it will take once it is less busy: maxmemory, a running script,
     loading its data, a replica that is not (yet) the primary."""
-    return is_oom(e) or (isinstance(e, redis.ResponseError) and str(e).startswith(_BUSY))
+    # the error code exactly: BUSYGROUP (a group that exists) is not BUSY
+    return is_oom(e) or (isinstance(e, redis.ResponseError) and str(e).split(" ", 1)[0] in _BUSY)
 
 
 def _no_such_key(e: Exception) -> bool:

@@ -37,6 +37,8 @@ from redis.client import Pipeline
 from redis.connection import SSLConnection, parse_url
 from redis.sentinel import MasterNotFoundError, Sentinel, SentinelManagedConnection
 
+from rollflash.broker.config_run import sentinel_address
+
 WAIT_TIMEOUT_MS = 2000  # a healthy replica acknowledges within milliseconds
 
 # Commands that change nothing a failover could lose, or that need no replica (XREADGROUP only
@@ -107,14 +109,6 @@ class ReplicatedRedis(redis.Redis):
         )
         pipe.replicas = self.replicas
         return pipe
-
-
-def sentinel_address(host: str) -> tuple[str, int]:
-    """`host:port` (IPv6 as `[addr]:port`) as redis-py's Sentinel takes it; ValueError if bad."""
-    name, sep, port = host.rpartition(":")
-    if not sep or not port.isdigit() or not name:
-        raise ValueError(f"{host!r} is not host:port")
-    return name.strip("[]"), int(port)
 
 
 class MasterConnection(SentinelManagedConnection):

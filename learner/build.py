@@ -168,8 +168,12 @@ def connect_broker(cfg: Config, dist: Dist, take_over: bool = False) -> LearnerB
     broker = LearnerBroker.for_config(cfg)
     token = broker.take_lease(take_over) if dist.is_main else None
     broker.use_lease(dist.gather(token)[0])
-    broker.ensure_groups()  # before registering: generators wait for the registration
-    broker.register_run(cfg.fingerprint())
+    if dist.is_main:  # the others once it exists: two ranks creating one group collide
+        broker.ensure_groups()  # before registering: generators wait for the registration
+        broker.register_run(cfg.fingerprint())
+    dist.gather(None)
+    if not dist.is_main:
+        broker.register_run(cfg.fingerprint())  # the run's MAC key, made by rank 0
     broker.check_intact()  # a Redis that came back empty is reported, never silently re-created
     if dist.is_main:  # one witness of forgotten trajectory writes per run, not one per rank
         broker.track_trajectory_writes()

@@ -12,7 +12,7 @@ import redis
 import yaml
 from safetensors.torch import load_file
 
-from rollflash.broker.streams import LEARNER_GROUP
+from rollflash.broker.keys import LEARNER_GROUP
 
 STEPS, B, N = 4, 4, 2
 

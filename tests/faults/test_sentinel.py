@@ -79,7 +79,11 @@ def test_master_killed_mid_run(tmp_path, run_id, fault_report, replicas, cut_lea
         cluster.master.kill()
         new = cluster.wait_promoted()
         if replicas == 1:
-            cluster.master.start()  # the supervisor's restart: an empty node, made a replica
+            # the supervisor's restart: an empty node that joins the master the Sentinels name
+            # (as deploy/k8s's configure.sh does); restarted as a bare master it would answer
+            # as one, empty, until the Sentinels turn it, and a client reaching it then finds
+            # the run gone
+            cluster.master.start("--replicaof", "127.0.0.1", str(new.port))
         if cut_lease_holder:
             cut = _cut_connections(learner.pid, new, time.monotonic() + CUT_S)
         assert learner.wait(timeout=300) == 0, learner.stderr_text()[-3000:]

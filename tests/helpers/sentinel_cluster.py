@@ -48,10 +48,10 @@ class Node:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.proc: subprocess.Popen | None = None
 
-    def start(self) -> Node:
+    def start(self, *extra: str) -> Node:
         with open(self.dir / "redis.log", "ab") as log:
             self.proc = subprocess.Popen(
-                [shutil.which("redis-server") or "redis-server", *self.args],
+                [shutil.which("redis-server") or "redis-server", *self.args, *extra],
                 cwd=self.dir,
                 stdout=log,
                 stderr=subprocess.STDOUT,
