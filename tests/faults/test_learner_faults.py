@@ -30,6 +30,7 @@ from harness import ledger_audit, ledgers, start, stop_all, streams, wait_until,
 from rollflash.learner import ledger as ledger_rows
 
 STEPS, B, EVERY = 10, 4, 3
+SIM = {"per_token_s": 0.001, "length_median": 16, "length_sigma": 0.5}  # sim generators
 
 
 def _stopped(pid: int) -> bool:
@@ -90,7 +91,7 @@ def test_learner_killed_mid_step_resumes_without_loss_or_double_training(
         run_id,
         STEPS,
         B,
-        sim={"per_token_s": 0.001, "length_median": 16, "length_sigma": 0.5},
+        sim=SIM,
         trainer={"checkpoint_every": EVERY},
     )
     gens = [start("start-generator", config, "--id", f"gen-{i}") for i in range(2)]
@@ -193,7 +194,7 @@ def test_three_kill_9s_leave_one_ledger_record_per_acknowledged_entry(
         run_id,
         steps,
         B,
-        sim={"per_token_s": 0.001, "length_median": 16, "length_sigma": 0.5},
+        sim=SIM,
         rollout={"replicate_prompts": True, "redundant_samples": 1},
         trainer={"checkpoint_every": EVERY},
     )
