@@ -133,10 +133,10 @@ def connect_broker(cfg: Config, dist: Dist, take_over: bool = False) -> LearnerB
 def build_models(cfg: Config, dist: Dist) -> Models:
     """The policy wrapped for the ranks and the algorithm's models, on this rank's device."""
     if cfg.sim.learner_step_s > 0:
-        policy = SimulatedPolicy(cfg.sim).to(dist.device)
-        return Models(policy, policy, None, AlgoModels())
+        simulated = SimulatedPolicy(cfg.sim).to(dist.device)
+        return Models(simulated, simulated, None, AlgoModels())
     model, tokenizer = load_policy(cfg, dist)
-    policy = getattr(model, "module", model)
+    policy: torch.nn.Module = getattr(model, "module", model)
     return Models(policy, model, tokenizer, build_algo_models(cfg, dist, policy))
 
 

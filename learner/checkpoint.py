@@ -151,7 +151,7 @@ def rng_state() -> dict[str, Any]:
     """This process's RNG states: python, numpy, torch CPU and (with a GPU) the current CUDA
     device's."""
     py = random.getstate()
-    np_state = np.random.get_state()
+    np_state: Any = np.random.get_state()  # the legacy tuple: (kind, keys, pos, ...)
     out = {
         "python": [py[0], list(py[1]), py[2]],
         "numpy": [np_state[0], np_state[1].tolist(), *np_state[2:]],
@@ -351,8 +351,7 @@ def resume_after(ln: Learner, ckpt: Path) -> None:
 def _queue_pending(ln: Learner, done: set[str]) -> None:
     """This rank's pending entries, except `done`, into the collector's backlog; invalid ones
     are recorded and dead-lettered."""
-    vocab_size: int = ln.models.policy.config.vocab_size
-    check = (vocab_size, ln.cfg.rollout.num_return_sequences, ln.state.version)
+    check = (ln.models.vocab_size, ln.cfg.rollout.num_return_sequences, ln.state.version)
     after: dict[str, str] = {}
     while True:
         good, bad = ln.broker.read_trajectories(ln.dist.consumer, 512, None, check, after)

@@ -34,9 +34,10 @@ from rollflash.learner.collect import Collected
 from rollflash.learner.completions import pick_completions
 from rollflash.learner.global_stats import global_std
 from rollflash.learner.guards import guard_values
-from rollflash.learner.metrics import merge_rank_metrics, reward_breakdown
+from rollflash.learner.metrics import MetricsSink, merge_rank_metrics, reward_breakdown
 from rollflash.learner.pause import pause_point
 from rollflash.learner.publish import publish
+from rollflash.learner.simulated import SimulatedPolicy
 from rollflash.learner.train import train_step
 
 log = logging.getLogger(__name__)
@@ -75,7 +76,7 @@ def step_metrics(c: Collected, train: dict[str, float], wall: dict[str, float]) 
 
 def train(ln: Learner, batch: Collected) -> dict[str, float]:
     """One optimiser step on this rank's share of the batch (a sleep for the simulated policy)."""
-    if ln.simulated:
+    if isinstance(ln.models.policy, SimulatedPolicy):
         stats = ln.models.policy.train_step()
     else:
         m = ln.models
@@ -152,8 +153,8 @@ def learner_step(ln: Learner) -> dict[str, float]:
         keep_if_best(ln, metrics["eval/heldout_acc"])
         metrics.update(ln.evaluator.by_domain)  # a mixture's eval/<domain>/heldout_acc
         metrics.update(ln.evaluator.sampled(state.step))
-    if ln.dist.is_main:
-        _report(ln, metrics, batch.groups)
+    if ln.sink is not None:  # rank 0
+        _report(ln, ln.sink, metrics, batch.groups)
     return metrics
 
 
@@ -170,7 +171,7 @@ def keep_if_best(ln: Learner, accuracy: float) -> None:
 
 def best_fields(ln: Learner) -> dict[str, Any]:
     """The summary's record of the kept best version (rank 0 with eval.keep_best)."""
-    if ln.best is None or ln.best.record is None:
+    if ln.best is None or ln.best.record is None or ln.best.accuracy is None:
         return {}
     return {"best_version": ln.best.latest(), "best_heldout_acc": round(ln.best.accuracy, 4)}
 
@@ -183,7 +184,7 @@ def merged_metrics(
         batch,
         {
             **stats,
-            "optim/lr": ln.optim.scheduler.get_last_lr()[0],
+            "optim/lr": float(ln.optim.scheduler.get_last_lr()[0]),
             "redis/lost_prompts": ln.broker.lost["prompts"],
             "redis/lost_trajectory_writes": ln.broker.lost["trajectory_writes"],
             **guard_values(batch.groups, ln.cfg.guards.ngram_n),
@@ -197,26 +198,29 @@ def merged_metrics(
     metrics.update(
         ln.guard.after_step(
             metrics,
-            ln.dist.sum(sum(len(g.samples) for g in batch.groups)),
+            int(ln.dist.sum(sum(len(g.samples) for g in batch.groups))),
             ln.broker if ln.dist.is_main else None,
         )
     )
     return metrics
 
 
-def _report(ln: Learner, metrics: dict[str, float], groups: list[Trajectory]) -> None:
+def _report(
+    ln: Learner, sink: MetricsSink, metrics: dict[str, float], groups: list[Trajectory]
+) -> None:
     cfg, step = ln.cfg, ln.state.step
     n, version = cfg.logging.completions_per_step, ln.state.version - 1  # collected at version
     decode = ln.models.tokenizer.decode if ln.models.tokenizer is not None else str
     rows = pick_completions(groups, n, version, cfg.run.seed, step, decode)
-    ln.sink.log_completions(step, rows)
-    metrics["gen/idle_frac"], metrics["reward/errors"] = ln.broker.generator_stats()
+    sink.log_completions(step, rows)
+    idle, metrics["reward/errors"] = ln.broker.generator_stats()
+    metrics["gen/idle_frac"] = float("nan") if idle is None else idle
     metrics.update(ln.broker.generator_reloads())
     filtered = getattr(ln.task, "filtered", None)  # a dataset's prompts over max_prompt_tokens
     if filtered is not None:
         metrics["data/filtered_train"] = filtered["train"]
         metrics["data/filtered_heldout"] = filtered["heldout"]
-    ln.sink.log(step, metrics)
+    sink.log(step, metrics)
     ln.broker.set_run_fields(
         version=ln.state.version,
         step=step,

@@ -302,13 +302,6 @@ def _answer(writer: VersionWriter, conn: Connection) -> None:
 
 def _writer(cfg: Config, lease_token: str) -> VersionWriter:
     """The helper's writer, with a broker of its own (the learner's password is in `cfg`)."""
-    from rollflash.broker.connection import connect
-
-    broker = LearnerBroker(
-        connect(cfg.redis.url, cfg.redis.connect_timeout_s, cfg.redis.sentinel),
-        cfg.run.run_id,
-        cfg.redis.max_payload_bytes,
-        lease_ttl_s=cfg.redis.lease_ttl_s,
-    )
+    broker = LearnerBroker.for_config(cfg)
     broker.use_lease(lease_token)
     return VersionWriter(cfg, broker)
