@@ -183,7 +183,7 @@ gpu-wheels: install
 # torchvision / torchaudio / torchcodec, which break `import vllm` against the CPU torch, so those
 # are removed again. About 3-4 minutes and 3.5 GB. ROLLFLASH_REQUIRE_VLLM=1 makes tests/vllm_engine
 # fail, never skip, when vllm does not import. On a GPU machine install the `vllm` extra (the CUDA
-# build) into your own environment instead: `pip install -e ".[vllm]"` (see the README).
+# build) into your own environment instead: `pip install -e ".[vllm]"` (docs/gpu.md, "vLLM generators").
 VLLM_VENV := .venv-vllm
 VLLM_BIN := $(VLLM_VENV)/bin
 VLLM_STAMP := $(VLLM_VENV)/.installed
