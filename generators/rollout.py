@@ -18,6 +18,7 @@ with `RunLost` if Redis comes back without the run's keys.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 from dataclasses import replace
@@ -46,6 +47,15 @@ from rollflash.generators.reward_model import Rewarder, make_rewarder
 from rollflash.generators.sampling import GeneratedSample, SamplingParams
 
 log = logging.getLogger(__name__)
+
+
+def generator_seed(seed: int, generator_id: str) -> int:
+    """`seed` plus a stable hash of the generator's id (31 bits of its BLAKE2b): distinct ids
+    draw distinct streams, and one id draws the same stream in every process (Python's `hash`
+    of a str is salted per process). With a `seed` below 2**31 the sum stays below the 2**32 that
+    numpy and vLLM accept."""
+    digest = hashlib.blake2b(generator_id.encode(), digest_size=4).digest()
+    return seed + (int.from_bytes(digest, "little") >> 1)
 
 
 def first_finished(samples: list[GeneratedSample], n: int) -> list[GeneratedSample]:
@@ -190,7 +200,7 @@ class Generator:
         # the learner creates the run and admits us (broker/roster.py): we only ask to join
         beat, ttl = {"state": "joining"}, cfg.rollout.heartbeat_ttl_s
         self.broker.join_run(cfg.fingerprint(), cfg.trainer.wait_timeout_s, beat, ttl)
-        self.engine = make_engine(cfg, seed=cfg.run.seed + sum(map(ord, generator_id)))
+        self.engine = make_engine(cfg, seed=generator_seed(cfg.run.seed, generator_id))
         self.follower = WeightFollower(
             self.broker,
             version_source(cfg, generator_id),
@@ -337,7 +347,7 @@ def _redis_trouble(e: Exception) -> bool:
 def run(cfg: Config, generator_id: str) -> None:
     setup_process(
         f"gen:{generator_id}",
-        seed=cfg.run.seed + 1000 + sum(map(ord, generator_id)),
+        seed=generator_seed(cfg.run.seed + 1000, generator_id),
         torch_threads=cfg.run.torch_threads,
     )
     stop = StopSignals()
