@@ -31,7 +31,6 @@ Stdlib only (the tokenizer is duck-typed): the learner evaluates agents with it 
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import math
 from collections.abc import Callable
@@ -40,6 +39,7 @@ from typing import Any
 
 from rollflash.envs.chat import encode_prompt
 from rollflash.envs.episode import state_key
+from rollflash.envs.user_code import import_function
 
 
 class AgentLoadError(ValueError):
@@ -58,14 +58,7 @@ def load_agent(spec: str) -> Agent:
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
         raise AgentLoadError(f"rollout.agent: {spec!r} is not 'package.module:function'")
-    try:
-        fn = getattr(importlib.import_module(module_name), attr)
-    except Exception as e:  # any failure while importing user code is a load error
-        raise AgentLoadError(
-            f"rollout.agent: cannot import {spec} ({type(e).__name__}: {str(e).splitlines()[0]})"
-        ) from None
-    if not callable(fn):
-        raise AgentLoadError(f"rollout.agent: {spec} is not callable")
+    fn = import_function(spec, "rollout.agent", AgentLoadError)
     return Agent(spec, fn, inspect.iscoroutinefunction(fn))
 
 
