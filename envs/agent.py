@@ -35,7 +35,7 @@ import inspect
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from rollflash.envs.chat import encode_prompt
 from rollflash.envs.episode import state_key
@@ -91,6 +91,19 @@ class Call:
     parent: tuple[int, int, int] | None  # (call, choice, its tokens kept here); None: new chain
 
 
+class TextCodec(Protocol):
+    """Text <-> token ids for the endpoint: `Codec`, or the sim engine's stand-in."""
+
+    eos_id: int | None
+    eos_text: str | None
+    max_context: int | None
+
+    def render_chat(self, messages: list[dict[str, Any]], tools: list | None) -> str: ...
+    def encode_prompt(self, text: str) -> list[int]: ...
+    def encode_more(self, text: str) -> list[int]: ...
+    def decode(self, ids: list[int]) -> str: ...
+
+
 class Codec:
     """Text <-> token ids for the endpoint, over a Hugging Face tokenizer (duck-typed)."""
 
@@ -141,7 +154,7 @@ class Sequence:
 class AgentRecord:
     """The calls of one episode (module docstring)."""
 
-    codec: Codec
+    codec: TextCodec
     calls: list[Call] = field(default_factory=list)
 
     def context(self, text: str | None, ids: list[int] | None) -> tuple[list[int], Any]:

@@ -145,9 +145,9 @@ def make_rewarder(cfg: Config, task: Task, device: str | torch.device | None = N
     from rollflash.broker.config_model import resolve_model_dtype
     from rollflash.generators.device import resolve_device, resolve_dtype
 
-    if device is None:
-        device = resolve_device(cfg.rollout.device)
+    device = resolve_device(cfg.rollout.device) if device is None else torch.device(device)
     dtype = resolve_model_dtype(resolve_dtype(r.dtype, cfg.model.dtype), device.type == "cuda")
+    assert r.model_path, "config_sections.py: a model or mixed reward has a model_path"
     scorer = RewardModelScorer(r.model_path, dtype, r.micro_batch_size, r.max_len, device)
     log.info(
         "reward: %s, reward model %s on %s in %s (weight_model %g, weight_rule %g)",

@@ -1,4 +1,4 @@
-"""Each generator's sampling stream comes from its id (generators/rollout.py `generator_seed`):
+"""Each generator's sampling stream comes from its id (generators/run_setup.py `generator_seed`):
 distinct ids draw distinct streams, one id the same stream in every process."""
 
 import os
@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 from rollflash.broker.config import SimConfig
-from rollflash.generators.rollout import generator_seed
+from rollflash.generators.run_setup import generator_seed
 from rollflash.generators.sampling import SamplingParams
 from rollflash.generators.sim_engine import SimEngine
 
@@ -29,7 +29,7 @@ def test_ids_with_the_same_characters_draw_different_streams():
 
 def test_one_id_draws_the_same_seed_in_every_process():
     # str hashing is salted per process unless PYTHONHASHSEED fixes it: two different salts
-    code = "from rollflash.generators.rollout import generator_seed as g; print(g(7, 'gen-12'))"
+    code = "from rollflash.generators.run_setup import generator_seed as g; print(g(7, 'gen-12'))"
     seen = set()
     for salt in ("1", "2"):
         env = {**os.environ, "PYTHONHASHSEED": salt}
