@@ -111,10 +111,6 @@ def _pre_truncation_logprobs(forward: Callable) -> Callable:
     return wrapped
 
 
-def _index(completion) -> int:
-    return completion.index
-
-
 class WeightReloadExtension:
     """Mixed into vLLM's worker class (`worker_extension_cls`); methods are called by name through
     `collective_rpc`, so nothing is pickled. `self` is the vLLM worker."""
@@ -283,7 +279,10 @@ class VLLMEngine:
         finally:
             versions = {r: self._finish(r) for r in request_ids}
         return [
-            [self._sample(ids, c, versions[r]) for c in sorted(finished[r].outputs, key=_index)]
+            [
+                self._sample(ids, c, versions[r])
+                for c in sorted(finished[r].outputs, key=lambda c: c.index)
+            ]
             for ids, r in zip(prompt_ids, request_ids)
         ]
 
