@@ -146,17 +146,11 @@ test: install redis-server bwrap kubectl slurm
 test-main: install redis-server bwrap kubectl slurm
 	$(BIN)/python -m pytest tests -q -n $(TEST_WORKERS) --dist loadfile --durations=15 --ignore=tests/vllm_engine $(PYTEST_ARGS)
 
-# ruff (format and lint), mypy on algos/ and broker/, and the file/function size limits.
-# mypy cannot follow setuptools' editable mapping of rollflash.<folder> to <folder>/, so it reads
-# the packages through a tree of links under build/typecheck.
-TYPECHECK := build/typecheck
+# ruff (format and lint), mypy on every product folder, and the file/function size limits.
 lint: install
 	$(BIN)/ruff format --check --quiet .
 	$(BIN)/ruff check --quiet .
-	rm -rf $(TYPECHECK) && mkdir -p $(TYPECHECK)/rollflash
-	for d in algos broker envs generators learner rollctl; do ln -s $(CURDIR)/$$d $(TYPECHECK)/rollflash/$$d; done
-	for f in rollflash/*.py; do ln -s $(CURDIR)/$$f $(TYPECHECK)/$$f; done
-	cd $(TYPECHECK) && $(CURDIR)/$(BIN)/mypy --config-file $(CURDIR)/setup.cfg -p rollflash.algos -p rollflash.broker
+	$(BIN)/python scripts/typecheck.py
 	$(BIN)/python scripts/check_sizes.py
 
 test-unit: install bwrap kubectl
@@ -189,7 +183,7 @@ gpu-wheels: install
 # torchvision / torchaudio / torchcodec, which break `import vllm` against the CPU torch, so those
 # are removed again. About 3-4 minutes and 3.5 GB. ROLLFLASH_REQUIRE_VLLM=1 makes tests/vllm_engine
 # fail, never skip, when vllm does not import. On a GPU machine install the `vllm` extra (the CUDA
-# build) into your own environment instead: `pip install -e ".[vllm]"` (see the README).
+# build) into your own environment instead: `pip install -e ".[vllm]"` (docs/gpu.md, "vLLM generators").
 VLLM_VENV := .venv-vllm
 VLLM_BIN := $(VLLM_VENV)/bin
 VLLM_STAMP := $(VLLM_VENV)/.installed

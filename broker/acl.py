@@ -55,16 +55,18 @@ def learner_user(run_id: str) -> str:
     return f"rl-{run_id}-learner"
 
 
+def _fresh_user(password: str) -> list[str]:
+    """The rules that start every user: enabled, `password`, and no keys, channels or commands
+    until the rules after these grant them."""
+    return ["on", f">{password}", "resetkeys", "resetchannels", "-@all"]
+
+
 def generator_acl(run_id: str, generator_id: str, password: str) -> list[str]:
     """Each selector `( ... )` pairs commands with the only keys they may touch."""
     k = RunKeys(run_id)
     own = [k.trajectories(generator_id), k.generator_dlq(generator_id)]
     return [
-        "on",
-        f">{password}",
-        "resetkeys",
-        "resetchannels",
-        "-@all",
+        *_fresh_user(password),
         "+ping",
         "+hello",
         "+multi",
@@ -82,11 +84,7 @@ def generator_acl(run_id: str, generator_id: str, password: str) -> list[str]:
 
 def learner_acl(run_id: str, password: str) -> list[str]:
     return [
-        "on",
-        f">{password}",
-        "resetkeys",
-        "resetchannels",
-        "-@all",
+        *_fresh_user(password),
         *(f"+{c}" for c in LEARNER_COMMANDS),
         f"~{RunKeys(run_id).prefix}*",
     ]

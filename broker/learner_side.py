@@ -257,17 +257,11 @@ class LearnerBroker:
     def loaded_versions(self) -> set[int]:
         return self._registry.loaded_versions()
 
-    def generator_idle_frac(self) -> float | None:
-        """Mean over live generators of their idle share since they started (None if none)."""
-        return self.generator_stats()[0]
-
-    def generator_reward_errors(self) -> int:
-        """Reward-function errors counted so far by the live generators (their heartbeats'
-        `reward_errors`; a dead generator's count leaves with its expired heartbeat)."""
-        return self.generator_stats()[1]
-
     def generator_stats(self) -> tuple[float | None, int]:
-        """(`generator_idle_frac`, `generator_reward_errors`) from one read of the heartbeats."""
+        """(`gen/idle_frac`, `reward/errors`) from one read of the heartbeats: the mean over live
+        generators of their idle share since they started (None if none), and the reward-function
+        errors they have counted so far (a dead generator's count leaves with its expired
+        heartbeat)."""
         live = self._registry.live_generators().values()
         shares = [float(g["idle_frac"]) for g in live if g.get("idle_frac") not in (None, "")]
         errors = sum(int(g["reward_errors"]) for g in live if g.get("reward_errors", "").isdigit())

@@ -26,3 +26,16 @@ def reward_model_input_ids(tokenizer: Any, prompt: str, response: str, max_len: 
         raise ValueError("reward model tokenizer has neither an EOS nor a pad token")
     ids = list(tokenizer(prompt + response)["input_ids"]) + [eos]
     return ids[-max_len:]
+
+
+def reward_model_batch(
+    tokenizer: Any, prompts: list[str], responses: list[str], max_len: int, pad_id: int
+) -> tuple[list[list[int]], list[list[int]]]:
+    """Right-padded input ids [N][L] and attention mask [N][L] (1 on each pair's own tokens) of
+    `reward_model_input_ids` for each (prompt, response) pair, padded with `pad_id`."""
+    rows = [reward_model_input_ids(tokenizer, p, r, max_len) for p, r in zip(prompts, responses)]
+    width = max(len(r) for r in rows)
+    pad = [width - len(r) for r in rows]
+    return [r + [pad_id] * k for r, k in zip(rows, pad)], [
+        [1] * len(r) + [0] * k for r, k in zip(rows, pad)
+    ]

@@ -314,21 +314,33 @@ def _decode_sample(fields: dict[Any, Any], what: str, limits: WireLimits) -> Sam
     """One sample from its fields, decoded whole (broker/wire.py `mappings`); their values'
     ranges are checked over the whole trajectory (`_check_samples`), so a bad value in one sample
     refuses the whole entry as before."""
-    if fields.keys() == _SINGLE_TURN:  # the common case: every field decided in one pass
-        reward, finished, text = fields["reward"], fields["finished"], fields["text"]
+    reward, finished, text = fields.get("reward"), fields.get("finished"), fields.get("text")
+    if (  # the common case, decided in one pass; anything else takes the checked path, which
+        # names the first fault in the fields' order
+        fields.keys() == _SINGLE_TURN
+        and (reward.__class__ is float or reward.__class__ is int)
+        and math.isfinite(reward)
+        and finished.__class__ is bool
+        and (text.__class__ is str and len(text) <= limits.max_text_bytes // 4)
+    ):
         most = limits.max_tokens
-        ids = array_from(fields["response_ids"], f"{what}.response_ids", "<i4", 1, most)
-        logprobs = array_from(fields["logprobs"], f"{what}.logprobs", "<f4", 1, most)
-        versions = array_from(fields["token_versions"], f"{what}.token_versions", "<i4", 1, most)
-        if (
-            (reward.__class__ is float or reward.__class__ is int)
-            and math.isfinite(reward)
-            and finished.__class__ is bool
-            and (text.__class__ is str and len(text) <= limits.max_text_bytes // 4)
-            and ids.shape == logprobs.shape == versions.shape
-        ):
-            return Sample(ids, logprobs, versions, float(reward), finished, text)
-        # otherwise the checks below say what is wrong
+        try:
+            ids = array_from(fields["response_ids"], f"{what}.response_ids", "<i4", 1, most)
+            logprobs = array_from(fields["logprobs"], f"{what}.logprobs", "<f4", 1, most)
+            versions = array_from(
+                fields["token_versions"], f"{what}.token_versions", "<i4", 1, most
+            )
+        except WireError:
+            pass
+        else:
+            if ids.shape == logprobs.shape == versions.shape:
+                return Sample(ids, logprobs, versions, float(reward), finished, text)
+    return _decode_sample_checked(fields, what, limits)
+
+
+def _decode_sample_checked(fields: dict[Any, Any], what: str, limits: WireLimits) -> Sample:
+    """`_decode_sample` by checking every field in turn: the one path for multi-turn samples and
+    for refusals; tests/unit/test_wire_fast_paths.py proves the fast path gives the same."""
     parts = dict[str, Any]()
     known_keys(fields, what, _SAMPLE_BODY)
     for key, value in fields.items():

@@ -20,6 +20,7 @@ process creation, sockets and ctypes. It is not a boundary (Python code can swit
 namespaces and the filter are. This file imports nothing outside the standard library.
 """
 
+import io
 import marshal
 import os
 import resource
@@ -220,8 +221,9 @@ def main() -> None:
     state, source = _read_input()
     os.chdir(SCRATCH)
     _restore(state)
-    sys.stdout.reconfigure(encoding="utf-8", errors="backslashreplace")
-    sys.stderr.reconfigure(encoding="utf-8", errors="backslashreplace")
+    for stream in (sys.stdout, sys.stderr):
+        assert isinstance(stream, io.TextIOWrapper)  # a fresh interpreter's, on fds 1 and 2
+        stream.reconfigure(encoding="utf-8", errors="backslashreplace")
     main_pid = os.getpid()
     try:
         code = compile(source, "main.py", "exec")

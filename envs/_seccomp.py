@@ -130,7 +130,7 @@ def supported_machine() -> str | None:
 def denied_syscalls(machine: str) -> dict[str, int]:
     """Name -> number of every call the filter refuses with EPERM on `machine`."""
     column = 0 if machine == "x86_64" else 1
-    return {name: nrs[column] for name, nrs in _DENIED.items() if nrs[column] is not None}
+    return {name: nr for name, nrs in _DENIED.items() if (nr := nrs[column]) is not None}
 
 
 def seccomp_filter(machine: str) -> bytes:

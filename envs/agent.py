@@ -31,15 +31,15 @@ Stdlib only (the tokenizer is duck-typed): the learner evaluates agents with it 
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from rollflash.envs.chat import encode_prompt
 from rollflash.envs.episode import state_key
+from rollflash.envs.user_code import import_function
 
 
 class AgentLoadError(ValueError):
@@ -58,14 +58,7 @@ def load_agent(spec: str) -> Agent:
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
         raise AgentLoadError(f"rollout.agent: {spec!r} is not 'package.module:function'")
-    try:
-        fn = getattr(importlib.import_module(module_name), attr)
-    except Exception as e:  # any failure while importing user code is a load error
-        raise AgentLoadError(
-            f"rollout.agent: cannot import {spec} ({type(e).__name__}: {str(e).splitlines()[0]})"
-        ) from None
-    if not callable(fn):
-        raise AgentLoadError(f"rollout.agent: {spec} is not callable")
+    fn = import_function(spec, "rollout.agent", AgentLoadError)
     return Agent(spec, fn, inspect.iscoroutinefunction(fn))
 
 
@@ -96,6 +89,19 @@ class Call:
     prompt_ids: list[int]
     choices: list[Choice]
     parent: tuple[int, int, int] | None  # (call, choice, its tokens kept here); None: new chain
+
+
+class TextCodec(Protocol):
+    """Text <-> token ids for the endpoint: `Codec`, or the sim engine's stand-in."""
+
+    eos_id: int | None
+    eos_text: str | None
+    max_context: int | None
+
+    def render_chat(self, messages: list[dict[str, Any]], tools: list | None) -> str: ...
+    def encode_prompt(self, text: str) -> list[int]: ...
+    def encode_more(self, text: str) -> list[int]: ...
+    def decode(self, ids: list[int]) -> str: ...
 
 
 class Codec:
@@ -148,7 +154,7 @@ class Sequence:
 class AgentRecord:
     """The calls of one episode (module docstring)."""
 
-    codec: Codec
+    codec: TextCodec
     calls: list[Call] = field(default_factory=list)
 
     def context(self, text: str | None, ids: list[int] | None) -> tuple[list[int], Any]:

@@ -46,8 +46,8 @@ from rollflash.envs.agent import (
     Call,
     CallParams,
     Choice,
-    Codec,
     Outcome,
+    TextCodec,
     outcome_of,
 )
 from rollflash.envs.agent_protocol import (
@@ -122,7 +122,7 @@ class AgentCounters:
 class AgentHost:
     """See the module docstring."""
 
-    def __init__(self, agent: Agent, codec: Codec, limits: Limits, vocab_size: int | None = None,
+    def __init__(self, agent: Agent, codec: TextCodec, limits: Limits, vocab_size: int | None = None,
                  version: Callable[[], int] = lambda: 0, model_name: str = "rollflash"):  # fmt: skip
         self.agent, self.codec, self.limits = agent, codec, limits
         self.vocab_size, self.version = vocab_size, version
@@ -219,7 +219,7 @@ class AgentHost:
         until: Callable[[], bool],
         generate: Generate,
         on_finish: Callable[[Run], None] = lambda run: None,
-        on_step: Callable[[], None] | None = None,
+        on_step: Callable[[], object] | None = None,
     ) -> None:
         """Answer calls and end episodes until `until()` (module docstring)."""
         while not until():

@@ -48,7 +48,7 @@ def _as_range(key: str, value: Sequence[int]) -> tuple[int, int]:
     return lo, hi
 
 
-class ArithmeticTask(GeneratedProblems):
+class ArithmeticTask(GeneratedProblems[Problem]):
     """Integer "a<op>b=" problems with an exact-match reward plus a small format reward."""
 
     name = "arithmetic"

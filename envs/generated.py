@@ -9,18 +9,21 @@ from __future__ import annotations
 
 import random
 from collections.abc import Hashable, Iterator
+from typing import Generic, TypeVar
 
 from rollflash.envs.base import Item
 
+P = TypeVar("P", bound=Hashable)  # one problem
 
-class GeneratedProblems:
-    _heldout: list[Hashable]
-    _heldout_set: frozenset[Hashable]
 
-    def _draw(self, rng: random.Random) -> Hashable:
+class GeneratedProblems(Generic[P]):
+    _heldout: list[P]
+    _heldout_set: frozenset[P]
+
+    def _draw(self, rng: random.Random) -> P:
         raise NotImplementedError
 
-    def _item(self, item_id: str, problem: Hashable) -> Item:
+    def _item(self, item_id: str, problem: P) -> Item:
         raise NotImplementedError
 
     def _set_heldout(self, n_problems: int, size: int, seed: int) -> None:
@@ -31,7 +34,7 @@ class GeneratedProblems:
                 f"heldout_size must be in [1, {n_problems // 2}] (half of {n_problems} problems), "
                 f"got {size}"
             )
-        rng, seen, out = random.Random(seed), set(), []
+        rng, seen, out = random.Random(seed), set[P](), list[P]()
         while len(out) < size:
             problem = self._draw(rng)
             if problem not in seen:

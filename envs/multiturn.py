@@ -26,7 +26,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeGuard, runtime_checkable
 
 from rollflash.envs.base import Item
 
@@ -129,5 +129,6 @@ class EnvTask:
         )
 
 
-def is_multi_turn(task: Any) -> bool:
+def is_multi_turn(task: Any) -> TypeGuard[EnvTask]:
+    """Whether `task` runs environment episodes (only an EnvTask says `multi_turn`)."""
     return bool(getattr(task, "multi_turn", False))

@@ -37,7 +37,7 @@ def program(a: int, b: int) -> str:
     return f"print(int(input())*{a}+{b})"
 
 
-class OneLinerTask(GeneratedProblems):
+class OneLinerTask(GeneratedProblems[Problem]):
     """ "code x*a+b=" -> a one-line program that reads x on stdin and prints a*x + b."""
 
     name = "oneliner"

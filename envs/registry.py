@@ -24,7 +24,7 @@ from rollflash.envs.reasoning_gym import reasoning_gym_task
 from rollflash.envs.reward_functions import RewardFunctions, ScoredTask
 from rollflash.envs.simulated import SimulatedEnv
 from rollflash.envs.sokoban import Sokoban
-from rollflash.envs.tools import tool_use_task
+from rollflash.envs.tools import ToolUse
 from rollflash.errors import BadInput
 
 _TASKS: dict[str, Callable[..., Task]] = {
@@ -33,7 +33,6 @@ _TASKS: dict[str, Callable[..., Task]] = {
     "mixture": MixtureTask,  # several tasks at weights, each with its own rewards (envs/mixture.py)
     "oneliner": OneLinerTask,  # generated code: print a*x + b, checked in the sandbox
     "reasoning_gym": reasoning_gym_task,  # the reasoning-gym package's datasets, as a mixture
-    "tool_use": tool_use_task,  # multi-turn, built by its own function
 }
 
 # multi-turn environments (envs/multiturn.py): an EnvTask whose items are episode seeds;
@@ -42,6 +41,7 @@ _ENVIRONMENTS: dict[str, tuple[Callable[..., Env], int]] = {
     "gridworld": (GridWorld, 64),
     "sokoban": (Sokoban, 64),
     "sim_env": (SimulatedEnv, 8),
+    "tool_use": (ToolUse, 64),
 }
 
 

@@ -48,7 +48,6 @@ Guarantees:
 
 from __future__ import annotations
 
-import importlib
 import logging
 import math
 import re
@@ -61,6 +60,7 @@ from typing import Any
 
 from rollflash.envs import remote_rewards
 from rollflash.envs.base import Item, Task
+from rollflash.envs.user_code import import_function
 from rollflash.envs.verifiers import VERIFIERS
 from rollflash.errors import RollflashError
 
@@ -164,16 +164,7 @@ def load_function(spec: str, index: int, options: Any = None) -> Callable[..., A
             f"{where}: {spec!r} is neither a built-in verifier ({', '.join(known_builtins())}) "
             "nor 'package.module:function'"
         )
-    module_name, _, attr = spec.partition(":")
-    try:
-        fn = getattr(importlib.import_module(module_name), attr)
-    except Exception as e:  # any failure while importing user code is a load error
-        raise RewardFunctionError(
-            f"{where}: cannot import {spec} ({e.__class__.__name__}: {str(e).splitlines()[0]})"
-        ) from None
-    if not callable(fn):
-        raise RewardFunctionError(f"{where}: {spec} is not callable")
-    return fn
+    return import_function(spec, where, RewardFunctionError)
 
 
 @contextmanager

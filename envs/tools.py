@@ -30,7 +30,7 @@ import ast
 import operator
 import random
 
-from rollflash.envs.multiturn import EnvTask, StepResult, TurnLimit, check_positive
+from rollflash.envs.multiturn import StepResult, TurnLimit, check_positive
 from rollflash.envs.sandbox import Sandbox, SandboxLimits, require_sandbox
 
 _BINOPS = {
@@ -163,20 +163,3 @@ class ToolUse(TurnLimit):
         if self.sandbox is not None:
             self.sandbox.close()
             self.sandbox = None
-
-
-def tool_use_task(
-    max_turns: int = 4,
-    tool_reward: float = 0.0,
-    invalid_reward: float = 0.0,
-    cpu_s: int = 2,
-    wall_s: float = 5.0,
-    memory_mb: int = 256,
-    heldout_size: int = 64,
-) -> EnvTask:
-    """The tool-use environment as a task (registry name "tool_use"); parameters as `ToolUse`."""
-    return EnvTask(
-        "tool_use",
-        lambda: ToolUse(max_turns, tool_reward, invalid_reward, cpu_s, wall_s, memory_mb),
-        heldout_size,
-    )

@@ -27,6 +27,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -34,7 +35,7 @@ from rollflash.broker.config import Config, ConfigError
 from rollflash.broker.generator_side import GeneratorBroker
 from rollflash.broker.schema import PromptWork, Sample, Trajectory
 from rollflash.envs import Item
-from rollflash.envs.agent import Codec, Sequence, load_agent, turn_rewards, turn_states
+from rollflash.envs.agent import Codec, Sequence, TextCodec, load_agent, turn_rewards, turn_states
 from rollflash.envs.agent_host import AgentHost, Run
 from rollflash.envs.agent_protocol import Limits
 from rollflash.envs.chat import PromptFormatter
@@ -52,12 +53,14 @@ class SimCodec:
     """The sim engine's stand-in for a tokenizer: one token per character, no chat template
     beyond `role: content` lines (its tokens and texts are meaningless anyway)."""
 
-    eos_id = eos_text = max_context = None
+    eos_id: int | None = None
+    eos_text: str | None = None
+    max_context: int | None = None
 
     def __init__(self, engine: EpisodeEngine) -> None:
         self._encode, self._span = engine.observation_encoder(), engine.vocab_size - 3
 
-    def render_chat(self, messages: list[dict], tools: list | None) -> str:
+    def render_chat(self, messages: list[dict[str, Any]], tools: list | None) -> str:
         lines = [f"{m['role']}: {m.get('content') or ''}\n" for m in messages]
         return "".join(lines) + "assistant: "
 
@@ -71,7 +74,7 @@ class SimCodec:
         return "".join(chr(97 + (i - 3) % 26) for i in ids)
 
 
-def codec_for(engine: EpisodeEngine, cfg: Config) -> Codec | SimCodec:
+def codec_for(engine: EpisodeEngine, cfg: Config) -> TextCodec:
     """The endpoint's tokenizer side: the engine's tokenizer with `model.chat_template`."""
     tokenizer = getattr(engine, "tokenizer", None)
     if tokenizer is None:
@@ -183,7 +186,7 @@ class AgentRollout:
 
 
 def group_trajectory(
-    work: PromptWork, runs: list[Run], codec: Codec | SimCodec, generator_id: str, version: int
+    work: PromptWork, runs: list[Run], codec: TextCodec, generator_id: str, version: int
 ) -> Trajectory:
     """The group's samples (module docstring); `version`: the loaded one, for samples without
     a model token."""

@@ -18,7 +18,7 @@ class Counters:
 
     def as_fields(self) -> dict[str, str | int | float]:
         total = self.busy_s + self.idle_s
-        fields = {
+        fields: dict[str, str | int | float] = {
             "groups": self.groups,
             "samples": self.samples,
             "tokens": self.tokens,

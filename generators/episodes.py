@@ -84,7 +84,7 @@ class EpisodeRunner:
         params: SamplingParams,
         max_episode_tokens: int,
         version: Callable[[], int],
-        on_step: Callable[[], None] | None = None,
+        on_step: Callable[[], object] | None = None,
     ) -> None:
         self.engine, self.params = engine, params
         self.max_tokens = max_episode_tokens
@@ -135,7 +135,9 @@ class EpisodeRunner:
         """Play every group; `on_group(index, episodes)` is called (in this thread) as soon as a
         group's first `keep` episodes have finished. After that, `refill()` may return new groups
         (indexed after the earlier ones), which start at once."""
-        self.specs, self.runs, self.finished = [], [], []
+        self.specs: list[GroupSpec] = []
+        self.runs: list[_Run] = []
+        self.finished: list[list[Episode]] = []  # per group, its finished episodes in order
         self.refill, self.live = refill, 0  # live: episode threads not yet exited
         self._start(specs)
         self.waiting: list[_Run] = []
@@ -230,7 +232,10 @@ class EpisodeRunner:
 
     def _serve(self, waiting: list[_Run]) -> None:
         """One engine batch over the waiting episodes, then (interrupt mode) a weight check."""
-        contexts = [r.episode.context for r in waiting]
+        contexts = []
+        for r in waiting:
+            assert r.episode is not None  # an episode asks to generate once it has been reset
+            contexts.append(r.episode.context)
         groups = self.engine.generate_ids(contexts, self.params)
         for run, group in zip(waiting, groups):
             sample = group[0]

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from safetensors.torch import load_file
@@ -52,10 +52,12 @@ class HFEngine:
         )
         self.tokenizer.padding_side = "left"
         self.device = torch.device(device)
-        self.model = AutoModelForCausalLM.from_pretrained(
+        # a transformers model, or the peft model wrapping it (load_adapter): their stubs type
+        # `.to`, `generate` and the peft calls more narrowly than they behave
+        model: Any = AutoModelForCausalLM.from_pretrained(
             model_dir, dtype=_DTYPES[dtype], trust_remote_code=trust_remote_code
         )
-        self.model.to(self.device).eval()
+        self.model: Any = model.to(self.device).eval()
         self._adapter: dict | None = None  # the loaded LoRA adapter's config (load_adapter)
         self._shapes = {k: v.shape for k, v in self.model.state_dict().items()}
         self.vocab_size = self.model.config.vocab_size

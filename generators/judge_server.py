@@ -40,8 +40,10 @@ class JudgeModel:
 
         if not (Path(path) / "config.json").is_file():
             raise MissingFile(f"reward.judge.model_path: no Hugging Face model at {path}")
-        self.tokenizer = AutoTokenizer.from_pretrained(path)
-        self.model = AutoModelForCausalLM.from_pretrained(path).to(device).eval()
+        # transformers' stubs type `.to` and `decode` more narrowly than they behave
+        self.tokenizer: Any = AutoTokenizer.from_pretrained(path)
+        model: Any = AutoModelForCausalLM.from_pretrained(path)
+        self.model = model.to(device).eval()
         self.device = device
         self.pad_id = self.tokenizer.pad_token_id
         if self.pad_id is None:
@@ -63,7 +65,7 @@ class JudgeModel:
                 eos_token_id=self.tokenizer.eos_token_id,
                 **sampling,
             )
-        texts = []
+        texts: list[str] = []
         for row in out[:, enc["input_ids"].shape[1] :].tolist():
             if self.tokenizer.eos_token_id in row:
                 row = row[: row.index(self.tokenizer.eos_token_id)]

@@ -25,7 +25,7 @@ from typing import Any, Protocol
 import torch
 
 from rollflash.broker.config import Config
-from rollflash.broker.rm_input import reward_model_input_ids
+from rollflash.broker.rm_input import reward_model_batch
 from rollflash.envs import Item, Task, is_multi_turn
 from rollflash.errors import BadInput, MissingFile
 
@@ -76,21 +76,13 @@ class RewardModelScorer:
         """One float per (prompt, response) pair, in order."""
         out: list[float] = []
         for start in range(0, len(prompts), self.micro_batch_size):
-            rows = [
-                reward_model_input_ids(self.tokenizer, p, r, self.max_len)
-                for p, r in zip(
-                    prompts[start : start + self.micro_batch_size],
-                    responses[start : start + self.micro_batch_size],
-                )
-            ]
-            width = max(len(r) for r in rows)
-            ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
-            mask = torch.zeros((len(rows), width), dtype=torch.long)
-            for i, row in enumerate(rows):
-                ids[i, : len(row)] = torch.tensor(row)
-                mask[i, : len(row)] = 1
+            end = start + self.micro_batch_size
+            ids, mask = reward_model_batch(
+                self.tokenizer, prompts[start:end], responses[start:end], self.max_len, self.pad_id
+            )
             logits = self.model(
-                input_ids=ids.to(self.device), attention_mask=mask.to(self.device)
+                input_ids=torch.tensor(ids, dtype=torch.long, device=self.device),
+                attention_mask=torch.tensor(mask, dtype=torch.long, device=self.device),
             ).logits
             out.extend(logits[:, 0].float().cpu().tolist())
         return out
@@ -153,9 +145,9 @@ def make_rewarder(cfg: Config, task: Task, device: str | torch.device | None = N
     from rollflash.broker.config_model import resolve_model_dtype
     from rollflash.generators.device import resolve_device, resolve_dtype
 
-    if device is None:
-        device = resolve_device(cfg.rollout.device)
+    device = resolve_device(cfg.rollout.device) if device is None else torch.device(device)
     dtype = resolve_model_dtype(resolve_dtype(r.dtype, cfg.model.dtype), device.type == "cuda")
+    assert r.model_path, "config_sections.py: a model or mixed reward has a model_path"
     scorer = RewardModelScorer(r.model_path, dtype, r.micro_batch_size, r.max_len, device)
     log.info(
         "reward: %s, reward model %s on %s in %s (weight_model %g, weight_rule %g)",

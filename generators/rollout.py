@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import replace
+from typing import cast
 
 import numpy as np
 import redis
@@ -37,12 +38,19 @@ from rollflash.envs import Item, Task, is_multi_turn, task_from_config
 from rollflash.envs.reward_functions import failure_of, parts_of
 from rollflash.generators.continuous import ContinuousRollout
 from rollflash.generators.counters import Counters, StopSignals
-from rollflash.generators.engine import Engine, check_engine, make_engine
+from rollflash.generators.engine import (
+    Engine,
+    EpisodeEngine,
+    StreamingEngine,
+    check_engine,
+    make_engine,
+)
 from rollflash.generators.episodes import rollout_episodes
 from rollflash.generators.fetch import version_source
 from rollflash.generators.liveness import Liveness
 from rollflash.generators.reload import WeightFollower
 from rollflash.generators.reward_model import Rewarder, make_rewarder
+from rollflash.generators.run_setup import generator_seed, redis_url
 from rollflash.generators.sampling import GeneratedSample, SamplingParams
 
 log = logging.getLogger(__name__)
@@ -99,7 +107,9 @@ def rollout_batch(
 ) -> tuple[int, int]:
     """Sample, score and stream one batch; returns (samples, tokens) produced."""
     if is_multi_turn(task):  # environment episodes (generators/episodes.py)
-        return rollout_episodes(claimed, engine, task, cfg, broker, generator_id, follower)
+        # every engine (hf, vllm, sim) runs episodes: generators/engine.py EpisodeEngine
+        episodes = cast(EpisodeEngine, engine)
+        return rollout_episodes(claimed, episodes, task, cfg, broker, generator_id, follower)
     n = claimed[0][1].n
     # with prompt replication the learner issued the redundant samples as extra entries
     extra = 0 if cfg.rollout.replicate_prompts else cfg.rollout.redundant_samples
@@ -148,7 +158,7 @@ def stream_groups(
     XACK, in one Redis transaction; `versions`: the weights each group started with. Returns
     (samples, tokens) streamed."""
     n_samples = n_tokens = 0
-    out = []
+    out: list[tuple[Trajectory, str | None, int]] = []
     rewards = (
         rewarder.score_groups(
             [Item(**w.item) for _, w in claimed], [[s.text for s in kept] for kept in kept_groups]
@@ -181,16 +191,17 @@ class Generator:
                 "refills that runner)"
             )
         self.broker = GeneratorBroker(
-            connect(cfg.redis.url, cfg.redis.connect_timeout_s, cfg.redis.sentinel),
+            connect(redis_url(cfg), cfg.redis.connect_timeout_s, cfg.redis.sentinel),
             cfg.run.run_id,
             generator_id,
             cfg.redis.max_payload_bytes,
             busy_timeout_s=cfg.redis.connect_timeout_s,
         )
         # the learner creates the run and admits us (broker/roster.py): we only ask to join
-        beat, ttl = {"state": "joining"}, cfg.rollout.heartbeat_ttl_s
+        beat: dict[str, str | int | float] = {"state": "joining"}
+        ttl = cfg.rollout.heartbeat_ttl_s
         self.broker.join_run(cfg.fingerprint(), cfg.trainer.wait_timeout_s, beat, ttl)
-        self.engine = make_engine(cfg, seed=cfg.run.seed + sum(map(ord, generator_id)))
+        self.engine = make_engine(cfg, seed=generator_seed(cfg.run.seed, generator_id))
         self.follower = WeightFollower(
             self.broker,
             version_source(cfg, generator_id),
@@ -204,7 +215,7 @@ class Generator:
         if cfg.rollout.agent:
             from rollflash.generators.agent_episode import AgentRollout
 
-            self.agents = AgentRollout(cfg, self.engine, self.follower)
+            self.agents = AgentRollout(cfg, cast(EpisodeEngine, self.engine), self.follower)
         self._wait_while_done(cfg.trainer.wait_timeout_s)
 
     def _wait_while_done(self, timeout_s: float) -> None:
@@ -239,9 +250,7 @@ class Generator:
                 "dead_letters": self.broker.dead_lettered,
                 "published": writes["acknowledged"],
                 "indeterminate": writes["indeterminate"],
-                "reward_errors": getattr(self.task, "functions", None)
-                and self.task.functions.total_errors
-                or 0,
+                "reward_errors": reward_errors(self.task),
                 **self.counters.as_fields(),
                 **(self.agents.heartbeat_fields() if self.agents else {}),
             },
@@ -323,10 +332,18 @@ class Generator:
             c.samples += n_samples
             c.tokens += n_tokens
 
+        # config.py refuses continuous batching with the one engine that cannot (hf)
+        engine = cast(StreamingEngine, self.engine)
         ContinuousRollout(
-            self.cfg, self.engine, self.follower, self.broker, self.id, stream, beat, c,
+            self.cfg, engine, self.follower, self.broker, self.id, stream, beat, c,
             self.liveness, limit=lambda work: response_limit(self.task, work),
         ).run()  # fmt: skip
+
+
+def reward_errors(task: Task) -> int:
+    """Errors counted so far by the `reward.functions` that score `task` (0 if none do)."""
+    functions = getattr(task, "functions", None)
+    return functions.total_errors if functions else 0
 
 
 def _redis_trouble(e: Exception) -> bool:
@@ -337,7 +354,7 @@ def _redis_trouble(e: Exception) -> bool:
 def run(cfg: Config, generator_id: str) -> None:
     setup_process(
         f"gen:{generator_id}",
-        seed=cfg.run.seed + 1000 + sum(map(ord, generator_id)),
+        seed=generator_seed(cfg.run.seed + 1000, generator_id),
         torch_threads=cfg.run.torch_threads,
     )
     stop = StopSignals()
@@ -358,7 +375,7 @@ def run(cfg: Config, generator_id: str) -> None:
 
     def give_up(e: Exception, failures: int) -> Exception:
         return BrokerUnavailable(
-            f"Redis at {redact(cfg.redis.url)} unusable for {cfg.redis.connect_timeout_s:.0f}s: {e}"
+            f"Redis at {redact(redis_url(cfg))} unusable for {cfg.redis.connect_timeout_s:.0f}s: {e}"
         )
 
     # claimed prompts stay pending and are re-read (or reclaimed) once Redis is back

@@ -54,7 +54,7 @@ import itertools
 import logging
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from safetensors import safe_open
@@ -80,7 +80,7 @@ def refresh_tied_heads(model: torch.nn.Module) -> int:
     another layer (a tied `lm_head`); returns how many layers were refreshed."""
     from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod
 
-    groups: dict[int, list[torch.nn.Module]] = {}
+    groups: dict[int, list[Any]] = {}  # vLLM layers, each with its `quant_method`
     for module in model.modules():
         weight = getattr(module, "weight", None)
         if (
@@ -107,17 +107,18 @@ def _pre_truncation_logprobs(forward: Callable) -> Callable:
         sampled, _ = forward(logits, generators, k, p)
         return sampled, logprobs
 
-    wrapped.rl_pre_truncation = True
+    wrapped.rl_pre_truncation = True  # type: ignore[attr-defined]  # a marker on the function
     return wrapped
-
-
-def _index(completion) -> int:
-    return completion.index
 
 
 class WeightReloadExtension:
     """Mixed into vLLM's worker class (`worker_extension_cls`); methods are called by name through
     `collective_rpc`, so nothing is pickled. `self` is the vLLM worker."""
+
+    if TYPE_CHECKING:  # the vLLM worker's own, which these methods call
+        model_runner: Any
+
+        def reload_weights(self, **kwargs: Any) -> None: ...
 
     def rl_load_file(self, model_file: str) -> int:
         from vllm.model_executor.model_loader.weight_utils import safetensors_weights_iterator
@@ -261,7 +262,7 @@ class VLLMEngine:
         engine, batch = self.llm.llm_engine, next(self._batches)
         request_ids = [f"b{batch}-p{i}" for i in range(len(prompt_ids))]
         inputs = self.llm.renderer.render_cmpl([{"prompt_token_ids": ids} for ids in prompt_ids])
-        finished: dict[str, object] = {}
+        finished: dict[str, Any] = {}  # request id -> vLLM's RequestOutput
         try:
             lora = self._start(request_ids)
             for request_id, engine_input in zip(request_ids, inputs):
@@ -278,7 +279,10 @@ class VLLMEngine:
         finally:
             versions = {r: self._finish(r) for r in request_ids}
         return [
-            [self._sample(ids, c, versions[r]) for c in sorted(finished[r].outputs, key=_index)]
+            [
+                self._sample(ids, c, versions[r])
+                for c in sorted(finished[r].outputs, key=lambda c: c.index)
+            ]
             for ids, r in zip(prompt_ids, request_ids)
         ]
 

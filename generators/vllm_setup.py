@@ -56,6 +56,7 @@ def llm_kwargs(opts: VLLMConfig, model_dtype: str, seed: int, on_cpu: bool) -> d
     """The arguments of `vllm.LLM` (other than the model) for `rollout.vllm` = `opts`: each key
     under vLLM's own name, nulls resolved for the device (config_gpu.py says how), then the
     settings this engine relies on."""
+    dtype: str
     if opts.dtype != "auto":
         dtype = opts.dtype
     else:

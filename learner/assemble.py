@@ -99,7 +99,3 @@ class GroupAssembler:
     def pending_traj_ids(self) -> list[str]:
         """The traj_ids of the entries held in incomplete groups (pending in the stream)."""
         return [part.traj_id for p in self.partial.values() for part in p.parts]
-
-    @property
-    def pending_samples(self) -> int:
-        return sum(p.samples for p in self.partial.values())

@@ -40,7 +40,7 @@ from rollflash.algos import bradley_terry_loss
 from rollflash.broker.config import Config
 from rollflash.broker.model_dir import model_directory
 from rollflash.broker.process import setup_process
-from rollflash.broker.rm_input import reward_model_input_ids
+from rollflash.broker.rm_input import reward_model_batch, reward_model_input_ids
 from rollflash.errors import BadInput
 from rollflash.learner.device import adamw, autocast, cuda_defaults, set_alloc_conf, to_device
 from rollflash.learner.dist import Dist, init_dist
@@ -93,14 +93,8 @@ def encode_texts(
     tokenizer: Any, prompts: list[str], responses: list[str], max_len: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Right-padded input_ids [N, L] int64 and attention_mask [N, L] int64 of prompt + response + EOS."""
-    rows = [reward_model_input_ids(tokenizer, p, r, max_len) for p, r in zip(prompts, responses)]
-    width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), tokenizer.pad_token_id, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, row in enumerate(rows):
-        ids[i, : len(row)] = torch.tensor(row)
-        mask[i, : len(row)] = 1
-    return ids, mask
+    ids, mask = reward_model_batch(tokenizer, prompts, responses, max_len, tokenizer.pad_token_id)
+    return torch.tensor(ids, dtype=torch.long), torch.tensor(mask, dtype=torch.long)
 
 
 def pair_scores(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import traceback
 from pathlib import Path
+from typing import NoReturn
 
 import typer
 
@@ -53,7 +54,7 @@ def _options(
         os.environ[DEBUG_ENV] = "1"
 
 
-def fail(message: str, code: int = 2) -> None:
+def fail(message: str, code: int = 2) -> NoReturn:
     typer.echo(f"rollctl: error: {message}", err=True)
     raise typer.Exit(code)
 

@@ -147,9 +147,9 @@ def read_entries(
     raw: list[Any] = []
     for key in streams:
         if entry_id is not None:
-            raw += r.xrange(key, entry_id, entry_id)
+            raw += r.xrange(key, entry_id, entry_id) or []
         else:
-            raw += r.xrevrange(key, count=last)
+            raw += r.xrevrange(key, count=last) or []
     raw.sort(key=lambda e: tuple(int(x) for x in e[0].decode().split("-")))
     if entry_id is None and last:  # the last N over every stream read
         raw = raw[-last:]

@@ -126,11 +126,12 @@ def redis_cli(
     exe = shutil.which("redis-cli")
     if exe is None:
         fail("redis-cli not found on PATH; install it (apt-get install redis-tools)")
+    cli = exe  # a name the closure sees as checked
     cfg = run_config(run, run_dir, config, None, redis_url)
 
     def call(c) -> None:
-        argv, env = redis_cli_argv(c.redis.url)
-        code = subprocess.run([exe, *argv, *ctx.args], env={**os.environ, **env}).returncode
+        argv, env = redis_cli_argv(c.redis.url or "")  # run_redis has found the address
+        code = subprocess.run([cli, *argv, *ctx.args], env={**os.environ, **env}).returncode
         raise typer.Exit(code)
 
     guarded(_with_run_redis, cfg, call)

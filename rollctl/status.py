@@ -24,6 +24,7 @@ from rollflash.broker.registry import RunRegistry
 
 def collect_status(cfg: Config) -> dict:
     """The run's status; `BrokerUnavailable` (one line) if the Redis user may not read it."""
+    assert cfg.redis.url is not None, "rollctl status finds the run's Redis first (find.py)"
     io = RunRedis(
         connect(cfg.redis.url, min(cfg.redis.connect_timeout_s, 5.0), cfg.redis.sentinel),
         cfg.run.run_id,

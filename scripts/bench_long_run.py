@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -80,17 +81,26 @@ def _checkpoint_bytes(run_dir: Path) -> tuple[int, int]:
     return size, ids
 
 
-def _redis(r: redis.Redis | None, run_id: str) -> tuple[int, int, int]:
-    """(the learner's step, Redis used_memory, entries in the run's streams)."""
+def _redis(r: redis.Redis | None, run_id: str) -> tuple[int, int, dict[str, int]]:
+    """(the learner's step, Redis used_memory, entries of each of the run's streams)."""
     if r is None:
-        return 0, 0, 0
+        return 0, 0, {}
+    prefix = f"rl:{run_id}:"
     try:
-        step = int(r.hget(f"rl:{run_id}:run", "step") or 0)
+        step = int(r.hget(f"{prefix}run", "step") or 0)
         used = int(r.info("memory")["used_memory"])
-        streams = [k for k in r.scan_iter(match=f"rl:{run_id}:*") if r.type(k) == b"stream"]
-        return step, used, sum(r.xlen(k) for k in streams)
+        streams = [k for k in r.scan_iter(match=f"{prefix}*") if r.type(k) == b"stream"]
+        return step, used, {k.decode()[len(prefix) :]: r.xlen(k) for k in streams}
     except redis.RedisError:
-        return 0, 0, 0
+        return 0, 0, {}
+
+
+def _by_quarter(settled: list[dict], field: str, scale: float) -> list[float]:
+    """The median of `field` in each quarter of the settled samples, by step: flat over the run
+    when the quarters agree, growing with its length when they climb."""
+    n = len(settled)
+    quarters = [settled[i * n // 4 : (i + 1) * n // 4] for i in range(4)]
+    return [round(statistics.median(s[field] for s in q) / scale, 2) for q in quarters if q]
 
 
 def run(steps: int, every: int, sample_s: float, overrides: list[str], workdir: Path) -> list:
@@ -112,10 +122,11 @@ def run(steps: int, every: int, sample_s: float, overrides: list[str], workdir: 
         if rss is None:
             continue
         size, ids = _checkpoint_bytes(run_dir)
-        step, used, entries = _redis(r, run_id)
+        step, used, streams = _redis(r, run_id)
         samples.append(
             {"t": time.monotonic() - started, "step": step, "rss": rss, "redis": used,
-             "entries": entries, "ckpt_bytes": size, "seen": ids}
+             "entries": sum(streams.values()), "streams": streams, "ckpt_bytes": size,
+             "seen": ids}
         )  # fmt: skip
     if proc.returncode != 0:
         raise SystemExit(f"rollctl run failed ({proc.returncode}): {proc.stderr.read()[-2000:]}")
@@ -167,6 +178,9 @@ def main() -> None:
                 "stream_entries_first": first["entries"],
                 "stream_entries_last": last["entries"],
                 "stream_entries_max": max(s["entries"] for s in settled),
+                "redis_mib_by_quarter": _by_quarter(settled, "redis", 2**20),
+                "rss_mib_by_quarter": _by_quarter(settled, "rss", 2**20),
+                "stream_entries_by_quarter": _by_quarter(settled, "entries", 1),
                 "workload": WORKLOAD + args.overrides,
             }
         )

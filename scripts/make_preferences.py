@@ -2,8 +2,8 @@
 training, labelled offline by a ground-truth property of a task's responses.
 
 Properties (`--property`):
-- `correct` (the worked example, README "RLHF"): on arithmetic prompts the exact answer is chosen
-  over a wrong one: answer + 1 (25%, the error the demo's warm-started policy makes most),
+- `correct` (docs/algorithms.md, "RLHF", the worked example): on arithmetic prompts the exact
+  answer is chosen over a wrong one: answer + 1 (25%, the error the demo's warm-started policy makes most),
   answer - 1 (10%), answer +- 10 or +- 100 (15%), any other number of 1 to 4 digits (20%) or a
   malformed answer (30%: an extra digit, one digit short, a leading zero, a repeated digit; no
   trailing space: the character tokenizer drops it, so a reward model could not see it). A

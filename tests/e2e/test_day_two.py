@@ -1,7 +1,7 @@
-"""The README's "Day two" as a person runs it: `make demo`'s command (configs/demo.yaml, shortened
-to a tiny model and a few steps), then the README's commands that read the run, each exactly as
-the README writes it, from the directory `make demo` runs in; then the run extended by running it
-again with a larger `trainer.total_steps`."""
+"""Day two as a person runs it: `make demo`'s command (configs/demo.yaml, shortened to a tiny model
+and a few steps), then the commands that read the run (docs/running.md, "Day two"), from the
+directory `make demo` runs in; then the run extended by running it again with a larger
+`trainer.total_steps`. tests/e2e/test_readme.py runs the README's own blocks as written."""
 
 import json
 import re
@@ -16,9 +16,9 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
 
 
-def readme_day_two_commands() -> list[list[str]]:
-    """The `rollctl` lines of the README's block that follows "After `make demo`:"."""
-    text = (ROOT / "README.md").read_text()
+def day_two_commands() -> list[list[str]]:
+    """The `rollctl` lines of docs/running.md's block that follows "After `make demo`:"."""
+    text = (ROOT / "docs" / "running.md").read_text()
     block = text.split("After `make demo`:", 1)[1].split("\n\n", 2)[1]
     lines = [line.split("#", 1)[0].strip() for line in block.splitlines()]
     return [shlex.split(line) for line in lines if line.startswith("rollctl ")]
@@ -48,14 +48,14 @@ def _demo(tmp_path: Path, model: Path, steps: int) -> subprocess.CompletedProces
     return _rollctl(args + [a for s in sets for a in ("--set", s)], tmp_path, timeout=400)
 
 
-def test_the_readme_day_two_after_make_demo_then_extend_the_run(tmp_path, tiny_model_dir):
+def test_day_two_after_make_demo_then_extend_the_run(tmp_path, tiny_model_dir):
     first = _demo(tmp_path, tiny_model_dir, steps=3)
     assert first.returncode == 0, first.stderr[-3000:] + first.stdout[-3000:]
     assert first.stdout.startswith("layout: ")  # the CPU layout, printed at start
     assert "step 1/3" in first.stdout
     run_dir = tmp_path / "runs" / "demo"
 
-    commands = readme_day_two_commands()
+    commands = day_two_commands()
     assert [c[:2] for c in commands] == [
         ["rollctl", "status"],
         ["rollctl", "inspect"],

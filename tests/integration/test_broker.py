@@ -201,14 +201,14 @@ def test_a_generator_waits_out_the_learners_start_up_then_a_bounded_time(
 
 
 def test_the_learner_sums_live_generators_reward_errors(learner_broker, redis_url, run_id):
-    assert learner_broker.generator_reward_errors() == 0  # no generator yet
+    assert learner_broker.generator_stats() == (None, 0)  # no generator yet
     gens = [generator(redis_url, run_id, f"gen-{i}") for i in range(3)]
     admit(learner_broker, *gens)
     gens[0].heartbeat({"reward_errors": 3, "idle_frac": 0.5}, ttl_s=30)
     gens[1].heartbeat({"reward_errors": 4, "idle_frac": 0.1}, ttl_s=30)
     gens[2].heartbeat({"loaded_version": 1}, ttl_s=30)  # no count reported
-    assert learner_broker.generator_reward_errors() == 3 + 4
-    assert learner_broker.generator_idle_frac() == pytest.approx((0.5 + 0.1) / 2)
+    idle_frac, reward_errors = learner_broker.generator_stats()
+    assert reward_errors == 3 + 4 and idle_frac == pytest.approx((0.5 + 0.1) / 2)
 
 
 def test_a_redis_missing_at_start_up_is_reported_within_two_seconds(tmp_path):

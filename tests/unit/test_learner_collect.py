@@ -113,7 +113,7 @@ def test_incomplete_groups_below_the_floor_are_dropped_and_replaced_once():
     broker.queue += [("h0", _traj("h/0", 0, 0, group_id="h"))]
     broker.queue += [(f"a{k}", _traj(f"a{k}/0", 0, 0, group_id=f"a{k}", samples=2)) for k in (0, 1)]
     c.collect(0)
-    assert c.assembler.pending_samples == 1
+    assert c.assembler.pending_traj_ids() == ["h/0"]  # its one sample waits
     for s in range(1, KEEP_MARGIN + 2):
         broker.queue += [
             (f"s{s}-{k}", _traj(f"s{s}-{k}/0", s, s, group_id=f"s{s}-{k}", samples=2))
@@ -122,7 +122,7 @@ def test_incomplete_groups_below_the_floor_are_dropped_and_replaced_once():
         out = c.collect(s)
         if s == KEEP_MARGIN + 1:  # floor 1 > 0: h is dropped as stale, its entry acknowledged
             assert out.stale_ids == ["h"] and broker.acked == ["h0"] and broker.replaced == 1
-    assert c.assembler.pending_samples == 0 and "a0" not in c.assembler.completed
+    assert c.assembler.pending_traj_ids() == [] and "a0" not in c.assembler.completed
     # its partner finally arrives: below the floor, dropped (and replaced: it could have been
     # a first answer), never trained
     broker.queue += [("h1", _traj("h/1", 0, 40, group_id="h"))]
