@@ -98,7 +98,7 @@ def _batches(rows: list, batch_size: int, ranks: Dist | None) -> Iterator[list]:
 def _greedy(
     model: torch.nn.Module, tokenizer, prompts: list[str], max_new_tokens: int, ranks: Dist | None
 ) -> list[str]:
-    """Greedy responses (text) to `prompts` in one `generate` call (`_greedy_ids`)."""
+    """Greedy responses (text) to `prompts` in one `generate` call (`greedy_ids`)."""
     contexts = encode_prompts(tokenizer, prompts) if prompts else []
     rows = greedy_ids(model, tokenizer, contexts, max_new_tokens, ranks)
     return [response_text(tokenizer, r, tokenizer.eos_token_id) for r in rows]
