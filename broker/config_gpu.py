@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, StrictBool, StrictInt, StrictStr
+from pydantic import Field, StrictBool, StrictInt, StrictStr, field_validator
 
 from rollflash.broker.config_base import Number, Section
+from rollflash.broker.config_errors import ConfigError
 
 
 class VLLMConfig(Section):
@@ -142,9 +143,21 @@ class TrainerGpuKeys(Section):
     publish_dtype: Literal["auto", "float32", "bfloat16"] = Field(
         "auto", description="dtype of published weights (auto: model.dtype)"
     )
-    background_publish: StrictBool | Literal["process"] = Field(
+    background_publish: Literal["process", False] = Field(
         "process",
-        description="write a version while the next step collects and trains: process in a "
-        "helper process (the weights go from the device straight into its shared memory), "
-        "true in a thread, false in the step; it is announced only once its manifest is durable",
+        description="where a version is written: process in a helper process while the next "
+        "step collects and trains (the weights go from the device straight into its shared "
+        "memory), false in the step; it is announced only once its manifest is durable",
     )
+
+    @field_validator("background_publish", mode="before")
+    @classmethod
+    def _publish_mode(cls, mode: object) -> object:
+        if mode is True:  # a thread's Python work would hold the GIL the training step needs
+            raise ConfigError(
+                "trainer.background_publish: true is not a mode; set process (a helper process "
+                "writes the version while the next step runs) or false (the step writes it)"
+            )
+        if not isinstance(mode, bool | str):  # 0 would pass as false
+            raise ConfigError(f"trainer.background_publish: must be process or false, got {mode!r}")
+        return mode

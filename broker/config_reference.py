@@ -97,7 +97,7 @@ def _annotation_text(annotation: Any) -> str:
     if origin is Annotated:
         return _annotation_text(args[0])
     if origin is Literal:
-        return "one of " + ", ".join(str(a) for a in args)
+        return "one of " + ", ".join(value_text(a) for a in args)
     if origin in (list, tuple):
         inner = _annotation_text(args[0]) if args else "any"
         return f"list, each {inner}" if inner.startswith("one of") else f"list of {inner}"

@@ -13,7 +13,8 @@ Guarantees:
   (broker/notify.py) only make reloads prompt. The registry remembers what this process last
   announced, so that an announcement Redis forgot can be made again (broker/audit.py); an
   announcement and its repetition are serialised, so the hash never goes back to an older
-  version when a background publisher (learner/publish.py) announces while the audit repeats.
+  version when a version is announced (or one of the publishing process's remembered) while the
+  audit repeats.
 - Heartbeat hashes expire after `ttl_s`: a generator that stops beating leaves
   `live_generators`, and weight retention keeps every version a live generator reports loaded.
   The generators are those the learner admitted (broker/roster.py), read without SCAN (which

@@ -21,7 +21,7 @@ from rollflash.envs.agent import Codec, load_agent
 from rollflash.envs.agent_host import AgentHost, Run
 from rollflash.envs.agent_protocol import Limits
 from rollflash.envs.chat import PromptFormatter
-from rollflash.learner.evaluate import _left_pad
+from rollflash.learner.evaluate import greedy_ids, until_eos
 
 BATCH = 64  # episodes in flight
 
@@ -49,23 +49,13 @@ def agent_success(
     template = PromptFormatter(tokenizer, cfg.model.chat_template).template
     codec = Codec(tokenizer, template, getattr(model.config, "max_position_embeddings", None))
     limits = Limits.of(r, max_new_tokens, greedy=True)
-    host = AgentHost(load_agent(r.agent), codec, limits, model.config.vocab_size)
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    config: Any = model.config
+    host = AgentHost(load_agent(r.agent), codec, limits, int(config.vocab_size))
 
     def generate(prompts: list[list[int]], params: Any) -> list[list[_Greedy]]:
-        ids, attention = _left_pad(prompts, pad)
-        out = model.generate(
-            input_ids=ids.to(model.device),
-            attention_mask=attention.to(model.device),
-            do_sample=False,
-            max_new_tokens=params.max_tokens,
-            pad_token_id=pad,
-            eos_token_id=tokenizer.eos_token_id,
-        )
         groups = []
-        for row in out[:, ids.shape[1] :].tolist():
-            if tokenizer.eos_token_id in row:
-                row = row[: row.index(tokenizer.eos_token_id) + 1]
+        for row in greedy_ids(model, tokenizer, prompts, params.max_tokens):
+            row = until_eos(row, tokenizer.eos_token_id)
             groups.append([_Greedy(row, [0.0] * len(row)) for _ in range(params.n)])
         return groups
 

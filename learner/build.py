@@ -7,7 +7,7 @@ models     = build_models(cfg, dist)                  # on the device, wrapped (
 optim      = build_optim(cfg, models)                 # AdamW + lr schedule (LoRA: adapters only)
 state      = resume_state(cfg, dist, models, optim, checkpoint)  # the checkpoint's tensors, RNG
 collector  = build_collector(cfg, dist, broker, task, state, vocab_size)
-then: publish v0, or resume after the checkpoint (learner/publish.py)
+then: publish v0, or resume after the checkpoint (learner/checkpoint.py)
 """
 
 from __future__ import annotations
@@ -22,18 +22,23 @@ import torch
 from rollflash.algos import RunningRewardNorm
 from rollflash.broker.config import Config
 from rollflash.broker.learner_side import LearnerBroker
-from rollflash.envs import Item, Task, is_multi_turn, task_from_config, train_stream
+from rollflash.envs import Task, task_from_config, train_stream
 from rollflash.envs.chat import PromptFormatter, format_task
 from rollflash.errors import MissingFile
 from rollflash.learner.admission import Admission
-from rollflash.learner.agent_eval import agent_success
 from rollflash.learner.best import BestVersion
-from rollflash.learner.checkpoint import CheckpointStore, LearnerState, RankProgress, restore_rng
+from rollflash.learner.checkpoint import (
+    CheckpointStore,
+    LearnerState,
+    RankProgress,
+    restore_rng,
+    resume_after,
+)
 from rollflash.learner.checkpoint_io import Trainables
 from rollflash.learner.collect import Collector
 from rollflash.learner.device import adamw, cuda_defaults, set_alloc_conf, startup_line
-from rollflash.learner.dist import Dist, init_dist, is_sharded
-from rollflash.learner.evaluate import heldout_accuracy, sampled_eval
+from rollflash.learner.dist import Dist, init_dist
+from rollflash.learner.evaluator import Evaluator
 from rollflash.learner.filters import drop_reason
 from rollflash.learner.guards import GuardMonitor
 from rollflash.learner.history import History
@@ -42,7 +47,7 @@ from rollflash.learner.lora import trainable_parameters
 from rollflash.learner.metrics import MetricsSink, open_sink
 from rollflash.learner.policy import load_policy
 from rollflash.learner.prepare import AlgoModels, build_algo_models
-from rollflash.learner.publish import Publisher, publish, resume_after
+from rollflash.learner.publish import Publisher, publish
 from rollflash.learner.schedule import warmup_decay
 from rollflash.learner.simulated import SimulatedPolicy
 
@@ -55,6 +60,11 @@ class Models:
     model: torch.nn.Module  # what the ranks train: DDP around `policy`, or `policy` (FSDP: sharded)
     tokenizer: Any  # None for the simulated policy
     algo: AlgoModels  # reference, critic, running reward statistics (learner/prepare.py)
+
+    @property
+    def vocab_size(self) -> int:
+        config: Any = self.policy.config
+        return int(config.vocab_size)
 
 
 @dataclass
@@ -71,83 +81,23 @@ class Learner:
     dist: Dist
     broker: LearnerBroker
     task: Task
-    heldout: list[Item]
     models: Models
     optim: Optim
     collector: Collector
     checkpoints: CheckpointStore
     state: LearnerState
     guard: GuardMonitor  # reward-hacking guards, adaptive kl_coef (learner/guards.py)
+    evaluator: Evaluator  # held-out evaluation between steps (learner/evaluator.py)
     publisher: Publisher | None  # rank 0 only
     sink: MetricsSink | None  # rank 0 only
     ledger: Ledger  # every entry trained or dropped, durably before it is acknowledged
     best: BestVersion | None = None  # rank 0 with eval.keep_best (learner/best.py)
     history: History = field(default_factory=History)  # the summary's figures (checkpointed)
     progress: RankProgress = field(default_factory=RankProgress)  # trained, not yet acknowledged
-    domain_eval: dict[str, float] = field(default_factory=dict)  # a mixture's last evaluation
 
     @property
     def simulated(self) -> bool:
         return isinstance(self.models.policy, SimulatedPolicy)
-
-    def evaluate(self) -> float:
-        """Greedy held-out accuracy, on rank 0; with FSDP every rank generates for its share of
-        the items, in step (learner/evaluate.py). Rank 0 logs the generations."""
-        sharded = is_sharded(self.models.model)
-        if self.simulated or not (self.dist.is_main or sharded):
-            return 0.0
-        m, e, rows = self.models, self.cfg.eval, list[dict]()
-        limit = e.max_new_tokens or self.cfg.rollout.max_new_tokens
-        domains = domain_items(self.task, self.heldout, limit)
-        if domains is None:
-            domains = {"": (self.heldout, limit)}
-        correct = 0.0
-        for name, (items, domain_limit) in domains.items():  # a mixture: per domain, own limit
-            if self.cfg.rollout.agent:  # the agent program's episodes (learner/agent_eval.py)
-                acc = agent_success(  # rank 0 only: the config refuses agents with fsdp
-                    m.policy, m.tokenizer, self.cfg, items, domain_limit, e.threshold, rows
-                )
-            else:
-                acc = heldout_accuracy(
-                    m.policy,
-                    m.tokenizer,
-                    self.task,
-                    items,
-                    domain_limit,
-                    threshold=e.threshold,
-                    record=rows,
-                    dist=self.dist if sharded else None,
-                )
-            if name:
-                self.domain_eval[f"eval/{name}/heldout_acc"] = acc
-            correct += acc * len(items)
-        if self.sink is not None:
-            self.sink.log_eval_generations(self.state.step, rows)
-        return correct / max(len(self.heldout), 1)
-
-    def evaluate_sampled(self) -> dict[str, float]:
-        """`eval.n_samples` > 0: mean reward, pass@1 and pass@k on the held-out items (rank 0)."""
-        m, e = self.models, self.cfg.eval
-        if not e.n_samples or self.simulated or not self.dist.is_main:
-            return {}
-        if is_multi_turn(self.task) or self.cfg.rollout.agent or is_sharded(m.model):
-            return {}  # episodes have their own success rate; sharded weights need every rank
-        rows: list[dict] = []
-        out = sampled_eval(
-            m.policy,
-            m.tokenizer,
-            self.task,
-            self.heldout,
-            e.n_samples,
-            e.temperature,
-            e.max_new_tokens or self.cfg.rollout.max_new_tokens,
-            e.threshold,
-            seed=self.cfg.run.seed + self.state.step,
-            record=rows,
-        )
-        if self.sink is not None:
-            self.sink.log_eval_generations(self.state.step, rows)
-        return out
 
     def close(self) -> None:
         self.ledger.close()
@@ -180,27 +130,13 @@ def connect_broker(cfg: Config, dist: Dist, take_over: bool = False) -> LearnerB
     return broker
 
 
-def domain_items(
-    task: Task, items: list[Item], limit: int
-) -> dict[str, tuple[list[Item], int]] | None:
-    """A mixture's held-out items by domain with each domain's response limit (envs/mixture.py;
-    `limit` where the domain has none); None for any other task."""
-    if not hasattr(task, "components"):
-        return None
-    out: dict[str, tuple[list[Item], int]] = {}
-    for item in items:
-        component, _ = task.component_of(item)  # type: ignore[attr-defined]
-        out.setdefault(component.name, ([], component.max_new_tokens or limit))[0].append(item)
-    return out
-
-
 def build_models(cfg: Config, dist: Dist) -> Models:
     """The policy wrapped for the ranks and the algorithm's models, on this rank's device."""
     if cfg.sim.learner_step_s > 0:
-        policy = SimulatedPolicy(cfg.sim).to(dist.device)
-        return Models(policy, policy, None, AlgoModels())
+        simulated = SimulatedPolicy(cfg.sim).to(dist.device)
+        return Models(simulated, simulated, None, AlgoModels())
     model, tokenizer = load_policy(cfg, dist)
-    policy = getattr(model, "module", model)
+    policy: torch.nn.Module = getattr(model, "module", model)
     return Models(policy, model, tokenizer, build_algo_models(cfg, dist, policy))
 
 
@@ -217,7 +153,7 @@ def build_optim(cfg: Config, models: Models) -> Optim:
 def resume_state(cfg: Config, dist: Dist, models: Models, optim: Optim, ckpt: Path) -> LearnerState:
     """Load the checkpoint into the models and optimisers (collective); restore the scheduler,
     the running reward statistics and this rank's RNG; return the checkpoint's state."""
-    state = CheckpointStore.load(ckpt, Trainables.of(models, optim), dist)
+    state = CheckpointStore.load(ckpt, Trainables.of(models, optim))
     if state.scheduler:
         optim.scheduler.load_state_dict(state.scheduler)
     models.algo.reward_norm = RunningRewardNorm(**state.reward_norm)
@@ -314,35 +250,38 @@ def start(cfg: Config, resume: bool | None = None, take_over: bool = False) -> L
         task = format_task(task, PromptFormatter(models.tokenizer, cfg.model.chat_template))
     optim = build_optim(cfg, models)
     state = LearnerState() if ckpt is None else resume_state(cfg, dist, models, optim, ckpt)
-    collector = build_collector(cfg, dist, broker, task, state, models.policy.config.vocab_size)
+    collector = build_collector(cfg, dist, broker, task, state, models.vocab_size)
     main = dist.is_main
     ledger = Ledger(
         run_dir / ("ledger.jsonl" if main else f"ledger.rank{dist.rank}.jsonl"),
         fence=broker.check_lease,  # no record from a learner that lost the run
     )
     collector.ledger, collector.lost = ledger, broker.lost_prompts if main else None
+    sink = open_sink(cfg, state.trackers) if main else None
+    heldout = task.heldout_items()[: cfg.eval.size or None]
+    p = models.policy
     ln = Learner(
         cfg=cfg,
         dist=dist,
         broker=broker,
         task=task,
-        heldout=task.heldout_items()[: cfg.eval.size or None],
         models=models,
         optim=optim,
         collector=collector,
         checkpoints=checkpoints,
         state=state,
         guard=GuardMonitor(cfg),
+        evaluator=Evaluator(cfg, dist, task, heldout, p, models.model, models.tokenizer, sink),
         publisher=Publisher(cfg, broker, resuming=ckpt is not None) if main else None,
-        sink=open_sink(cfg, state.trackers) if main else None,
+        sink=sink,
         ledger=ledger,
         best=BestVersion(run_dir) if main and cfg.eval.keep_best else None,
         history=History.from_json(state.history),
     )
-    ln.guard.load_state_dict(state.guards)  # adaptive kl_coef and guard streaks, resumed
     if ckpt is None:
         publish(ln, version=0, step=0)
     else:
+        ln.guard.load_state_dict(state.guards)  # adaptive kl_coef and guard streaks, resumed
         resume_after(ln, ckpt)
     dist.barrier()
     return ln

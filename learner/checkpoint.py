@@ -1,25 +1,26 @@
 """Learner checkpoints: everything needed to resume without losing or double-training data.
 
+- `checkpoint`: model, optimiser, counters and the entries trained since the previous checkpoint
+  become durable (sharded: each rank writes its own shard, nothing is gathered); only then are
+  those entries acknowledged, so a crash re-delivers them.
+- `resume_after`: a restarted learner publishes its checkpoint as the next version, acknowledges
+  what the checkpoint already holds, replays the acknowledgements its ledger recorded since the
+  checkpoint (learner/ledger.py) and queues this rank's other pending entries to train again.
+
 Layout: `{run_dir}/checkpoints/step{step:08d}/` holds
 - `dcp/`: a `torch.distributed.checkpoint` of the policy and its optimiser (and the critic and its
   optimiser when `algo.critic`), each rank writing its own shard (`__{rank}_0.distcp`) plus one
   `.metadata`; it loads on any number of ranks and any strategy (learner/checkpoint_io.py). With
   LoRA it holds only the trainable tensors (adapters, `modules_to_save`) and their optimiser
   state: the frozen base is `model.path`, loaded again at resume;
-- `state.json`: step, last published version, the version -> step lineage, admission counters,
-  the lr scheduler, every rank's CPU (and CUDA) RNG state, running reward statistics, the
-  adaptive KL coefficient and guard streaks (`GuardMonitor.state_dict`), the summary's figures
-  (learner/history.py), the trajectory ids
-  consumed whose prompt is recent enough to be remembered (`seen`: issue step -> ids,
-  learner/collect.py), and per rank the stream entries trained since the previous checkpoint
-  (`rank{r}` -> entry refs and trajectory ids) and the size of its ledger file then
-  (`ledger_offset`: a resume replays the ledger's acknowledgements from there,
-  learner/ledger.py). Checkpoints written before `seen` was filed by
-  issue step hold a plain list; it loads as filed under the checkpoint's step, which is forgotten
-  once that step falls below the collector's floor.
-Checkpoints of the earlier layout (`model.safetensors`, `critic.safetensors`, `optim.pt` and one
-RNG state for every rank) still load: rank 0 reads the weights and broadcasts them, every rank
-reads `optim.pt` onto the CPU.
+- `state.json`: step, last published version, the version -> step lineage (learner/lineage.py),
+  admission counters, the lr scheduler, every rank's CPU (and CUDA) RNG state, running reward
+  statistics, the adaptive KL coefficient and guard streaks (`GuardMonitor.state_dict`), the
+  summary's figures (learner/history.py), the trajectory ids consumed whose prompt is recent
+  enough to be remembered (`seen`: issue step -> ids, learner/collect.py), and per rank the
+  stream entries trained since the previous checkpoint (`rank{r}` -> entry refs and trajectory
+  ids) and the size of its ledger file then (`ledger_offset`: a resume replays the ledger's
+  acknowledgements from there, learner/ledger.py).
 A checkpoint appears by one atomic rename of a fsynced temp directory, then `LATEST` is replaced
 atomically; a directory without `state.json` (written last) is never used. Both happen right
 after the run's lease is checked (`fence`, broker/lease.py): a learner that lost the run
@@ -31,56 +32,44 @@ the last checkpoint pending in the learner group; the restarted learner re-reads
 them again on the checkpointed model, exactly once in the surviving lineage. Entries the checkpoint
 lists as trained are acknowledged at resume (the crash may have come before their XACK) and never
 trained again.
+
+The fault windows a test can stop the learner at are in learner/pause.py.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
 import random
 import shutil
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, NamedTuple, TypedDict
 
 import numpy as np
 import torch
 
+from rollflash.broker.trajectories import split_ref
 from rollflash.broker.weights import _fsync_dir, _fsync_file
-from rollflash.learner.checkpoint_io import DCP_DIR, Trainables, load_dcp, load_legacy, save_dcp
+from rollflash.learner.checkpoint_io import DCP_DIR, Trainables, load_dcp, save_dcp
+from rollflash.learner.collect import Collected
 from rollflash.learner.dist import Dist
+from rollflash.learner.ledger import refs_of, rows_since
+from rollflash.learner.lineage import Lineage
+from rollflash.learner.pause import pause_point
+from rollflash.learner.publish import publish
+
+if TYPE_CHECKING:
+    from rollflash.learner.build import Learner
 
 log = logging.getLogger(__name__)
 
 STATE = "state.json"
 KEEP = 2  # checkpoints kept on disk: the newest one and its predecessor
-
-
-@dataclass
-class Lineage:
-    """Which training step each published weight version holds.
-
-    Without a crash version == step. After a resume from the checkpoint of step s while versions up
-    to V were already published, the next version is V + 1 but holds step s + 1: versions stay
-    monotonic for generators, while staleness and admission are measured in steps of the surviving
-    lineage. Versions s + 1 .. V (published by the dead process) keep the steps they were published
-    with, so samples drawn with them count as fresh, not as V - s steps old.
-    """
-
-    offsets: list[list[int]] = field(default_factory=lambda: [[0, 0]])  # [first_version, offset]
-
-    def step_of(self, version: int) -> int:
-        offset = 0
-        for first, off in self.offsets:
-            if version >= first:
-                offset = off
-        return version - offset
-
-    def rebase(self, next_version: int, next_step: int) -> None:
-        """From `next_version` on, version v holds step v - (next_version - next_step)."""
-        self.offsets.append([next_version, next_version - next_step])
 
 
 @dataclass
@@ -95,6 +84,14 @@ class RankProgress:
         self.traj_ids.clear()
 
 
+class RankRecord(TypedDict):
+    """One rank's part of a checkpoint (`LearnerState.ranks`)."""
+
+    entry_ids: list[str]  # stream entries trained since the previous checkpoint
+    traj_ids: list[str]  # their trajectory ids
+    ledger_offset: int  # the size of the rank's ledger file then (learner/ledger.py)
+
+
 @dataclass
 class LearnerState:
     step: int = 0  # optimiser updates in the model's lineage
@@ -105,7 +102,7 @@ class LearnerState:
     heldout_acc_before: float = 0.0
     reward_norm: dict[str, float] = field(default_factory=dict)
     seen: dict[int, list[str]] = field(default_factory=dict)  # issue step -> ids consumed
-    ranks: dict[str, dict[str, list[str]]] = field(default_factory=dict)  # rank -> RankProgress
+    ranks: dict[str, RankRecord] = field(default_factory=dict)  # rank{r} -> its record
     rng: dict[str, Any] = field(default_factory=dict)  # rank{r} -> that rank's RNG states
     scheduler: dict[str, Any] = field(default_factory=dict)  # LambdaLR.state_dict()
     guards: dict[str, Any] = field(default_factory=dict)  # adaptive kl_coef, guard streaks
@@ -140,28 +137,21 @@ class LearnerState:
             replaced=d["replaced"],
             heldout_acc_before=d["heldout_acc_before"],
             reward_norm=d["reward_norm"],
-            seen=_seen_from_json(d["seen"], d["step"]),
+            seen={int(s): ids for s, ids in d["seen"].items()},  # JSON keys are strings
             ranks=d["ranks"],
             rng=d["rng"],
-            scheduler=d.get("scheduler", {}),
-            guards=d.get("guards", {}),
-            trackers=d.get("trackers", {}),
-            history=d.get("history", {}),
+            scheduler=d["scheduler"],
+            guards=d["guards"],
+            trackers=d["trackers"],
+            history=d["history"],
         )
-
-
-def _seen_from_json(seen: list[str] | dict[str, list[str]], step: int) -> dict[int, list[str]]:
-    """`seen` as issue step -> ids; the plain list of older checkpoints is filed under `step`."""
-    if isinstance(seen, list):
-        return {step: seen} if seen else {}
-    return {int(s): ids for s, ids in seen.items()}
 
 
 def rng_state() -> dict[str, Any]:
     """This process's RNG states: python, numpy, torch CPU and (with a GPU) the current CUDA
     device's."""
     py = random.getstate()
-    np_state = np.random.get_state()
+    np_state: Any = np.random.get_state()  # the legacy tuple: (kind, keys, pos, ...)
     out = {
         "python": [py[0], list(py[1]), py[2]],
         "numpy": [np_state[0], np_state[1].tolist(), *np_state[2:]],
@@ -172,17 +162,14 @@ def rng_state() -> dict[str, Any]:
     return out
 
 
-def restore_rng(state: dict[str, Any], rank: int = 0) -> None:
-    """Restore this rank's RNG states from `LearnerState.rng` (rank{r} -> states). The earlier
-    layout held rank 0's states only: every rank restores those. A rank the checkpoint has no
-    states for (the run now has more ranks) keeps its seeded generators."""
-    if not state:
+def restore_rng(states: dict[str, Any], rank: int) -> None:
+    """Restore this rank's RNG states from `LearnerState.rng` (rank{r} -> `rng_state()`). A
+    rank the checkpoint has no states for (the run now has more ranks) keeps its seeded
+    generators."""
+    state = states.get(f"rank{rank}")
+    if state is None:
+        log.warning("the checkpoint holds no RNG state for rank %d; keeping its seed", rank)
         return
-    if "python" not in state:
-        if f"rank{rank}" not in state:
-            log.warning("the checkpoint holds no RNG state for rank %d; keeping its seed", rank)
-            return
-        state = state[f"rank{rank}"]
     py = state["python"]
     random.setstate((py[0], tuple(py[1]), py[2]))
     kind, keys, *rest = state["numpy"]
@@ -259,14 +246,120 @@ class CheckpointStore:
         return len(stale)
 
     @staticmethod
-    def load(path: Path, trainables: Trainables, dist: Dist = Dist()) -> LearnerState:
+    def load(path: Path, trainables: Trainables) -> LearnerState:
         """Load the checkpoint's tensors into `trainables` (collective) and return its state."""
         state = LearnerState.from_json(json.loads((path / STATE).read_text()))
-        if (path / DCP_DIR).is_dir():
-            load_dcp(trainables, path / DCP_DIR)
-        elif (path / "optim.pt").is_file():
-            log.info("loading %s, a checkpoint of the layout before sharded checkpoints", path)
-            load_legacy(trainables, path, dist)
-        else:
-            raise FileNotFoundError(f"checkpoint {path}: neither {DCP_DIR}/ nor optim.pt")
+        if not (path / DCP_DIR).is_dir():
+            raise FileNotFoundError(f"checkpoint {path}: no {DCP_DIR}/")
+        load_dcp(trainables, path / DCP_DIR)
         return state
+
+
+class RankShare(NamedTuple):
+    """What each rank hands rank 0 for a checkpoint (gathered over the ranks)."""
+
+    consumer: str  # the rank's consumer name, rank{r}
+    entry_ids: list[str]  # trained since the previous checkpoint (RankProgress)
+    traj_ids: list[str]
+    ledger_offset: int
+    consumed: dict[int, list[str]]  # issue step -> trajectory ids consumed (Collector.consumed)
+    pending: list[str]  # trajectory ids this rank holds unacknowledged and untrained
+    rng: dict[str, Any]  # rng_state()
+
+
+def checkpoint(ln: Learner) -> float:
+    """Make the model's current state durable, then acknowledge what it was trained on; returns
+    the seconds it took."""
+    started, dist, state = time.monotonic(), ln.dist, ln.state
+    consumed, pending = ln.collector.consumed()
+    progress = ln.progress
+    offset = ln.ledger.offset()
+    mine = RankShare(
+        dist.consumer, progress.entry_ids, progress.traj_ids, offset, consumed, pending, rng_state()
+    )
+    shares: list[RankShare] = dist.gather(mine)
+    if dist.is_main:
+        state.ranks = {
+            r.consumer: RankRecord(
+                entry_ids=r.entry_ids, traj_ids=r.traj_ids, ledger_offset=r.ledger_offset
+            )
+            for r in shares
+        }
+        held = {t for r in shares for t in r.pending}
+        state.seen = _merge_consumed([r.consumed for r in shares], held)
+        state.issued = ln.collector.admission.issued
+        state.replaced = ln.broker.replaced_groups()
+        state.reward_norm = dataclasses.asdict(ln.models.algo.reward_norm)
+        state.rng = {r.consumer: r.rng for r in shares}  # every rank's own generators
+        state.scheduler = ln.optim.scheduler.state_dict()
+        state.guards = ln.guard.state_dict()
+        state.history = ln.history.to_json()
+    trainables = Trainables.of(ln.models, ln.optim)
+    ln.checkpoints.save(state, trainables, dist, fence=ln.broker.check_lease)  # collective
+    if dist.is_main:
+        ln.broker.set_run_fields(checkpoint_step=state.step)
+    dist.barrier()
+    pause_point("after_checkpoint", state.step)
+    ln.broker.ack_trajectories(ln.progress.entry_ids)
+    ln.progress.clear()
+    return time.monotonic() - started
+
+
+def _merge_consumed(ranks: list[dict[int, list[str]]], pending: set[str]) -> dict[int, list[str]]:
+    """The union of the ranks' consumed ids (issue step -> ids) without any rank's pending ones."""
+    merged: dict[int, set[str]] = {}
+    for consumed in ranks:
+        for s, ids in consumed.items():
+            merged.setdefault(s, set()).update(t for t in ids if t not in pending)
+    return {s: sorted(ids) for s, ids in sorted(merged.items()) if ids}
+
+
+def resume_after(ln: Learner, ckpt: Path) -> None:
+    """Continue after the checkpoint: publish it as the next version, acknowledge what it
+    already holds and what the ledger recorded since, and queue this rank's other pending
+    entries to be trained again."""
+    state, dist = ln.state, ln.dist
+    mine = state.ranks.get(dist.consumer)
+    since = rows_since(ln.ledger.path, mine["ledger_offset"] if mine else 0)
+    # a version the dead lineage recorded but whose publish a kill cut short is not reused either
+    recorded = [r["version"] for r in since if isinstance(r.get("version"), int)]
+    last = max([state.version, *recorded] + (ln.publisher.store.versions() if ln.publisher else []))
+    last = dist.gather(last)[0]
+    state.version = last + 1
+    state.lineage.rebase(state.version, state.step)
+    publish(ln, version=state.version, step=state.step)
+    if dist.is_main:
+        ln.broker.set_run_fields(
+            version=state.version, step=state.step, state="training", resumed_from_step=state.step
+        )
+    done = set(mine["entry_ids"] if mine else [])
+    ln.broker.ack_trajectories(sorted(done))
+    for row in (r for r in since if r.get("event") == "acked"):
+        ln.broker.ack_trajectories(refs_of(row), row["finished"], row["replaced"])
+        done.update(refs_of(row))
+    ln.ledger.event(event="resume", step=state.step, version=state.version)
+    _queue_pending(ln, done)
+    log.info(
+        "resumed from %s: step %d, now version %d; %d pending entries to train again",
+        ckpt.name,
+        state.step,
+        state.version,
+        len(ln.collector.backlog),
+    )
+
+
+def _queue_pending(ln: Learner, done: set[str]) -> None:
+    """This rank's pending entries, except `done`, into the collector's backlog; invalid ones
+    are recorded and dead-lettered."""
+    check = (ln.models.vocab_size, ln.cfg.rollout.num_return_sequences, ln.state.version)
+    after: dict[str, str] = {}
+    while True:
+        good, bad = ln.broker.read_trajectories(ln.dist.consumer, 512, None, check, after)
+        if not good and not bad:
+            break
+        for r, _ in good:
+            after[split_ref(r)[0]] = split_ref(r)[1]
+        for rejected in bad:
+            after[split_ref(rejected.ref)[0]] = split_ref(rejected.ref)[1]
+        ln.collector.reject(Collected(), [b for b in bad if b.ref not in done], ln.state.step)
+        ln.collector.backlog += [(r, t) for r, t in good if r not in done]

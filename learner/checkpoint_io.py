@@ -6,9 +6,6 @@ builds (`get_state_dict`): names without wrapper prefixes, FSDP shards as DTenso
 keyed by parameter name. DCP writes each rank's shard to its own file and records the global
 layout, so a checkpoint written by 2 FSDP ranks loads on 1 rank (a plain module) or 4, and the
 reverse: each rank reads only the pieces its shards need.
-
-`load_legacy` reads the earlier layout (whole `model.safetensors` + `optim.pt`): rank 0 reads the
-weights and broadcasts them into the shards, every rank reads `optim.pt` onto the CPU.
 """
 
 from __future__ import annotations
@@ -22,15 +19,12 @@ from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
-from safetensors.torch import load_file
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_state_dict,
-    set_model_state_dict,
     set_state_dict,
 )
 
-from rollflash.learner.dist import Dist, load_optimizer_state
 from rollflash.learner.lora import peft_model
 
 DCP_DIR = "dcp"
@@ -117,27 +111,6 @@ def load_dcp(trainables: Trainables, directory: Path) -> None:
     single = not _distributed()
     with _single_process_quiet(single):
         dcp.load({"app": trainables}, checkpoint_id=str(directory), no_dist=single)
-
-
-def load_legacy(trainables: Trainables, path: Path, dist: Dist) -> None:
-    """A checkpoint of the earlier layout: whole safetensors weights and one `optim.pt`."""
-    optim_states = torch.load(path / "optim.pt", map_location="cpu", weights_only=True)
-    for file, module, optim, key in (
-        ("model.safetensors", trainables.model, trainables.optimizer, "optimizer"),
-        ("critic.safetensors", trainables.critic, trainables.critic_optimizer, "critic_optimizer"),
-    ):
-        if module is None:
-            continue
-        weights = load_file(str(path / file)) if dist.is_main else {}
-        set_model_state_dict(
-            module,
-            weights,
-            options=StateDictOptions(
-                full_state_dict=True, broadcast_from_rank0=dist.world_size > 1, strict=False
-            ),
-        )
-        if optim is not None and key in optim_states:
-            load_optimizer_state(module, optim, optim_states[key])
 
 
 def _distributed() -> bool:

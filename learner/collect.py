@@ -12,7 +12,7 @@ together hold `rollout_batch_size` complete, fresh groups:
   with prompt replication); samples for an already complete group are acknowledged as late;
 - a group whose oldest token is more than ceil(async_ratio) steps old is acknowledged, counted as
   stale and replaced by a fresh prompt. Age is measured in steps of the model's lineage
-  (learner/checkpoint.py `Lineage`): without a resume, step == version;
+  (learner/lineage.py `Lineage`): without a resume, step == version;
 - a group a DAPO filter rejects (`drop` returns the reason: dynamic sampling, overlong) is
   acknowledged, counted and replaced too, up to FILTER_CAP x B per step, after which groups are
   kept anyway so that a model that solves every prompt cannot make a step wait forever.
@@ -69,10 +69,10 @@ from rollflash.broker.trajectories import split_ref
 from rollflash.errors import RollflashError
 from rollflash.learner.admission import Admission
 from rollflash.learner.assemble import GroupAssembler
-from rollflash.learner.checkpoint import Lineage
 from rollflash.learner.dist import Dist, split_quotas
 from rollflash.learner.drops import Drops, Entries, traj_id_of, union
 from rollflash.learner.ledger import Ledger
+from rollflash.learner.lineage import Lineage
 from rollflash.learner.pause import pause_point
 from rollflash.learner.recent import RecentIds
 

@@ -278,20 +278,3 @@ def host_copies(
     if on_device:
         torch.cuda.synchronize()  # the asynchronous copies into pinned memory are done
     return out
-
-
-def load_optimizer_state(
-    model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]
-) -> None:
-    """Load a full (unsharded) optimiser state, as the checkpoints before DCP held it."""
-    if is_sharded(model):
-        from torch.distributed.checkpoint.state_dict import (
-            StateDictOptions,
-            set_optimizer_state_dict,
-        )
-
-        set_optimizer_state_dict(
-            model, optimizer, optim_state_dict=state, options=StateDictOptions(full_state_dict=True)
-        )
-    else:
-        optimizer.load_state_dict(state)

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 
@@ -97,27 +98,28 @@ def _batches(rows: list, batch_size: int, ranks: Dist | None) -> Iterator[list]:
 def _greedy(
     model: torch.nn.Module, tokenizer, prompts: list[str], max_new_tokens: int, ranks: Dist | None
 ) -> list[str]:
-    """Greedy responses (text) to `prompts` in one `generate` call (`_greedy_ids`)."""
+    """Greedy responses (text) to `prompts` in one `generate` call (`greedy_ids`)."""
     contexts = encode_prompts(tokenizer, prompts) if prompts else []
-    rows = _greedy_ids(model, tokenizer, contexts, max_new_tokens, ranks)
+    rows = greedy_ids(model, tokenizer, contexts, max_new_tokens, ranks)
     return [response_text(tokenizer, r, tokenizer.eos_token_id) for r in rows]
 
 
-def _greedy_ids(
+def greedy_ids(
     model: torch.nn.Module,
     tokenizer,
     contexts: list[list[int]],
     max_new_tokens: int,
-    ranks: Dist | None,
+    ranks: Dist | None = None,
 ) -> list[list[int]]:
     """Greedy response ids to token `contexts`, in one `generate` call; with ranks it runs in
     step with theirs (`synced_gpus`), and an empty batch generates for a one-token prompt whose
     answer is dropped."""
     pad_id = _pad_id(tokenizer)
     ids, attention = _left_pad(contexts or [[pad_id]], pad_id)
-    out = model.generate(
-        input_ids=ids.to(model.device),
-        attention_mask=attention.to(model.device),
+    out = _generate(
+        model,
+        ids,
+        attention,
         do_sample=False,
         max_new_tokens=max_new_tokens,
         pad_token_id=pad_id,
@@ -125,6 +127,21 @@ def _greedy_ids(
         synced_gpus=ranks is not None,
     )
     return out[: len(contexts), ids.shape[1] :].tolist()
+
+
+def _generate(
+    model: torch.nn.Module, ids: torch.Tensor, attention: torch.Tensor, **options: Any
+) -> torch.Tensor:
+    """A Hugging Face model's `generate` on left-padded `ids`, on the model's device."""
+    hf: Any = model  # transformers' GenerationMixin
+    return hf.generate(
+        input_ids=ids.to(hf.device), attention_mask=attention.to(hf.device), **options
+    )
+
+
+def until_eos(row: list[int], eos_id: int) -> list[int]:
+    """A generated row up to and including its first EOS (all of it without one)."""
+    return row[: row.index(eos_id) + 1] if eos_id in row else row
 
 
 def _pad_id(tokenizer) -> int:
@@ -194,9 +211,10 @@ def sampled_eval(
             ids, attention = _left_pad(
                 encode_prompts(tokenizer, [it.prompt for it in chunk]), pad_id
             )
-            out = model.generate(
-                input_ids=ids.repeat_interleave(n_samples, dim=0).to(model.device),
-                attention_mask=attention.repeat_interleave(n_samples, dim=0).to(model.device),
+            out = _generate(
+                model,
+                ids.repeat_interleave(n_samples, dim=0),
+                attention.repeat_interleave(n_samples, dim=0),
                 do_sample=True,
                 temperature=temperature,
                 top_p=1.0,
@@ -269,10 +287,9 @@ def heldout_success(
             break
         for chunk in _batches(active, batch_size, ranks):
             contexts = [ep.context for ep in chunk]
-            rows = _greedy_ids(model, tokenizer, contexts, max_new_tokens, ranks)
+            rows = greedy_ids(model, tokenizer, contexts, max_new_tokens, ranks)
             for ep, row in zip(chunk, rows):
-                if tokenizer.eos_token_id in row:
-                    row = row[: row.index(tokenizer.eos_token_id) + 1]
+                row = until_eos(row, tokenizer.eos_token_id)
                 text = response_text(tokenizer, row, tokenizer.eos_token_id)
                 ep.act(row, [0.0] * len(row), [0] * len(row), text)
     for ep in episodes:

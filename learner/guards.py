@@ -7,8 +7,8 @@ once per learner step, from the step's samples and metrics:
 - `kl_rise`: KL(behaviour ‖ ref) now minus its minimum over the last `kl_window` steps, or minus
   `algo.kl_target` when the adaptive controller aims higher than that minimum (`guard/kl_rise`);
   fires when > `kl_max_rise`. A policy starts at KL 0 from its reference, and climbing to the KL
-  the run asks for is the intended departure, not a rise: measured from 0, a healthy 30-step
-  RLHF run's first steps warned on two or three steps in a row (tests/e2e/test_rlhf.py).
+  the run asks for is the intended departure, not a rise: measured from 0, a healthy run's first
+  steps would warn as its KL climbs to the target.
 - `score_collapse`: std of the batch's rewards (`guard/score_std`), only with `reward.type` model /
   mixed; fires when < `score_std_min`, or < `score_std_drop` x the first step's std.
 - `length_collapse`: mean response length in tokens, EOS included (`guard/length_mean`); fires
@@ -189,15 +189,14 @@ class GuardMonitor:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore a `state_dict`. A key it lacks (a checkpoint from before guards existed has
-        none) keeps its start value; a key it does not know is an error."""
-        unknown = sorted(set(state) - set(self.state_dict()))
-        if unknown:
-            raise ValueError(f"guard state: unknown keys {unknown}")
-        self.kl_coef = float(state.get("kl_coef", self.kl_coef))
-        self.kl_history = [float(v) for v in state.get("kl_history", self.kl_history)]
-        self.streaks = {str(k): int(v) for k, v in state.get("streaks", self.streaks).items()}
-        self.first_score_std = state.get("first_score_std", self.first_score_std)
+        """Restore a `state_dict`; a key missing or unknown is an error."""
+        expected = sorted(self.state_dict())
+        if sorted(state) != expected:
+            raise ValueError(f"guard state: keys {sorted(state)}, expected {expected}")
+        self.kl_coef = float(state["kl_coef"])
+        self.kl_history = [float(v) for v in state["kl_history"]]
+        self.streaks = {str(k): int(v) for k, v in state["streaks"].items()}
+        self.first_score_std = state["first_score_std"]
 
     def step_config(self, cfg: Config) -> Config:
         """`cfg` with the current (adaptive) kl_coef; `cfg` itself when the coefficient is fixed."""

@@ -16,7 +16,7 @@
 So every acknowledged entry has a record written before its acknowledgement, across any number of
 crashes. Exactly one: a crash between a record and its acknowledgement leaves the entry pending,
 and the resumed learner replays the `acked` records written since its checkpoint (`rows_since`,
-learner/publish.py `resume_after`), acknowledging those entries as recorded instead of reading
+learner/checkpoint.py `resume_after`), acknowledging those entries as recorded instead of reading
 them again; the acknowledgement is idempotent, so replaying one that had run changes nothing.
 `audit` reads the files back the way a person checking exactly-once would.
 

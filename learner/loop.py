@@ -7,11 +7,11 @@
         publish(ln, version + 1)                      # rank 0: versioned safetensors + hash + zmq
         record(ln, batch)                             # the ledger line; entries to acknowledge
         every trainer.checkpoint_every steps:
-            checkpoint(ln)                            # learner/publish.py: durable, then acknowledge
+            checkpoint(ln)                            # learner/checkpoint.py: durable, then acknowledge
 
 v0 is the model at `model.path`. Without a crash version v holds v learner steps (each of
 `trainer.ppo_mini_batches` x `ppo_epochs` optimiser updates); a resumed
-learner continues the version numbers after the last published one, and learner/checkpoint.py's
+learner continues the version numbers after the last published one, and learner/lineage.py's
 `Lineage` says which step each version holds. At the end the learner checkpoints, evaluates,
 writes `summary.json`, and sets the run's `state` to `done`, which stops the generators.
 """
@@ -29,13 +29,15 @@ from rollflash.broker.config import Config
 from rollflash.broker.process import freeze_heap, setup_process, thaw_heap
 from rollflash.broker.schema import Trajectory
 from rollflash.learner.build import Learner, start
+from rollflash.learner.checkpoint import checkpoint
 from rollflash.learner.collect import Collected
 from rollflash.learner.completions import pick_completions
 from rollflash.learner.global_stats import global_std
 from rollflash.learner.guards import guard_values
-from rollflash.learner.metrics import merge_rank_metrics, reward_breakdown
+from rollflash.learner.metrics import MetricsSink, merge_rank_metrics, reward_breakdown
 from rollflash.learner.pause import pause_point
-from rollflash.learner.publish import checkpoint, publish
+from rollflash.learner.publish import publish
+from rollflash.learner.simulated import SimulatedPolicy
 from rollflash.learner.train import train_step
 
 log = logging.getLogger(__name__)
@@ -74,7 +76,7 @@ def step_metrics(c: Collected, train: dict[str, float], wall: dict[str, float]) 
 
 def train(ln: Learner, batch: Collected) -> dict[str, float]:
     """One optimiser step on this rank's share of the batch (a sleep for the simulated policy)."""
-    if ln.simulated:
+    if isinstance(ln.models.policy, SimulatedPolicy):
         stats = ln.models.policy.train_step()
     else:
         m = ln.models
@@ -147,12 +149,12 @@ def learner_step(ln: Learner) -> dict[str, float]:
     }
     metrics = merged_metrics(ln, batch, stats, wall)
     if ln.cfg.eval.every and state.step % ln.cfg.eval.every == 0:
-        metrics["eval/heldout_acc"] = ln.evaluate()
+        metrics["eval/heldout_acc"] = ln.evaluator.greedy(state.step)
         keep_if_best(ln, metrics["eval/heldout_acc"])
-        metrics.update(ln.domain_eval)  # a mixture's eval/<domain>/heldout_acc
-        metrics.update(ln.evaluate_sampled())
-    if ln.dist.is_main:
-        _report(ln, metrics, batch.groups)
+        metrics.update(ln.evaluator.by_domain)  # a mixture's eval/<domain>/heldout_acc
+        metrics.update(ln.evaluator.sampled(state.step))
+    if ln.sink is not None:  # rank 0
+        _report(ln, ln.sink, metrics, batch.groups)
     return metrics
 
 
@@ -169,7 +171,7 @@ def keep_if_best(ln: Learner, accuracy: float) -> None:
 
 def best_fields(ln: Learner) -> dict[str, Any]:
     """The summary's record of the kept best version (rank 0 with eval.keep_best)."""
-    if ln.best is None or ln.best.record is None:
+    if ln.best is None or ln.best.record is None or ln.best.accuracy is None:
         return {}
     return {"best_version": ln.best.latest(), "best_heldout_acc": round(ln.best.accuracy, 4)}
 
@@ -182,7 +184,7 @@ def merged_metrics(
         batch,
         {
             **stats,
-            "optim/lr": ln.optim.scheduler.get_last_lr()[0],
+            "optim/lr": float(ln.optim.scheduler.get_last_lr()[0]),
             "redis/lost_prompts": ln.broker.lost["prompts"],
             "redis/lost_trajectory_writes": ln.broker.lost["trajectory_writes"],
             **guard_values(batch.groups, ln.cfg.guards.ngram_n),
@@ -196,26 +198,29 @@ def merged_metrics(
     metrics.update(
         ln.guard.after_step(
             metrics,
-            ln.dist.sum(sum(len(g.samples) for g in batch.groups)),
+            int(ln.dist.sum(sum(len(g.samples) for g in batch.groups))),
             ln.broker if ln.dist.is_main else None,
         )
     )
     return metrics
 
 
-def _report(ln: Learner, metrics: dict[str, float], groups: list[Trajectory]) -> None:
+def _report(
+    ln: Learner, sink: MetricsSink, metrics: dict[str, float], groups: list[Trajectory]
+) -> None:
     cfg, step = ln.cfg, ln.state.step
     n, version = cfg.logging.completions_per_step, ln.state.version - 1  # collected at version
     decode = ln.models.tokenizer.decode if ln.models.tokenizer is not None else str
     rows = pick_completions(groups, n, version, cfg.run.seed, step, decode)
-    ln.sink.log_completions(step, rows)
-    metrics["gen/idle_frac"], metrics["reward/errors"] = ln.broker.generator_stats()
+    sink.log_completions(step, rows)
+    idle, metrics["reward/errors"] = ln.broker.generator_stats()
+    metrics["gen/idle_frac"] = float("nan") if idle is None else idle
     metrics.update(ln.broker.generator_reloads())
     filtered = getattr(ln.task, "filtered", None)  # a dataset's prompts over max_prompt_tokens
     if filtered is not None:
         metrics["data/filtered_train"] = filtered["train"]
         metrics["data/filtered_heldout"] = filtered["heldout"]
-    ln.sink.log(step, metrics)
+    sink.log(step, metrics)
     ln.broker.set_run_fields(
         version=ln.state.version,
         step=step,
@@ -253,11 +258,13 @@ def begin(ln: Learner) -> dict[str, float]:
     returns the sampled evaluation before training (`eval.n_samples`) for the summary."""
     sampled = {}
     if ln.state.step == 0:
-        ln.state.heldout_acc_before = ln.evaluate()
+        ln.state.heldout_acc_before = ln.evaluator.greedy(0)
         log.info("held-out greedy accuracy before training: %.3f", ln.state.heldout_acc_before)
         keep_if_best(ln, ln.state.heldout_acc_before)
-        sampled = {f"{k.removeprefix('eval/')}_before": v for k, v in ln.evaluate_sampled().items()}
-        sampled.update({f"{_flat(k)}_before": v for k, v in ln.domain_eval.items()})
+        sampled = {
+            f"{k.removeprefix('eval/')}_before": v for k, v in ln.evaluator.sampled(0).items()
+        }
+        sampled.update({f"{_flat(k)}_before": v for k, v in ln.evaluator.by_domain.items()})
     if ln.dist.is_main:
         ln.broker.set_run_fields(
             state="training",
@@ -276,10 +283,10 @@ def finish(ln: Learner, started: float, sampled: dict[str, float]) -> dict[str, 
         checkpoint(ln)  # the last steps' entries are acknowledged only once this is durable
     if ln.publisher is not None:
         ln.publisher.wait()  # the last version is announced before the run is done
-    acc_after = ln.evaluate()
+    acc_after = ln.evaluator.greedy(ln.state.step)
     keep_if_best(ln, acc_after)
-    by_domain = {_flat(k): v for k, v in ln.domain_eval.items()}
-    after = ln.evaluate_sampled().items()
+    by_domain = {_flat(k): v for k, v in ln.evaluator.by_domain.items()}
+    after = ln.evaluator.sampled(ln.state.step).items()
     sampled = {**sampled, **{f"{k.removeprefix('eval/')}_after": v for k, v in after}}
     summary = {
         "steps": ln.state.step,
@@ -290,7 +297,7 @@ def finish(ln: Learner, started: float, sampled: dict[str, float]) -> dict[str, 
         "reward_last10": _mean(history.last_rewards),
         "heldout_acc_before": round(ln.state.heldout_acc_before, 4),
         "heldout_acc_after": round(acc_after, 4),
-        "heldout_size": len(ln.heldout),
+        "heldout_size": len(ln.evaluator.items),
         "max_staleness": history.max_staleness,
         "async_ratio": cfg.trainer.async_ratio,
         "prompts_issued": ln.collector.admission.issued,

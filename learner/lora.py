@@ -4,7 +4,6 @@
     optimiser over trainable_parameters(policy)    # adapters (+ modules_to_save) only
     reference = AdaptersOffReference(policy)       # the base, adapters switched off: no copy
     published_weights(model, cfg)                  # adapter tensors + config, or merged weights
-    checkpoint_weights(model)                      # what training changes: the trainable tensors
 
 LoRA (Hu et al. 2021, "LoRA: Low-Rank Adaptation of Large Language Models") replaces the update
 of a weight W [out, in] by (alpha / r) * B A with A [r, in] random and B [out, r] zero at start;
@@ -59,16 +58,6 @@ def peft_model(model: torch.nn.Module) -> Any:
 def trainable_parameters(model: torch.nn.Module) -> list[torch.nn.Parameter]:
     """The parameters the optimiser updates: all of a full model, the adapters of a LoRA one."""
     return [p for p in model.parameters() if p.requires_grad]
-
-
-def checkpoint_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """What a checkpoint stores: the whole state dict, or only the trainable tensors of a LoRA
-    policy (the frozen base is `model.path`, loaded again at resume)."""
-    if peft_model(model) is None:
-        return full_state_dict(model)  # gathered from the shards with FSDP (collective)
-    inner = getattr(model, "module", model)
-    trainable = {n for n, p in inner.named_parameters() if p.requires_grad}
-    return {n: t for n, t in inner.state_dict().items() if n in trainable}
 
 
 def adapter_config(model: Any, base_path: str) -> dict[str, Any]:

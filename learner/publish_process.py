@@ -8,9 +8,10 @@ hands the version to a helper process, which writes it to the weight store, anno
 the same work a publish does in the learner) and, with `weights.transport: http`, serves the
 store (broker/weight_server.py). The learner's step is left with one copy of the weights, on
 their way to the host; the writing, hashing, fsyncs and Redis round trips run on another core.
-A thread cannot do this on a busy host: its Python work holds the GIL the training step needs.
+The helper is a process, not a thread: a thread's Python work would hold the GIL the training
+step needs.
 
-Rules, the same as with a thread (learner/publish.py):
+Rules (learner/publish.py):
 - at most one version in flight: `Publisher.publish` waits for the previous version to be
   announced before it submits the next, so the buffers are never overwritten while they are
   written out;
@@ -50,8 +51,8 @@ START_TIMEOUT_S = 120.0  # the helper imports torch and connects to Redis
 
 class VersionWriter:
     """Writes a version to the weight store, records it in Redis and announces it over zmq, then
-    applies retention: the work of one publish, wherever it runs (the learner, its thread, or
-    the helper process of learner/publish_process.py)."""
+    applies retention: the work of one publish, wherever it runs (the learner's step, or the
+    helper process)."""
 
     def __init__(self, cfg: Config, broker: LearnerBroker):
         self.store = WeightStore(cfg.run.run_dir)
@@ -237,7 +238,7 @@ def _shared_buffers(
     except RuntimeError as e:
         raise PublishFailed(
             f"trainer.background_publish: process needs {size / 2**20:.0f} MiB of shared memory "
-            f"(/dev/shm) and could not get it ({e!s:.80}); use background_publish: true"
+            f"(/dev/shm) and could not get it ({e!s:.80}); use background_publish: false"
         ) from None
     send(("buffers", block, layout))
     return block, _views(block, layout)
@@ -278,7 +279,7 @@ def _serve(cfg: Config, conn: Connection, lease_token: str) -> None:
     except (EOFError, ConnectionError):  # the learner is gone (closed, or died mid-message)
         pass
     writer.close()
-    os._exit(0)  # nothing is left to flush, and tearing down torch's interpreter took ~0.5 s
+    os._exit(0)  # nothing is left to flush; tearing down torch's interpreter is slow
 
 
 def _answer(writer: VersionWriter, conn: Connection) -> None:
@@ -301,13 +302,6 @@ def _answer(writer: VersionWriter, conn: Connection) -> None:
 
 def _writer(cfg: Config, lease_token: str) -> VersionWriter:
     """The helper's writer, with a broker of its own (the learner's password is in `cfg`)."""
-    from rollflash.broker.connection import connect
-
-    broker = LearnerBroker(
-        connect(cfg.redis.url, cfg.redis.connect_timeout_s, cfg.redis.sentinel),
-        cfg.run.run_id,
-        cfg.redis.max_payload_bytes,
-        lease_ttl_s=cfg.redis.lease_ttl_s,
-    )
+    broker = LearnerBroker.for_config(cfg)
     broker.use_lease(lease_token)
     return VersionWriter(cfg, broker)

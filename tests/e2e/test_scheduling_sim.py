@@ -166,19 +166,19 @@ def test_continuous_batching_streams_complete_groups_and_trains_each_once(
     assert r.xpending(f"rl:{run_id}:prompts", "gen")["pending"] == 0  # every claim answered
 
 
-@pytest.mark.parametrize("background", [False, True])
+@pytest.mark.parametrize("background", ["false", "process"])
 def test_continuous_batching_at_ratio_0_is_on_policy(tmp_path, redis_url, run_id, background):
     """A prompt issued for version v waits, claimed, until v is loaded (the running samples drain
     first), so every token the learner trains on came from the version it trains; the same with
-    the versions written in the background (`trainer.background_publish`), which also hold the
-    weights of their own step."""
+    the versions written in the step (`trainer.background_publish: false`) and by the publishing
+    process while the next step runs, which also hold the weights of their own step."""
     entries, ledger = _run(
         tmp_path,
         redis_url,
         run_id,
         "rollout.inflight_samples=8",
         "trainer.async_ratio=0",
-        f"trainer.background_publish={str(background).lower()}",
+        f"trainer.background_publish={background}",
         steps=4,
     )
     trained = _trained_entries(entries, ledger)

@@ -73,11 +73,20 @@ class Child(subprocess.Popen):
         return self.log_path.read_text(errors="replace")
 
 
-def start(role: str, config: Path, *extra: str, env: dict[str, str] | None = None) -> Child:
+def start(
+    role: str,
+    config: Path,
+    *extra: str,
+    env: dict[str, str] | None = None,
+    wrapper: Path | None = None,
+) -> Child:
+    """`rollctl <role> --config <config> <extra>`; `wrapper`: a script that installs a test's
+    hooks in the process, then runs rollctl (tests/faults/learner_pause.py)."""
     fd, log_path = tempfile.mkstemp(prefix=f"{role}-", suffix=".stderr", dir=config.parent)
     os.close(fd)
+    cli = [str(wrapper)] if wrapper is not None else ["-m", "rollflash.rollctl.cli"]
     return Child(
-        [sys.executable, "-m", "rollflash.rollctl.cli", role, "--config", str(config), *extra],
+        [sys.executable, *cli, role, "--config", str(config), *extra],
         Path(log_path),
         {**os.environ, **(env or {})},
     )

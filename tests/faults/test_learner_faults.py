@@ -2,8 +2,9 @@
 chosen window and started again (`--take-over`: the test knows the holder of the run's lease is
 dead) while the generators keep running.
 
-The learner stops itself with SIGSTOP at the window (ROLLFLASH_PAUSE_AT, learner/pause.py), and
-the test sends the SIGKILL, so every run hits exactly the window it names:
+The learner stops itself with SIGSTOP at the window (a hook at learner/pause.py's pause points,
+installed by tests/faults/learner_pause.py), and the test sends the SIGKILL, so every run hits
+exactly the window it names:
 - after_read: step 5's groups were read but neither trained nor acknowledged;
 - after_update: step 5 was trained and published, but its checkpoint (every 3 steps) not written;
 - after_checkpoint: step 6's checkpoint is durable, its entries not yet acknowledged;
@@ -30,6 +31,7 @@ from harness import ledger_audit, ledgers, start, stop_all, streams, wait_until,
 from rollflash.learner import ledger as ledger_rows
 
 STEPS, B, EVERY = 10, 4, 3
+PAUSE_HOOK = Path(__file__).parent / "learner_pause.py"  # rollctl with the learner's pause hook
 SIM = {"per_token_s": 0.001, "length_median": 16, "length_sigma": 0.5}  # sim generators
 
 
@@ -55,7 +57,9 @@ def trained_rows(ledger: list[dict]) -> list[dict]:
 
 def _kill_at(config, window: str, *extra: str):
     """Start a learner that stops itself at `window` ("point:step"), and SIGKILL it there."""
-    learner = start("start-learner", config, *extra, env={"ROLLFLASH_PAUSE_AT": window})
+    learner = start(
+        "start-learner", config, *extra, env={"LEARNER_PAUSE_AT": window}, wrapper=PAUSE_HOOK
+    )
     wait_until(
         lambda: _stopped(learner.pid) or learner.poll() is not None,
         120,

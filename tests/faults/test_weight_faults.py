@@ -1,12 +1,11 @@
 """Weight store faults with real processes.
 
-- A process publishing versions in a loop through the learner's `Publisher` with
-  `trainer.background_publish` (`WeightStore.publish` in a worker thread while the main thread
-  prepares the next version) is killed with SIGKILL at several points of a publish: no partial
-  version is ever listed or loadable, every listed version verifies against its manifest, every
-  version it announced verifies against the digest announced and the announcements only go up,
-  and `clean_temp` at the next start removes what the killed publisher left; publishing then
-  continues.
+- A process publishing versions in a loop through the learner's `Publisher` (in the step:
+  `trainer.background_publish: false`) is killed with SIGKILL at several points of a publish: no
+  partial version is ever listed or loadable, every listed version verifies against its
+  manifest, every version it announced verifies against the digest announced and the
+  announcements only go up, and `clean_temp` at the next start removes what the killed publisher
+  left; publishing then continues.
 - Retention never deletes a version that a live generator reports as loaded: a real learner with
   `keep_versions: 1` runs while a generator heartbeat reports v0.
 """
@@ -37,7 +36,7 @@ PUBLISHER = textwrap.dedent("""
         def check_lease(self):  # the run's lease: this process is the only publisher
             pass
 
-    overrides = ["trainer.background_publish=true", "trainer.keep_versions=1000"]
+    overrides = ["trainer.background_publish=false", "trainer.keep_versions=1000"]
     cfg = load_config(None, [f"run.run_dir={sys.argv[1]}", *overrides])
     publisher = Publisher(cfg, Broker(), resuming=True)  # removes a killed run's temp dirs
     v = max(publisher.store.versions(), default=0)

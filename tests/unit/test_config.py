@@ -30,6 +30,11 @@ def test_every_shipped_config_loads(path):
         ({"trainer": {"rollout_batch_size": 0}}, "trainer.rollout_batch_size: must be > 0"),
         ({"trainer": {"async_ratio": -1}}, "trainer.async_ratio: must be >= 0"),
         ({"rollout": {"engine": "tgi"}}, "rollout.engine: must be one of ['hf', 'vllm', 'sim']"),
+        (
+            {"trainer": {"background_publish": True}},
+            "trainer.background_publish: true is not a mode; set process",
+        ),
+        ({"trainer": {"background_publish": 0}}, "trainer.background_publish: must be process"),
         ({"algo": {"clip_low": 1.5}}, "algo.clip_low: must be in (0, 1)"),
         ({"algo": {"tis_cap": 0.5}}, "algo.tis_cap: must be >= 1 or null"),
         ({"rollout": {"num_return_sequences": 1}}, "rollout.num_return_sequences"),

@@ -192,18 +192,15 @@ def test_state_round_trips_through_json_and_resumes_the_streak():
     assert resumed.state_dict() == mon.state_dict()
 
 
-def test_state_of_older_checkpoints_loads_and_unknown_keys_are_refused():
+def test_guard_state_with_a_missing_or_unknown_key_is_refused():
     cfg = config_from_dict({"algo": {"kl_coef": 0.1}})
     mon = GuardMonitor(cfg)
-    mon.load_state_dict({})  # a checkpoint written before the guards existed
-    assert mon.state_dict() == {
-        "kl_coef": 0.1,
-        "kl_history": [],
-        "streaks": {},
-        "first_score_std": None,
-    }
-    with pytest.raises(ValueError, match="unknown keys \\['kl_coeff'\\]"):
+    saved = mon.state_dict()
+    with pytest.raises(ValueError, match="keys \\['kl_coeff'\\], expected"):
         mon.load_state_dict({"kl_coeff": 0.2})
+    with pytest.raises(ValueError, match="expected \\['first_score_std', 'kl_coef'"):
+        mon.load_state_dict({k: v for k, v in saved.items() if k != "streaks"})
+    assert mon.state_dict() == saved  # nothing was changed by a refused state
 
 
 def test_status_line_shows_the_last_warnings():

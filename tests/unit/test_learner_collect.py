@@ -5,8 +5,8 @@ never trained; counters and acknowledgements stay exact; what a checkpoint keeps
 import numpy as np
 
 from rollflash.broker.schema import Sample, Trajectory
+from rollflash.learner.checkpoint import _merge_consumed
 from rollflash.learner.collect import KEEP_MARGIN, Collector
-from rollflash.learner.publish import _merge_consumed
 
 B = 2  # groups per step
 

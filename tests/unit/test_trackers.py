@@ -194,9 +194,6 @@ def test_tracker_run_ids_travel_in_the_checkpoint_state():
         "wandb": "hk23o0ea",
         "mlflow": "a1b0",
     }
-    old = state.to_json()
-    del old["trackers"]  # a checkpoint written before trackers were kept
-    assert LearnerState.from_json(old).trackers == {}
 
 
 def test_mlflow_key_replaces_what_mlflow_refuses():

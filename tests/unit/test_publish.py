@@ -1,13 +1,11 @@
-"""learner/publish.py with `trainer.background_publish`: a version is written in a worker thread
-while the next step trains, and still
+"""learner/publish.py with `trainer.background_publish: false` (the step writes the version; the
+helper process is tests/integration/test_publish_process.py). A version
 
 - is announced (the `weights` hash, then zmq) only once its manifest is durable: while it is being
   written it is neither listed, nor loadable, nor announced;
-- is announced in order, with at most one version in flight (the next publish waits);
-- holds the weights of the step that published it, although training changes the parameters in
-  place while it is written: on and off give the same bytes for every version;
+- holds the weights of the step that published it, cast to `trainer.publish_dtype`;
 - if its write fails, is never announced, leaves nothing in the store, and the error reaches the
-  learner at its next publish.
+  caller.
 
 Also: a checkpoint never gathers the full weights (only publishing does, once per step), and an
 announcement repeated by the audit cannot take the `weights` hash back to an older version.
@@ -99,20 +97,16 @@ class _GatedWrites:
                 self.in_flight -= 1
 
 
-def _publisher(tmp_path, background: bool) -> tuple[Publisher, _Broker]:
-    cfg = load_config(
-        None, [f"run.run_dir={tmp_path}", f"trainer.background_publish={str(background).lower()}"]
-    )
+def _publisher(tmp_path) -> tuple[Publisher, _Broker]:
+    cfg = load_config(None, [f"run.run_dir={tmp_path}", "trainer.background_publish=false"])
     store = WeightStore(tmp_path)
     broker = _Broker(store)
     return Publisher(cfg, broker, resuming=False), broker
 
 
-def _learner(
-    tmp_path, background: bool, model: torch.nn.Module, dtype: str = "auto"
-) -> SimpleNamespace:
+def _learner(tmp_path, model: torch.nn.Module, dtype: str = "auto") -> SimpleNamespace:
     """What `publish` reads of the learner: config, model, rank and publisher."""
-    publisher, broker = _publisher(tmp_path, background)
+    publisher, broker = _publisher(tmp_path)
     return SimpleNamespace(
         cfg=load_config(None, [f"run.run_dir={tmp_path}", f"trainer.publish_dtype={dtype}"]),
         models=SimpleNamespace(model=model),
@@ -122,86 +116,67 @@ def _learner(
     )
 
 
-def test_a_version_being_written_is_invisible_and_the_next_waits_for_it(tmp_path, monkeypatch):
+def test_a_version_being_written_is_invisible_until_its_manifest_is_durable(tmp_path, monkeypatch):
     gate = _GatedWrites(monkeypatch, hold={2})
-    publisher, broker = _publisher(tmp_path, background=True)
+    publisher, broker = _publisher(tmp_path)
     store = publisher.store
     publisher.publish({"w": torch.full((4,), 1.0)}, 1, 1)
-    publisher.publish({"w": torch.full((4,), 2.0)}, 2, 2)  # returns at once: v1 was done
+    # the step publishing v2, in a thread of the test, held after its tensors are written
+    second = threading.Thread(
+        target=publisher.publish, args=({"w": torch.full((4,), 2.0)}, 2, 2), daemon=True
+    )
+    second.start()
     assert gate.written[2].wait(WAIT_S)  # v2's tensors are on disk, its manifest is not
     # what a generator can see of v2 meanwhile: nothing
     assert [v for v, _ in broker.announced] == [1]
     assert store.versions() == [1] and store.latest() == 1
     with pytest.raises(CorruptWeights, match="no manifest"):
         store.open_version(2)
-    # the next publish waits for v2 (at most one version in flight)
-    third = threading.Thread(
-        target=publisher.publish, args=({"w": torch.full((4,), 3.0)}, 3, 3), daemon=True
-    )
-    third.start()
-    third.join(0.2)
-    assert third.is_alive() and gate.started == [1, 2]  # v3 not started while v2 is held
     gate.release[2].set()
-    third.join(WAIT_S)
-    publisher.close()  # waits for v3
+    second.join(WAIT_S)
+    publisher.publish({"w": torch.full((4,), 3.0)}, 3, 3)
+    publisher.close()
     assert [v for v, _ in broker.announced] == [1, 2, 3] and gate.most_in_flight == 1
     assert store.versions() == [1, 2, 3] and store.latest() == 3
     for v in (1, 2, 3):  # each version holds its own tensors
         assert load_file(str(store.version_dir(v) / MODEL_FILE))["w"].tolist() == [float(v)] * 4
 
 
-def test_a_failed_background_write_is_never_announced_and_stops_the_next_publish(
-    tmp_path, monkeypatch
-):
+def test_a_failed_write_is_never_announced_and_leaves_nothing(tmp_path, monkeypatch):
     gate = _GatedWrites(monkeypatch, fail={2})
-    publisher, broker = _publisher(tmp_path, background=True)
+    publisher, broker = _publisher(tmp_path)
     publisher.publish({"w": torch.zeros(4)}, 1, 1)
-    publisher.publish({"w": torch.ones(4)}, 2, 2)  # fails in the worker thread
     with pytest.raises(OSError, match="No space"):
-        publisher.publish({"w": torch.ones(4)}, 3, 3)  # the learner learns of it here
+        publisher.publish({"w": torch.ones(4)}, 2, 2)
     publisher.close()
-    assert [v for v, _ in broker.announced] == [1] and gate.started == [1, 2]  # v3 not written
+    assert [v for v, _ in broker.announced] == [1] and gate.started == [1, 2]
     store = publisher.store
     assert store.versions() == [1] and store.latest() == 1
     assert sorted(p.name for p in store.root.iterdir()) == ["LATEST", "v00000001"]  # no temp dir
 
 
 @pytest.mark.parametrize("publish_dtype", ["float32", "bfloat16"])
-def test_background_publishing_gives_the_versions_synchronous_publishing_gives(
-    tmp_path, monkeypatch, publish_dtype
-):
+def test_each_version_holds_its_steps_weights_in_the_publish_dtype(tmp_path, publish_dtype):
     steps = 3
-    runs = {}
-    for background in (False, True):
-        model = torch.nn.Linear(3, 2)
-        with torch.no_grad():
-            model.weight.zero_()
-            model.bias.zero_()
-        ln = _learner(tmp_path / str(background), background, model, publish_dtype)
-        # in the background, v1 is written only once step 2 has changed the parameters in
-        # place, and v2 once step 3 has: each must still hold the weights of its own step
-        gate = _GatedWrites(monkeypatch, hold_before={1, 2} if background else set())
-        for step in range(1, steps + 1):
-            with torch.no_grad():  # an optimiser step: the parameters change in place
-                for p in model.parameters():
-                    p.add_(1.0)
-            if step - 1 in gate.release:
-                gate.release[step - 1].set()
-            publish(ln, version=step, step=step)
-        ln.publisher.close()
-        store = ln.publisher.store
-        runs[background] = (
-            ln.broker.announced,
-            [(store.version_dir(v) / MODEL_FILE).read_bytes() for v in range(1, steps + 1)],
-        )
-        # version v holds the parameters after v in-place updates of +1 from zero: all v
-        for v in range(1, steps + 1):
-            loaded = load_file(str(store.version_dir(v) / MODEL_FILE))
-            assert loaded["weight"].dtype == getattr(torch, publish_dtype)
-            assert loaded["weight"].float().tolist() == [[float(v)] * 3] * 2
-            assert loaded["bias"].float().tolist() == [float(v)] * 2
-    assert [v for v, _ in runs[True][0]] == [1, 2, 3]
-    assert runs[True] == runs[False]  # same versions, same digests, same bytes
+    model = torch.nn.Linear(3, 2)
+    with torch.no_grad():
+        model.weight.zero_()
+        model.bias.zero_()
+    ln = _learner(tmp_path, model, publish_dtype)
+    for step in range(1, steps + 1):
+        with torch.no_grad():  # an optimiser step: the parameters change in place
+            for p in model.parameters():
+                p.add_(1.0)
+        publish(ln, version=step, step=step)
+    ln.publisher.close()
+    store = ln.publisher.store
+    assert [v for v, _ in ln.broker.announced] == [1, 2, 3]
+    # version v holds the parameters after v in-place updates of +1 from zero: all v
+    for v in range(1, steps + 1):
+        loaded = load_file(str(store.version_dir(v) / MODEL_FILE))
+        assert loaded["weight"].dtype == getattr(torch, publish_dtype)
+        assert loaded["weight"].float().tolist() == [[float(v)] * 3] * 2
+        assert loaded["bias"].float().tolist() == [float(v)] * 2
 
 
 def test_a_checkpoint_step_gathers_the_full_weights_once(tmp_path, monkeypatch):
@@ -215,7 +190,7 @@ def test_a_checkpoint_step_gathers_the_full_weights_once(tmp_path, monkeypatch):
         return real(*args, **kwargs)
 
     monkeypatch.setattr(lora_module, "full_state_dict", counting)
-    ln = _learner(tmp_path / "run", background=False, model=model)
+    ln = _learner(tmp_path / "run", model)
     publish(ln, version=1, step=1)
     assert len(gathered) == 1
     # the checkpoint writes each rank's shards (DCP): it never builds the full host copy
@@ -225,8 +200,8 @@ def test_a_checkpoint_step_gathers_the_full_weights_once(tmp_path, monkeypatch):
 
 
 def test_a_repeated_announcement_never_takes_the_weights_hash_back(monkeypatch):
-    """The audit repeats the last announcement (main thread) while the background publisher
-    announces the next version: the hash must end at the newer one."""
+    """The audit repeats the last announcement (main thread) while the publisher announces the
+    next version: the hash must end at the newer one."""
     writes: list[int] = []
     first_write_started, release_first = threading.Event(), threading.Event()
 
