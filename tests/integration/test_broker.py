@@ -192,7 +192,7 @@ def test_a_generator_waits_out_the_learners_start_up_then_a_bounded_time(
         except BaseException as e:  # shown by the waits below
             failed.append(e)
 
-    waiting = threading.Thread(target=wait)
+    waiting = threading.Thread(target=wait, daemon=True)  # a failed test leaves it waiting
     waiting.start()
 
     def renewed() -> bool:
