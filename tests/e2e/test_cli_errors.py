@@ -1,13 +1,13 @@
 """Bad input at the command line: one clear line naming the cause, a non-zero exit."""
 
+import re
 import subprocess
 import sys
-import time
 
 import yaml
 
 
-def _rollctl(*args, timeout=60):
+def _rollctl(*args, timeout=600):  # bounds a hang: each command ends by itself
     return subprocess.run(
         [sys.executable, "-m", "rollflash.rollctl.cli", *args],
         capture_output=True,
@@ -48,7 +48,6 @@ def test_wrong_type_names_the_key(tmp_path):
 
 
 def test_generator_gives_up_on_unreachable_redis_with_a_clear_message(tmp_path):
-    started = time.monotonic()
     out = _rollctl(
         "start-generator",
         "--redis-url",
@@ -56,12 +55,13 @@ def test_generator_gives_up_on_unreachable_redis_with_a_clear_message(tmp_path):
         "--set",
         "redis.connect_timeout_s=3",
     )
-    elapsed = time.monotonic() - started
     assert out.returncode == 2
     last = out.stderr.strip().splitlines()[-1]
     assert last.startswith(f"rollctl: error: cannot reach Redis at unix://{tmp_path}/no.sock")
+    # the first contact's 1 s, not the 3 s a running process waits out: at most 4 attempts
+    # (at 0, 0.2, 0.6 and 1.0 s, tests/integration/test_broker.py), fewer on a slow machine
+    assert re.search(r" after [234] attempts in 1s ", last), last
     assert "start redis-server or fix redis.url" in last
-    assert elapsed < 20
     assert "reconnecting in" in out.stderr  # it did retry with backoff before giving up
 
 
@@ -75,13 +75,13 @@ def test_a_missing_engine_stops_rollctl_run_at_once_naming_the_install(tmp_path,
     import importlib.util
 
     assert importlib.util.find_spec("vllm") is None, "this test needs a Python without vLLM"
-    # the learner would wait trainer.wait_timeout_s (600 s) for trajectories; the 120 s limit
-    # of _rollctl shows that the run stopped without waiting it out
+    # the learner would wait trainer.wait_timeout_s (3600 s here) for trajectories; the 600 s
+    # limit of _rollctl shows that the run stopped without waiting it out
     out = _rollctl(
         "run",
         *("--engine", "vllm", "--generators", "1"),
         *("--set", f"model.path={tiny_model_dir}", "--set", f"run.run_dir={tmp_path / 'run'}"),
-        timeout=120,
+        *("--set", "trainer.wait_timeout_s=3600"),
     )
     assert out.returncode == 3, out.stderr[-2000:]
     (line,) = [ln for ln in out.stdout.splitlines() if ln.startswith("generator gen-0 exited")]
@@ -121,7 +121,7 @@ def _failing_learner(*args: str, how: str) -> subprocess.CompletedProcess:
         [sys.executable, "-c", _FAILING_LEARNER, *args, how],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=600,  # bounds a hang: the command ends by itself
     )
 
 

@@ -51,14 +51,14 @@ def _start(tmp_path):
         stderr=subprocess.DEVNULL,
         start_new_session=True,
     )
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 600  # start-up on a loaded machine: bounds a hang only
     while time.monotonic() < deadline and not (tmp_path / "run" / "metrics.jsonl").exists():
         time.sleep(0.2)  # wait until training is under way: learner, generators, redis all up
     assert (tmp_path / "run" / "metrics.jsonl").exists()
     return proc
 
 
-def _gone(pids, timeout_s=30) -> list[int]:
+def _gone(pids, timeout_s=120) -> list[int]:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         alive = [
@@ -102,7 +102,7 @@ def test_ctrl_c_exits_130_with_one_line(tmp_path):
         stderr=err,
         start_new_session=True,
     )
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 600  # start-up on a loaded machine: bounds a hang only
     while time.monotonic() < deadline and not (tmp_path / "run" / "metrics.jsonl").exists():
         time.sleep(0.2)  # training under way
     os.killpg(os.getsid(proc.pid), signal.SIGINT)

@@ -1,5 +1,6 @@
 """The simulated benchmark environment (envs/simulated.py): lengths, rewards, latency, determinism."""
 
+import random
 import time
 
 import pytest
@@ -30,11 +31,33 @@ def test_episode_lengths_and_rewards():
     assert [r.reward for r in _play(env, 7)] == [r.reward for r in _play(env, 7)]
 
 
-def test_steps_take_the_configured_time():
+def test_steps_take_the_configured_time(monkeypatch):
+    """Each step sleeps its drawn latency: recorded at `time.sleep` (which then sleeps), so the
+    test checks the durations asked for, and the one bound the clock guarantees (a sleep lasts
+    at least what was asked), never an upper bound a slow machine can miss."""
+    asked: list[float] = []
+    real_sleep = time.sleep
+
+    def sleep(seconds: float) -> None:
+        asked.append(seconds)
+        real_sleep(seconds)
+
+    monkeypatch.setattr(time, "sleep", sleep)
     env = SimulatedEnv(min_turns=3, max_turns=3, step_latency_s=0.05, latency_sigma=0.0)
     t0 = time.monotonic()
     _play(env, 1)
-    assert 0.15 <= time.monotonic() - t0 < 1.0  # three steps of exactly 0.05 s
+    assert time.monotonic() - t0 >= 0.15
+    assert asked == [0.05] * 3  # three steps, lognormvariate(0, 0) = e^0 = 1 times 0.05 s
+    # with a spread, the first step's latency is the episode's first draw, the same for a seed
+    asked.clear()
+    spread = SimulatedEnv(min_turns=3, max_turns=3, step_latency_s=0.05, latency_sigma=1.0)
+    for seed in (7, 7, 8):
+        _play(spread, seed)
+    assert asked[0] == asked[3] == 0.05 * random.Random(7).lognormvariate(0.0, 1.0)
+    assert asked[:3] == asked[3:6] != asked[6:]
+    asked.clear()
+    _play(SimulatedEnv(step_latency_s=0.0), 1)
+    assert asked == []  # no latency, no sleep
 
 
 def test_bad_parameters():

@@ -2,7 +2,7 @@
 (envs/remote_rewards.py): what a child process's proxy returns, counts and refuses. The server
 runs in this process's thread here; in a run it is the caller's, and the proxies the children's."""
 
-import time
+import threading
 
 import pytest
 
@@ -37,8 +37,12 @@ def _boom(prompt, response, answer, **row):
     return 0.5
 
 
+_OPEN = threading.Event()  # the slow call's gate, opened once its caller has cut it off
+
+
 def _slow(prompt, response, answer, **row):
-    time.sleep(0.05 if response == "fast" else 1.5)
+    if response != "fast":
+        assert _OPEN.wait(120), "the test never opened the gate"
     return 1.0
 
 
@@ -75,9 +79,14 @@ def test_a_scored_failure_crosses_with_its_reason(served):
 
 
 def test_a_call_over_the_timeout_is_cut_and_the_next_call_works(served):
+    _OPEN.clear()
     fns = RewardFunctions.load(["python:slow"], timeout_s=0.5)
-    assert fns.score_flat(ITEMS[:1], ["slow"]) == [Scored(0.0, "function_error")]
+    try:  # the slow call waits for a gate only the test opens: it always outlasts the timeout
+        assert fns.score_flat(ITEMS[:1], ["slow"]) == [Scored(0.0, "function_error")]
+    finally:
+        _OPEN.set()
     assert fns.errors == {"python:slow": 1}
+    fns.timeout_s = 120  # the next call's limit: only a hang reaches it
     assert fns.score_flat(ITEMS[:1], ["fast"]) == [1.0]  # a new connection
 
 
