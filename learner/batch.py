@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from rollflash.algos import TurnInputs
-from rollflash.broker.schema import Trajectory
+from rollflash.broker.schema import Sample, Trajectory
 
 
 @dataclass
@@ -127,22 +127,29 @@ def turn_inputs(groups: list[Trajectory], mask: torch.Tensor) -> TurnInputs | No
         return None
     if any(s.turn_starts is None for _, s in samples):
         raise ValueError("a batch mixes multi-turn episodes with single-turn samples")
-    B, K = len(samples), max(len(s.turn_starts) for _, s in samples)
+    turns = [_turns(s) for _, s in samples]
+    B, K = len(samples), max(len(starts) for starts, _, _ in turns)
     rewards = torch.zeros(B, K, dtype=torch.float32)
     turn_mask = torch.zeros(B, K, dtype=torch.bool)
     states = torch.zeros(B, K, dtype=torch.int64)
     token_turn = torch.full(mask.shape, -1, dtype=torch.int64)
-    for i, (plen, s) in enumerate(samples):
-        k = len(s.turn_starts)
-        rewards[i, :k] = torch.from_numpy(s.turn_rewards.astype("float32"))
+    for i, ((plen, s), (turn_starts, turn_rewards, turn_states)) in enumerate(zip(samples, turns)):
+        k = len(turn_starts)
+        rewards[i, :k] = torch.from_numpy(turn_rewards.astype("float32"))
         turn_mask[i, :k] = True
-        states[i, :k] = torch.from_numpy(s.turn_states.astype("int64"))
-        starts = torch.from_numpy(s.turn_starts.astype("int64"))
+        states[i, :k] = torch.from_numpy(turn_states.astype("int64"))
+        starts = torch.from_numpy(turn_starts.astype("int64"))
         positions = torch.arange(len(s.response_ids))
         turn_of = torch.searchsorted(starts, positions, right=True) - 1  # [T_i]
         token_turn[i, plen - 1 : plen - 1 + len(positions)] = turn_of
     token_turn[~mask] = -1
     return TurnInputs(token_turn=token_turn, rewards=rewards, mask=turn_mask, state_ids=states)
+
+
+def _turns(s: Sample) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(turn_starts, turn_rewards, turn_states) of a multi-turn sample."""
+    assert s.turn_starts is not None and s.turn_rewards is not None and s.turn_states is not None
+    return s.turn_starts, s.turn_rewards, s.turn_states  # the wire checks all four or none
 
 
 def take(batch: MicroBatch, rows: torch.Tensor) -> MicroBatch:

@@ -68,7 +68,7 @@ from rollflash.broker.streams import Rejected
 from rollflash.broker.trajectories import split_ref
 from rollflash.errors import RollflashError
 from rollflash.learner.admission import Admission
-from rollflash.learner.assemble import GroupAssembler
+from rollflash.learner.assemble import Completed, GroupAssembler
 from rollflash.learner.dist import Dist, split_quotas
 from rollflash.learner.drops import Drops, Entries, traj_id_of, union
 from rollflash.learner.ledger import Ledger
@@ -270,8 +270,8 @@ class Collector:
             out.duplicate_ids.append(t)
             # done with unless this rank holds its first copy: `inflight` may have it back
             # (a Redis that forgot the write that removed it), and nothing else would remove it
-            done = [] if t in self.held() else [t]  # (a duplicate is rare: a list will do)
-            return drops.add("duplicate", [t], [entry_id], done)
+            forget = [] if t in self.held() else [t]  # (a duplicate is rare: a list will do)
+            return drops.add("duplicate", [t], [entry_id], forget)
         self.seen.add(t, issued)
         if traj.retried:  # a re-delivered prompt that is no duplicate: its first answer is lost
             out.retried_ids.append(t)
@@ -334,14 +334,16 @@ class Collector:
         self.floor = max(self.floor, step - self.keep_steps)
         self.seen.forget_before(self.floor)
         self.trained.forget_before(self.floor)
-        fresh, aged = [], []
+        fresh: list[Ready] = []
+        aged: list[Ready] = []
         for r in self.ready:
             (aged if self.age(r.group, step) > self.max_staleness else fresh).append(r)
         self.ready = fresh
         drops = Drops()
-        for r in aged + self.assembler.forget_before(self.floor):
-            out.stale_ids.append(r.group.group_id)
-            drops.add("stale", [r.group.group_id], r.entry_ids, r.traj_ids, replace=1)
+        stale: list[Ready | Completed] = [*aged, *self.assembler.forget_before(self.floor)]
+        for old in stale:
+            out.stale_ids.append(old.group.group_id)
+            drops.add("stale", [old.group.group_id], old.entry_ids, old.traj_ids, replace=1)
         self.settle(drops, step)
 
     def _take(self, out: Collected, quota: int, step: int) -> None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from transformers import AutoConfig, AutoModel
+from transformers import AutoConfig, AutoModel, PreTrainedModel
 
 from rollflash.broker.config import Config
 from rollflash.broker.model_dir import model_directory
@@ -28,7 +28,7 @@ from rollflash.learner.packing import forward_packed, pack, unpack
 
 
 class Critic(torch.nn.Module):
-    def __init__(self, backbone: torch.nn.Module, hidden_size: int):
+    def __init__(self, backbone: PreTrainedModel, hidden_size: int):
         super().__init__()
         self.backbone = backbone
         self.value_head = torch.nn.Linear(hidden_size, 1)  # float32 whatever the body's dtype
@@ -83,7 +83,7 @@ def build_critic(cfg: Config, dist: Dist = Dist()) -> tuple[torch.nn.Module, tor
     remote = cfg.model.trust_remote_code
     fsdp = cfg.trainer.strategy == "fsdp" and dist.world_size > 1
 
-    def wrap(critic: torch.nn.Module) -> torch.nn.Module:
+    def wrap(critic: Critic) -> torch.nn.Module:
         body = critic.backbone
         if use_checkpointing(cfg, critic, body.config, dist.world_size, dist.device):
             body.gradient_checkpointing_enable({"use_reentrant": False})

@@ -181,8 +181,9 @@ def shard(module: torch.nn.Module, model_dtype: str = "float32") -> torch.nn.Mod
     for m in module.modules():
         if type(m).__name__ in blocks:
             fully_shard(m, mp_policy=mp)
-    if isinstance(getattr(module, "value_head", None), torch.nn.Module):
-        fully_shard(module.value_head)  # the critic's head computes in float32
+    head = getattr(module, "value_head", None)
+    if isinstance(head, torch.nn.Module):
+        fully_shard(head)  # the critic's head computes in float32
     fully_shard(module, mp_policy=mp)
     return module
 

@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
 from rollflash.broker.config import Config
 from rollflash.broker.model_dir import model_directory
@@ -67,7 +67,7 @@ def export_version(
     return out
 
 
-def _base(cfg: Config) -> torch.nn.Module:
+def _base(cfg: Config) -> PreTrainedModel:
     """The base model at `model.path` (a directory or a cached hub id)."""
     source, remote = model_directory(cfg.model.path), cfg.model.trust_remote_code
     return AutoModelForCausalLM.from_pretrained(source, trust_remote_code=remote)

@@ -56,7 +56,8 @@ def filter_groups(
     groups: list[Trajectory], cfg: Config
 ) -> tuple[list[Trajectory], list[Trajectory]]:
     """(kept, dropped), each in the input order; a pure function of each group and cfg."""
-    kept, dropped = [], []
+    kept: list[Trajectory] = []
+    dropped: list[Trajectory] = []
     for g in groups:
         (dropped if drop_reason(g, cfg) else kept).append(g)
     return kept, dropped

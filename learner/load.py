@@ -14,11 +14,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING, TypeVar, cast
 
 import torch
 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
 from rollflash.learner.dist import Dist, tied_parameters
+from rollflash.learner.lora import peft_model
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 
 @contextmanager
@@ -30,10 +35,10 @@ def params_on_meta() -> Iterator[None]:
 
     def on_meta(self: torch.nn.Module, name: str, param: torch.nn.Parameter | None) -> None:
         register(self, name, param)
-        if param is not None and not param.is_meta:
-            kind = type(self._parameters[name])
-            meta = self._parameters[name].to(torch.device("meta"))
-            self._parameters[name] = kind(meta, requires_grad=param.requires_grad)
+        registered = self._parameters[name]
+        if registered is not None and not registered.is_meta:
+            meta = registered.to(torch.device("meta"))
+            self._parameters[name] = type(registered)(meta, requires_grad=registered.requires_grad)
 
     torch.nn.Module.register_parameter = on_meta  # type: ignore[method-assign]
     try:
@@ -63,11 +68,14 @@ def materialise(module: torch.nn.Module, device: torch.device) -> None:
             module.get_buffer(name).copy_(value)
 
 
+M = TypeVar("M", bound=torch.nn.Module)
+
+
 def place(
-    full: Callable[[], torch.nn.Module],
-    empty: Callable[[], torch.nn.Module],
+    full: Callable[[], M],
+    empty: Callable[[], M],
     dist: Dist,
-    wrap: Callable[[torch.nn.Module], torch.nn.Module] = lambda m: m,
+    wrap: Callable[[M], torch.nn.Module] = lambda m: m,
     sharded: bool = False,
 ) -> torch.nn.Module:
     """The module on `dist.device`, wrapped: `full()` builds it with its weights (called on rank
@@ -78,9 +86,8 @@ def place(
         return wrap(full().to(dist.device))
     weights = full().state_dict() if dist.is_main else {}
     with params_on_meta():
-        module = empty()
-    if sharded:
-        module = wrap(module)
+        built = empty()
+    module = wrap(built) if sharded else built
     materialise(module, dist.device)
     set_model_state_dict(
         module,
@@ -88,9 +95,7 @@ def place(
         options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True),
     )
     del weights
-    if not sharded:
-        module = wrap(module)
-    return module
+    return module if sharded else wrap(built)
 
 
 def check_tied(module: torch.nn.Module) -> None:
@@ -98,12 +103,12 @@ def check_tied(module: torch.nn.Module) -> None:
     (`tie_word_embeddings`) but the built module holds two parameters: training would then
     move one and publish the other. A LoRA policy is checked on its base; a head that peft
     replaced (`modules_to_save`) is trained apart by request and is not checked."""
-    inner = getattr(module, "module", module)
-    base = inner.get_base_model() if hasattr(inner, "get_base_model") else inner
-    config = getattr(base, "config", None)
-    if not getattr(config, "tie_word_embeddings", False):
+    lora = peft_model(module)
+    base = getattr(module, "module", module) if lora is None else lora.get_base_model()
+    if not getattr(getattr(base, "config", None), "tie_word_embeddings", False):
         return
-    out, inp = base.get_output_embeddings(), base.get_input_embeddings()
+    hf = cast("PreTrainedModel", base)  # a module whose config ties embeddings is a HF model
+    out, inp = hf.get_output_embeddings(), hf.get_input_embeddings()
     if out is None or inp is None or "weight" not in out._parameters:
         return
     if out.weight is not inp.weight:

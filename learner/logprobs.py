@@ -108,7 +108,7 @@ def token_logprobs(
             logits, p.input_ids, temperature, with_entropy, chunk, dtype, entropy_grad
         )
         shape = (input_ids.shape[0], input_ids.shape[1] - 1)
-        return unpack(logp, p, shape), (unpack(entropy, p, shape) if with_entropy else None)
+        return unpack(logp, p, shape), (None if entropy is None else unpack(entropy, p, shape))
     logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
     return logprobs_from_logits(
         logits, input_ids, temperature, with_entropy, chunk, dtype, entropy_grad

@@ -39,7 +39,7 @@ def with_adapters(base: torch.nn.Module, lora: LoRAConfig) -> torch.nn.Module:
 
     config = LoraConfig(
         r=lora.rank,
-        lora_alpha=lora.alpha,
+        lora_alpha=lora.alpha,  # type: ignore[arg-type]  # peft annotates int; it only divides it
         lora_dropout=lora.dropout,
         target_modules=lora.target_modules,
         modules_to_save=lora.modules_to_save or None,
@@ -87,7 +87,8 @@ def merged_state_dict(model: Any) -> dict[str, torch.Tensor]:
     with torch.no_grad():
         for name, module in base.named_modules():
             if isinstance(module, LoraLayer) and ADAPTER in module.lora_A:
-                deltas[f"{name}.weight"] = module.get_delta_weight(ADAPTER)
+                # each LoraLayer subclass (Linear, Embedding, Conv) defines get_delta_weight
+                deltas[f"{name}.weight"] = module.get_delta_weight(ADAPTER)  # type: ignore[attr-defined]
         out = {}
         for key, tensor in base.state_dict().items():
             parts = key.split(".")

@@ -19,13 +19,16 @@ import logging
 import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tensorboard.compat.proto.summary_pb2 import Summary
 
 from rollflash.broker.config import Config
 from rollflash.broker.schema import Trajectory
 from rollflash.learner.trackers import Tracker, open_trackers
+
+if TYPE_CHECKING:
+    from torch.utils.tensorboard import SummaryWriter
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +43,7 @@ class MetricsSink:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._file = open(self.path, "a", buffering=1)
         self._tables: dict[str, Any] = {}  # completions.jsonl, ...: opened on first use
-        self._tb = None
+        self._tb: SummaryWriter | None = None
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
@@ -60,7 +63,8 @@ class MetricsSink:
             values = [
                 Summary.Value(tag=k, simple_value=v) for k, v in clean.items() if v is not None
             ]
-            self._tb.file_writer.add_summary(Summary(value=values), step)
+            writer = self._tb.file_writer  # torch types it None: its __init__ sets None first
+            writer.add_summary(Summary(value=values), step)  # type: ignore[attr-defined]
         self._to_trackers("log", step, clean)
 
     def log_completions(self, step: int, rows: list[dict[str, Any]]) -> None:

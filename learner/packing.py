@@ -25,8 +25,12 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 PACKED_SDPA = "sdpa_packed"  # the attention implementation name registered with transformers
 
@@ -70,10 +74,12 @@ def unpack(x: torch.Tensor, p: Packed, shape: tuple[int, int]) -> torch.Tensor:
     return out.index_put((p.rows, p.cols), x[0, p.src])
 
 
-def forward_packed(model: torch.nn.Module, p: Packed) -> object:
+def forward_packed(model: torch.nn.Module, p: Packed) -> Any:
     """Run a Hugging Face model on a packed row: position ids, no cache, no mask (an SDPA model is
-    switched to `sdpa_packed` first, see above)."""
-    config = getattr(model, "config", None) or model.module.config
+    switched to `sdpa_packed` first, see above). Returns what the model returns (its ModelOutput:
+    `logits`, or a backbone's `last_hidden_state`)."""
+    inner = getattr(model, "module", model)  # DistributedDataParallel wraps the HF model
+    config = cast("PreTrainedModel", inner).config
     if _use_packed_sdpa(config):
         config._attn_implementation = PACKED_SDPA
         return model(
@@ -102,7 +108,7 @@ def _use_packed_sdpa(config: object) -> bool:
     return True
 
 
-def packed_sdpa_mask(**kwargs: object) -> torch.Tensor | None:
+def packed_sdpa_mask(**kwargs: Any) -> torch.Tensor | None:  # transformers' mask arguments
     """Hugging Face's SDPA mask, except that a call without a 2-D attention mask and without a
     cache (queries = keys) gets none: the attention below then keeps each sequence to itself (from
     `cu_seq_lens_q` or the restarts of `position_ids`) instead of reading a dense [T, T] mask."""
@@ -119,7 +125,7 @@ def packed_sdpa_attention(
     value: torch.Tensor,  # [1, H_kv, T, D]
     attention_mask: torch.Tensor | None,
     cu_seq_lens_q: torch.Tensor | None = None,  # [n + 1] int64 sequence starts, then T
-    **kwargs: object,
+    **kwargs: Any,  # transformers' attention arguments, passed on to its SDPA
 ) -> tuple[torch.Tensor, None]:
     """Hugging Face's SDPA attention, run once per packed sequence (causal within it) when there
     is no mask: output [1, T, H, D], as SDPA's. With a mask, or one sequence, plain SDPA."""

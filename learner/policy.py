@@ -6,16 +6,16 @@ It needs torch, transformers (and peft for LoRA) and no broker client, so the GP
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
 from rollflash.broker.config import Config
 from rollflash.broker.model_dir import model_directory
 from rollflash.learner.dist import Dist, wrap_model
 from rollflash.learner.load import check_tied, place
-from rollflash.learner.lora import with_adapters
+from rollflash.learner.lora import peft_model, with_adapters
 from rollflash.learner.memory import use_checkpointing
 
 
@@ -34,11 +34,13 @@ def load_policy(cfg: Config, dist: Dist = Dist()) -> tuple[torch.nn.Module, Any]
     )
 
     def wrap(policy: torch.nn.Module) -> torch.nn.Module:
-        base = policy.get_base_model() if hasattr(policy, "get_base_model") else policy
+        hf = cast(PreTrainedModel, policy)  # a HF model, or peft's wrapper that forwards to one
+        lora = peft_model(policy)
+        base = hf if lora is None else lora.get_base_model()
         if use_checkpointing(cfg, policy, base.config, dist.world_size, dist.device):
-            policy.gradient_checkpointing_enable({"use_reentrant": False})
+            hf.gradient_checkpointing_enable({"use_reentrant": False})
         if t.compile:
-            blocks = set(policy._no_split_modules or [])
+            blocks = set(hf._no_split_modules or [])
             for m in policy.modules():
                 if type(m).__name__ in blocks:
                     m.compile()

@@ -23,6 +23,7 @@ algorithm needs beside the policy, built once per learner process.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -47,7 +48,7 @@ from rollflash.learner.batch import (
     take,
     turn_inputs,
 )
-from rollflash.learner.critic import Critic, build_critic
+from rollflash.learner.critic import build_critic
 from rollflash.learner.device import DTYPES, batch_to_device, resolved_dtype
 from rollflash.learner.dist import Dist, compute_context, is_sharded
 from rollflash.learner.filters import group_scores, truncated
@@ -65,7 +66,7 @@ class AlgoModels:
     """What the algorithm needs beside the policy and its optimiser."""
 
     reference: ReferencePolicy | None = None  # frozen initial policy, when kl_coef > 0
-    critic: Critic | None = None  # value model, when algo.critic
+    critic: torch.nn.Module | None = None  # value model (a Critic, wrapped), when algo.critic
     critic_optimizer: torch.optim.Optimizer | None = None
     reward_norm: RunningRewardNorm = field(
         default_factory=RunningRewardNorm
@@ -81,6 +82,7 @@ def build_algo_models(
     models = AlgoModels()
     fsdp = cfg.trainer.strategy == "fsdp"
     if cfg.algo.kl_coef > 0 and cfg.model.lora is not None:
+        assert policy is not None, "with LoRA the reference is the policy itself"
         models.reference = AdaptersOffReference(policy)
     elif cfg.algo.kl_coef > 0:
         models.reference = ReferencePolicy.load(
@@ -146,16 +148,27 @@ def _model_inputs(
     parameters in every forward pass, so every rank then runs as many passes as the busiest one
     (the extra ones on a dummy row)."""
     ref, critic = models.reference, models.critic
+    packed, t, chunk = (
+        cfg.trainer.token_budget > 0,
+        cfg.rollout.temperature,
+        cfg.trainer.logprob_chunk,
+    )
+    fills: list[tuple[torch.Tensor, Callable[[MicroBatch], torch.Tensor]]] = []  # (into, of)
     if ref is not None:
         full.ref_logp = torch.zeros_like(full.behav_logp)
+        fills.append((full.ref_logp, lambda mb: ref.logprobs(mb, t, packed, chunk)))
     if critic is not None:
         full.old_values = torch.zeros_like(full.behav_logp)
         critic.eval()
+        fills.append(
+            (full.old_values, lambda mb: critic(mb.input_ids, mb.attention_mask, packed).float())
+        )
     if policy is not None:
         full.prox_logp = torch.zeros_like(full.behav_logp)
-    sharded = any(m is not None and is_sharded(m) for m in (ref and ref.model, critic, policy))
+        fills.append((full.prox_logp, lambda mb: proximal_logprobs(policy, mb, cfg, dist)))
+    models_run = (None if ref is None else ref.model, critic, policy)
+    sharded = any(m is not None and is_sharded(m) for m in models_run)
     passes = max(dist.gather(len(chunks))) if sharded else len(chunks)
-    packed = cfg.trainer.token_budget > 0
     with compute_context(critic, dist, cfg.model.dtype):
         for i in range(passes):
             if i >= len(chunks):
@@ -163,18 +176,10 @@ def _model_inputs(
                 mb = MicroBatch(ids, attn, *[torch.zeros(1, 1, device=dist.device)] * 3)
             else:
                 mb = batch_to_device(take(full, chunks[i]), dist.device)
-            if ref is not None:
-                logp = ref.logprobs(mb, cfg.rollout.temperature, packed, cfg.trainer.logprob_chunk)
+            for into, of in fills:
+                values = of(mb)
                 if i < len(chunks):
-                    put(full.ref_logp, chunks[i], logp.cpu())
-            if critic is not None:
-                values = critic(mb.input_ids, mb.attention_mask, packed)
-                if i < len(chunks):
-                    put(full.old_values, chunks[i], values.float().cpu())
-            if policy is not None:
-                logp = proximal_logprobs(policy, mb, cfg, dist)
-                if i < len(chunks):
-                    put(full.prox_logp, chunks[i], logp.cpu())
+                    put(into, chunks[i], values.cpu())
 
 
 def proximal_logprobs(

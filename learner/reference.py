@@ -13,6 +13,7 @@ per step, before the update, for either use of the KL (a loss term, or a penalty
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
@@ -21,6 +22,9 @@ from rollflash.learner.batch import MicroBatch
 from rollflash.learner.dist import Dist, shard
 from rollflash.learner.load import check_tied, place
 from rollflash.learner.logprobs import token_logprobs
+
+if TYPE_CHECKING:
+    from peft import PeftModel
 
 
 class ReferencePolicy:
@@ -82,7 +86,7 @@ class AdaptersOffReference(ReferencePolicy):
         training = self.model.training
         self.model.eval()
         try:
-            with self.model.disable_adapter():
+            with cast("PeftModel", self.model).disable_adapter():
                 return super().logprobs(mb, temperature, packed, chunk)
         finally:
             self.model.train(training)

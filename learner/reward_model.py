@@ -32,7 +32,7 @@ import random
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
@@ -51,6 +51,9 @@ from rollflash.learner.preferences import (
     split_pairs,
 )
 from rollflash.learner.schedule import warmup_decay
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 log = logging.getLogger(__name__)
 
@@ -323,7 +326,7 @@ def train_reward_model(cfg: Config, dist: Dist | None = None) -> dict[str, Any]:
 def _save(model: torch.nn.Module, tokenizer: Any, cfg: Config, summary: dict[str, Any]) -> None:
     out = Path(cfg.rm.save_path)
     out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out)
+    cast("PreTrainedModel", model).save_pretrained(out)  # the HF model load_reward_model built
     tokenizer.save_pretrained(out)
     info = {
         **summary,

@@ -25,5 +25,5 @@ class SimulatedPolicy(torch.nn.Module):
     def train_step(self) -> dict[str, float]:
         time.sleep(self.sim.learner_step_s)
         with torch.no_grad():
-            self.weight += 1.0  # so every published version differs
+            self.weight.add_(1.0)  # so every published version differs
         return {"loss/policy": 0.0}

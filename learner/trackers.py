@@ -19,6 +19,7 @@ import json
 import os
 import re
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -190,17 +191,21 @@ class MlflowTracker:
             self._client.log_batch(self._run_id, metrics=batch[i : i + 1000])
 
     def log_completions(self, step: int, rows: list[dict[str, Any]]) -> None:
-        self._client.log_dict(self._run_id, rows, f"completions/step{step:07d}.json")
+        # mlflow annotates `dict` but json-dumps any JSON value, a list of rows too
+        self._client.log_dict(self._run_id, rows, f"completions/step{step:07d}.json")  # type: ignore[arg-type]
 
     def log_eval_generations(self, step: int, rows: list[dict[str, Any]]) -> None:
         name = f"eval_generations/step{step:07d}_{rows[0]['eval']}.json"
-        self._client.log_dict(self._run_id, rows, name)
+        self._client.log_dict(self._run_id, rows, name)  # type: ignore[arg-type]  # as above
 
     def close(self) -> None:
         self._client.set_terminated(self._run_id)
 
 
-_TRACKERS = {"wandb": WandbTracker, "mlflow": MlflowTracker}
+_TRACKERS: dict[str, Callable[[Config, str | None], Tracker]] = {
+    "wandb": WandbTracker,
+    "mlflow": MlflowTracker,
+}
 
 
 def open_trackers(cfg: Config, resume_ids: dict[str, str]) -> list[Tracker]:
