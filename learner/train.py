@@ -58,9 +58,13 @@ import logging
 import math
 from collections.abc import Callable
 from contextlib import nullcontext
+from typing import TYPE_CHECKING, cast
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
+
+if TYPE_CHECKING:
+    from torch.distributed.fsdp import FSDPModule
 
 from rollflash.algos import (
     POLICY_LOSSES,
@@ -155,13 +159,14 @@ def _backward(
     every pass, so all ranks run as many passes as the busiest one, and reduce-scatters the
     gradients in every pass (`sync_every_pass`) or in the last."""
     means = _MetricMeans()
-    ddp, sharded = isinstance(model, DistributedDataParallel), is_sharded(model)
+    sharded = is_sharded(model)
     passes = max(dist.gather(len(batch))) if sharded else max(len(batch), 1)
     for i in range(passes):
         last = i == passes - 1
         if sharded:
-            model.set_requires_gradient_sync(last or sync_every_pass)
-        with model.no_sync() if ddp and not last else nullcontext():
+            cast("FSDPModule", model).set_requires_gradient_sync(last or sync_every_pass)
+        ddp = isinstance(model, DistributedDataParallel) and not last
+        with cast(DistributedDataParallel, model).no_sync() if ddp else nullcontext():
             with compute_context(model, dist, model_dtype):
                 loss, metrics = loss_fn(batch[i]) if i < len(batch) else (dummy_loss() * 0.0, {})
             if i >= len(batch):
@@ -294,10 +299,13 @@ def critic_update(
 ) -> dict[str, float]:
     """One AdamW step of the critic on the clipped value loss against the GAE returns."""
     critic, optimizer, a = models.critic, models.critic_optimizer, cfg.algo
+    # a critic algorithm builds both, and its batches carry values and returns (learner/prepare.py)
+    assert critic is not None and optimizer is not None
     critic.train()
     optimizer.zero_grad(set_to_none=True)
 
     def loss_fn(mb: MicroBatch) -> tuple[torch.Tensor, dict]:
+        assert mb.old_values is not None and mb.returns is not None
         out = value_loss(
             critic(mb.input_ids, mb.attention_mask, cfg.trainer.token_budget > 0),
             mb.old_values,
@@ -365,7 +373,7 @@ def train_step(
             if models.critic is not None:
                 update.update(critic_update(models, mini, cfg, dist))
             updates.append(update)
-    skipped = {  # counts over the step's updates, not means
+    skipped: dict[str, float] = {  # counts over the step's updates, not means
         k: sum(u[k] for u in updates) for k in ("optim/nonfinite_skipped", "critic/nonfinite_skipped")
         if k in updates[0]
     }  # fmt: skip
