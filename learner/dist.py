@@ -220,14 +220,13 @@ def tied_parameters(module: torch.nn.Module) -> list[list[str]]:
 def full_state_dict(
     model: torch.nn.Module,
     dtype: torch.dtype | None = None,
-    copy: bool = False,
     into: Destination | None = None,
 ) -> dict[str, torch.Tensor]:
     """The whole model's weights on the host, cast to `dtype` (None: as they are). With FSDP
     every rank must call this (one tensor gathered at a time); rank 0 gets the tensors, the others
     an empty dict. Tied tensors (lm_head = embed_tokens) are returned once, under the first name.
-    `copy`: never return a tensor that shares memory with a parameter (needed when the weights
-    are written while training goes on); `into`: see `host_copies`."""
+    A float32 CPU parameter comes back as itself, not a copy (it is written out before the next
+    update changes it); `into`: see `host_copies`."""
     sharded, inner = is_sharded(model), getattr(model, "module", model)
     # shards can be empty (data_ptr 0), so a tie is found by the parameter's identity there;
     # every rank skips the same names, so the gathers stay in step
@@ -242,13 +241,12 @@ def full_state_dict(
                 continue
             seen.add(t.untyped_storage().data_ptr())
         entries.append((name, t))
-    return host_copies(entries, dtype, copy, into, sharded)
+    return host_copies(entries, dtype, into, sharded)
 
 
 def host_copies(
     entries: list[tuple[str, torch.Tensor]],
     dtype: torch.dtype | None,
-    copy: bool,
     into: Destination | None,
     sharded: bool = False,
 ) -> dict[str, torch.Tensor]:
@@ -271,7 +269,7 @@ def host_copies(
         if not main:
             continue
         if dest is None:
-            out[name] = t.to("cpu", copy=copy).contiguous()
+            out[name] = t.to("cpu").contiguous()
             continue
         on_device |= t.device.type == "cuda"
         out[name] = dest[name]

@@ -103,20 +103,19 @@ def published_weights(
     model: torch.nn.Module,
     cfg: Config,
     dtype: torch.dtype | None = None,
-    copy: bool = False,
     into: Destination | None = None,
 ) -> tuple[dict[str, torch.Tensor], dict[str, Any] | None]:
     """What a weight version holds (`cfg.publish_kind`): the full state dict (merged for a LoRA
     policy) and None, or the adapter's tensors and its adapter_config.json; on the host, cast to
-    `dtype` (`trainer.publish_dtype`), never sharing memory with a parameter when `copy`, written
-    straight into `into(layout)`'s tensors when given (learner/dist.py `host_copies`)."""
+    `dtype` (`trainer.publish_dtype`), written straight into `into(layout)`'s tensors when given
+    (learner/dist.py `host_copies`)."""
     lora = peft_model(model)
     if lora is None:
-        return full_state_dict(model, dtype, copy=copy, into=into), None
+        return full_state_dict(model, dtype, into=into), None
     if cfg.publish_kind == "adapter":
         state = _once(adapter_state(lora))
-        return host_copies(state, dtype, copy, into), adapter_config(lora, cfg.model.path)
-    return host_copies(_once(merged_state_dict(lora)), dtype, copy, into), None
+        return host_copies(state, dtype, into), adapter_config(lora, cfg.model.path)
+    return host_copies(_once(merged_state_dict(lora)), dtype, into), None
 
 
 def _once(state: dict[str, torch.Tensor]) -> list[tuple[str, torch.Tensor]]:

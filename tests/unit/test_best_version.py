@@ -40,7 +40,7 @@ def test_export_best_writes_the_kept_version(tmp_path, tiny_model_dir):
     )
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     store, best = WeightStore(tmp_path), BestVersion(tmp_path)
-    weights = full_state_dict(model, copy=True)
+    weights = {k: v.clone() for k, v in full_state_dict(model).items()}
     store.publish(weights, 0, step=0)
     best.offer(store, 0, 0, 0.7)
     with torch.no_grad():

@@ -156,12 +156,9 @@ def test_full_state_dict_casts_dedups_tied_weights_and_copies_when_asked(tiny_mo
     out = full_state_dict(model, torch.bfloat16)
     assert all(t.dtype == torch.bfloat16 for t in out.values())
     assert len(out) == len(model.state_dict()) - int(tied)
-    same = full_state_dict(model)  # float32 on CPU: no copy unless asked
+    same = full_state_dict(model)  # float32 on CPU: the parameters themselves, no copy
     name = next(iter(same))
     assert same[name].data_ptr() == model.state_dict()[name].data_ptr()
-    copied = full_state_dict(model, copy=True)
-    assert copied[name].data_ptr() != model.state_dict()[name].data_ptr()
-    assert torch.equal(copied[name], same[name])
 
 
 def test_batches_stay_put_on_cpu():
