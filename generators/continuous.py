@@ -196,7 +196,9 @@ class ContinuousRollout:
         if not self.engine.num_active:
             if self.held:  # nothing to drain: wait for the weights the held prompts need
                 self.follower.wait_for(
-                    max(w.issued_version for _, w in self.held), self.cfg.trainer.wait_timeout_s
+                    max(w.issued_version for _, w in self.held),
+                    self.cfg.trainer.wait_timeout_s,
+                    self.broker.run_state,
                 )
             if self.worked:
                 self.usage.idle_s += time.monotonic() - turn_started

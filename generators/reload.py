@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from rollflash.broker.manifest import CorruptWeights
@@ -115,10 +116,16 @@ class WeightFollower:
             )
         load_adapter(staged.path, staged.version)
 
-    def wait_for(self, version: int, timeout_s: float) -> None:
-        """Block until at least `version` is loaded (synchronous mode needs it)."""
+    def wait_for(
+        self, version: int, timeout_s: float, run_alive: Callable[[], object] | None = None
+    ) -> None:
+        """Block until at least `version` is loaded (synchronous mode needs it). `run_alive` is
+        called between looks (the generator's `run_state`): it raises when the run is gone, so a
+        generator whose Redis came back empty stops with that error, not a timeout."""
         deadline = time.monotonic() + timeout_s
         while self.loaded_version < version:
+            if run_alive is not None:
+                run_alive()
             if time.monotonic() > deadline:
                 raise TimeoutError(f"weights v{version} were not published within {timeout_s}s")
             self._wake.set()  # read the hash now: we know a newer version is due

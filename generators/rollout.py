@@ -278,7 +278,9 @@ class Generator:
         claimed = self.claim()
         if claimed:
             self.follower.wait_for(
-                max(w.issued_version for _, w in claimed), self.cfg.trainer.wait_timeout_s
+                max(w.issued_version for _, w in claimed),
+                self.cfg.trainer.wait_timeout_s,
+                self.broker.run_state,
             )
         if c.groups:  # idle time counts from the first piece of work, not from start-up
             c.idle_s += time.monotonic() - waited

@@ -257,8 +257,9 @@ def start(cfg: Config, resume: bool | None = None, take_over: bool = False) -> L
         fence=broker.check_lease,  # no record from a learner that lost the run
     )
     collector.ledger, collector.lost = ledger, broker.lost_prompts if main else None
-    sink = open_sink(cfg, state.trackers) if main else None
+    # the held-out rows are read (and checked: a bad row stops here) before anything is logged
     heldout = task.heldout_items()[: cfg.eval.size or None]
+    sink = open_sink(cfg, state.trackers) if main else None
     p = models.policy
     ln = Learner(
         cfg=cfg,

@@ -16,8 +16,9 @@ Rules (learner/publish.py):
   announced before it submits the next, so the buffers are never overwritten while they are
   written out;
 - a version is announced only once its manifest is durable;
-- a failure in the helper reaches the learner at its next `submit` or `wait` as
-  `PublishFailed`, with the helper's one-line reason; a helper that died (killed, out of memory)
+- a failure in the helper reaches the learner at its next `submit` or `wait`: one of the
+  project's errors (`RunLost`, `LeaseLost`: rollflash/errors.py) as itself, any other as
+  `PublishFailed` with the helper's one-line reason; a helper that died (killed, out of memory)
   is reported the same way. The helper dies with the learner (PR_SET_PDEATHSIG), and what it
   left half-written is removed by the next learner's `WeightStore.clean_temp`.
 """
@@ -39,6 +40,7 @@ from rollflash.broker.learner_side import LearnerBroker
 from rollflash.broker.notify import VersionPublisher
 from rollflash.broker.secrets import weights_token
 from rollflash.broker.weights import VersionInfo, WeightStore
+from rollflash.errors import RollflashError
 
 if TYPE_CHECKING:
     from multiprocessing.connection import Connection
@@ -199,6 +201,8 @@ class PublishProcess:
             kind, value = self._conn.recv()
         except (EOFError, OSError):
             raise self._died() from None
+        if kind == "failed":
+            raise value  # the helper's own one-line error (a RollflashError)
         if kind == "error":
             raise PublishFailed(f"publishing failed: {value}")
         assert kind == expected, (kind, expected)
@@ -293,11 +297,23 @@ def _answer(writer: VersionWriter, conn: Connection) -> None:
         try:
             info = writer.write(buffers, version, step, adapter_config)
         except Exception as e:
-            conn.send(("error", f"v{version}: {e.__class__.__name__}: {e}"))
+            _send_failure(conn, version, e)
             continue
         conn.send(
             ("published", (version, info.path, info.sha256, writer.zmq.endpoint, writer.http_url))
         )
+
+
+def _send_failure(conn: Connection, version: int, e: Exception) -> None:
+    """One of the project's errors (RunLost, LeaseLost) goes to the learner as itself, to stop it
+    with its own line; any other error, or one that does not pickle, as its one-line text."""
+    if isinstance(e, RollflashError):
+        try:
+            conn.send(("failed", e))  # pickled whole before anything is written
+            return
+        except Exception:
+            pass
+    conn.send(("error", f"v{version}: {e.__class__.__name__}: {e}"))
 
 
 def _writer(cfg: Config, lease_token: str) -> VersionWriter:

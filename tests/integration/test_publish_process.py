@@ -119,7 +119,7 @@ def test_the_step_copies_the_weights_once_straight_into_the_helpers_shared_memor
     model = torch.nn.Linear(3, 2)
     cfg = load_config(None)
     try:
-        weights, _ = published_weights(model, cfg, torch.bfloat16, False, publisher.buffers())
+        weights, _ = published_weights(model, cfg, torch.bfloat16, into=publisher.buffers())
         assert all(t.is_shared() and t.dtype == torch.bfloat16 for t in weights.values())
         layout = [(n, tuple(t.shape), t.dtype) for n, t in weights.items()]
         again = publisher.buffers()(layout)  # the same layout: the same block, not allocated
@@ -133,3 +133,30 @@ def test_the_step_copies_the_weights_once_straight_into_the_helpers_shared_memor
     got = verified_tensors(WeightStore(tmp_path), 1)
     for name, p in model.state_dict().items():
         torch.testing.assert_close(got[name], p.to(torch.bfloat16), atol=0, rtol=0)
+
+
+def test_the_helpers_own_errors_reach_the_learner_as_themselves():
+    """A RunLost or LeaseLost in the helper stops the learner with that error's one line (rollctl
+    prints it as `rollctl: error: ...`, exit 2); any other failure arrives as its text."""
+    import multiprocessing
+
+    from rollflash.broker.lease import LeaseLost
+    from rollflash.broker.redis_io import RunLost
+    from rollflash.learner.publish_process import _send_failure
+
+    class Unpicklable(RunLost):
+        def __init__(self, what, extra):
+            super().__init__(what)
+            self.extra = extra
+
+    ours, theirs = multiprocessing.Pipe()
+    _send_failure(theirs, 3, RunLost("Redis no longer holds run rl:t"))
+    _send_failure(theirs, 4, LeaseLost("the lease of run rl:t is held by another learner"))
+    _send_failure(theirs, 5, OSError("No space left on device"))
+    _send_failure(theirs, 6, Unpicklable("Redis no longer holds run rl:u", lambda: 0))
+    kind, value = ours.recv()
+    assert kind == "failed" and type(value) is RunLost and str(value).startswith("Redis no longer")
+    kind, value = ours.recv()
+    assert kind == "failed" and type(value) is LeaseLost
+    assert ours.recv() == ("error", "v5: OSError: No space left on device")
+    assert ours.recv() == ("error", "v6: Unpicklable: Redis no longer holds run rl:u")

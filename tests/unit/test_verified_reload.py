@@ -266,3 +266,24 @@ def test_hf_engine_swaps_in_the_verified_tensors(tiny_model_dir, tmp_path):
                 assert head.data_ptr() == embed.data_ptr()
     finally:
         follower.close()
+
+
+def test_waiting_for_a_version_of_a_lost_run_stops_with_the_runs_error(tmp_path):
+    """Redis came back empty while a generator waited for the version its prompts need: the
+    wait ends with the run's own error (what `run_state` raises), long before its timeout."""
+    from rollflash.broker.redis_io import RunLost
+
+    looks = []
+
+    def run_state():
+        looks.append(1)
+        if len(looks) >= 3:
+            raise RunLost("Redis no longer holds run rl:t: the run hash")
+
+    with _following(tmp_path, 3) as (_, _, engine, follower):
+        started = time.monotonic()
+        with pytest.raises(RunLost, match="no longer holds run"):
+            follower.wait_for(1, timeout_s=3600, run_alive=run_state)
+        # 3 looks, each after at most one 0.5 s reload wait; the hour is never reached
+        assert len(looks) == 3 and time.monotonic() - started < 3600
+        assert engine.swapped == []
