@@ -1,6 +1,7 @@
 """The simulated benchmark environment (envs/simulated.py): lengths, rewards, latency, determinism."""
 
 import random
+import threading
 import time
 
 import pytest
@@ -36,10 +37,13 @@ def test_steps_take_the_configured_time(monkeypatch):
     test checks the durations asked for, and the one bound the clock guarantees (a sleep lasts
     at least what was asked), never an upper bound a slow machine can miss."""
     asked: list[float] = []
-    real_sleep = time.sleep
+    real_sleep, this_thread = time.sleep, threading.current_thread()
 
     def sleep(seconds: float) -> None:
-        asked.append(seconds)
+        # only this thread's: a thread another test left in this worker (a Redis client's
+        # reconnect backoff) sleeps through the same patched function
+        if threading.current_thread() is this_thread:
+            asked.append(seconds)
         real_sleep(seconds)
 
     monkeypatch.setattr(time, "sleep", sleep)
