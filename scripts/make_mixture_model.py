@@ -19,7 +19,6 @@ Starting from the demo's model rather than from scratch halves the SFT: the one-
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import re
 import sys
@@ -36,7 +35,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from rollflash.envs import make_task  # noqa: E402
 from rollflash.envs.oneliner import program  # noqa: E402
-from scripts.make_tiny_model import SFTConfig, items_accuracy, sft  # noqa: E402
+from scripts.make_tiny_model import (  # noqa: E402
+    items_accuracy,
+    sft,
+    sft_config,
+)
+from scripts.sft_cli import parse_sft_args, run_script, sft_parser  # noqa: E402
 
 logger = logging.getLogger(__name__)
 
@@ -58,13 +62,7 @@ def make_mixture_model(args: argparse.Namespace) -> dict[str, Any]:
     task = make_task(spec["name"], spec.get("params"))
     tokenizer = AutoTokenizer.from_pretrained(args.base)
     model = Qwen2ForCausalLM.from_pretrained(args.base)
-    cfg = SFTConfig(
-        steps=args.sft_steps,
-        lr=args.sft_lr,
-        seed=args.seed,
-        teacher_error=args.sft_teacher_error,
-        mistake=near_miss,
-    )
+    cfg = sft_config(args, mistake=near_miss)
     started = time.perf_counter()
     steps, loss = sft(model, tokenizer, task, cfg)
     wall = time.perf_counter() - started
@@ -85,27 +83,14 @@ def make_mixture_model(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", required=True, help="output directory (created)")
+    p = sft_parser(__doc__, steps=600, lr=2e-3, teacher_error=0.6)
     p.add_argument("--base", required=True, help="model directory of make_tiny_model.py")
     p.add_argument("--config", required=True, help="run config whose `task:` to learn")
-    p.add_argument("--sft-steps", type=int, default=600, help="SFT optimiser steps")
-    p.add_argument("--sft-lr", type=float, default=2e-3, help="peak SFT learning rate")
-    p.add_argument(
-        "--sft-teacher-error", type=float, default=0.6, help="probability of the near miss"
-    )
-    p.add_argument("--seed", type=int, default=0, help="seeds the train stream and the teacher")
-    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
-    p.add_argument("--no-eval", dest="eval", action="store_false", help="skip held-out accuracy")
-    args = p.parse_args(argv)
-    if not 0.0 <= args.sft_teacher_error < 1.0:
-        p.error(f"--sft-teacher-error must be in [0, 1), got {args.sft_teacher_error}")
-    return args
+    return parse_sft_args(p, argv)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    print(json.dumps(make_mixture_model(parse_args(argv))), flush=True)
+    run_script(make_mixture_model, parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import itertools
-import json
 import logging
 import re
 import sys
@@ -46,12 +45,13 @@ from scripts.make_tiny_model import (  # noqa: E402
     CHAT_TEMPLATE,
     CHAT_TOKENS,
     SPECIAL_TOKENS,
-    SFTConfig,
     build_model,
     build_tokenizer,
     items_accuracy,
     sft,
+    sft_config,
 )
+from scripts.sft_cli import parse_sft_args, run_script, sft_parser, shape_args  # noqa: E402
 
 logger = logging.getLogger(__name__)
 
@@ -143,13 +143,7 @@ def make_rg_model(args: argparse.Namespace) -> dict[str, Any]:
     if tokenizer(corpus[:64])["input_ids"] != built(corpus[:64])["input_ids"]:
         raise RuntimeError("the reloaded tokenizer splits the corpus differently")
     task = format_task(raw, PromptFormatter(tokenizer))
-    cfg = SFTConfig(
-        steps=args.sft_steps,
-        lr=args.sft_lr,
-        seed=args.seed,
-        teacher_error=args.sft_teacher_error,
-        mistake=near_miss,
-    )
+    cfg = sft_config(args, mistake=near_miss)
     started = time.perf_counter()
     steps, loss = sft(model, tokenizer, TaggedTask(task), cfg)
     wall = time.perf_counter() - started
@@ -169,31 +163,15 @@ def make_rg_model(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", required=True, help="output directory (created)")
+    p = sft_parser(__doc__, steps=1500, lr=1e-3, teacher_error=0.6)
     p.add_argument("--config", required=True, help="run config whose `task:` to learn")
-    p.add_argument("--sft-steps", type=int, default=1500, help="SFT optimiser steps")
-    p.add_argument("--sft-lr", type=float, default=1e-3, help="peak SFT learning rate")
-    p.add_argument(
-        "--sft-teacher-error", type=float, default=0.6, help="probability of the near miss"
-    )
-    p.add_argument("--seed", type=int, default=0, help="seeds weights, stream and teacher")
-    p.add_argument("--layers", type=int, default=2, help="transformer layers")
-    p.add_argument("--hidden", type=int, default=128, help="hidden size (MLP is 4x)")
-    p.add_argument("--heads", type=int, default=4, help="attention heads")
-    p.add_argument("--max-positions", type=int, default=96, help="context length")
+    shape_args(p, max_positions=96)
     p.add_argument("--vocab-size", type=int, default=384, help="BPE vocabulary (with specials)")
-    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
-    p.add_argument("--no-eval", dest="eval", action="store_false", help="skip held-out accuracy")
-    args = p.parse_args(argv)
-    if not 0.0 <= args.sft_teacher_error < 1.0:
-        p.error(f"--sft-teacher-error must be in [0, 1), got {args.sft_teacher_error}")
-    return args
+    return parse_sft_args(p, argv)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    print(json.dumps(make_rg_model(parse_args(argv))), flush=True)
+    run_script(make_rg_model, parse_args(argv))
 
 
 if __name__ == "__main__":

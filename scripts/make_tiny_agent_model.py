@@ -45,6 +45,7 @@ from make_tiny_model import (  # noqa: E402
     sft_optimizer,
     sft_step,
 )
+from sft_cli import shape_args  # noqa: E402
 
 from rollflash.envs import Episode, make_task, plain_encoder  # noqa: E402
 from rollflash.envs.gridworld import MOVES, GridWorld, shortest_action  # noqa: E402
@@ -182,10 +183,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--sft-steps", type=int, default=300)
     p.add_argument("--sft-lr", type=float, default=2e-3)
     p.add_argument("--sft-batch-size", type=int, default=32)
-    p.add_argument("--layers", type=int, default=2)
-    p.add_argument("--hidden", type=int, default=64)
-    p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--max-positions", type=int, default=256)
+    shape_args(p, hidden=64, max_positions=256)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--eval-episodes", type=int, default=64, help="0 skips the success rates")
     p.add_argument("--threads", type=int, default=1)

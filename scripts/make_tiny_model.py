@@ -35,6 +35,7 @@ import json
 import logging
 import random
 import string
+import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -45,6 +46,16 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from sft_cli import (  # noqa: E402
+    MAX_POSITIONS,
+    parse_sft_args,
+    run_script,
+    sft_parser,
+    shape_args,
+)
+
 from rollflash.envs import Item, Task, make_task
 from rollflash.envs.chat import PromptFormatter, format_task
 from rollflash.envs.verifiers import final_answer
@@ -54,7 +65,6 @@ logger = logging.getLogger(__name__)
 
 SPECIAL_TOKENS = ["<pad>", "<bos>", "<eos>", "<unk>"]  # ids 0..3, in this order
 CHARS = string.digits + string.ascii_lowercase + " +-*/=().,?"
-MAX_POSITIONS = 64
 # `--chat`: capitals for word problems, role markers and a chat template over them
 CHAT_CHARS = CHARS + string.ascii_uppercase
 CHAT_TOKENS = ["<|system|>", "<|user|>", "<|assistant|>"]
@@ -323,14 +333,7 @@ def make_tiny_model(args: argparse.Namespace) -> dict[str, Any]:
     )
     model = build_model(tokenizer, args.layers, args.hidden, args.heads, args.seed, positions)
     t1 = time.perf_counter()
-    cfg = SFTConfig(
-        steps=args.sft_steps,
-        lr=args.sft_lr,
-        batch_size=args.sft_batch_size,
-        seed=args.seed,
-        target_acc=args.sft_target_acc,
-        teacher_error=args.sft_teacher_error,
-    )
+    cfg = sft_config(args, batch_size=args.sft_batch_size, target_acc=args.sft_target_acc)
     steps, loss = sft(model, tokenizer, task, cfg)
     t2 = time.perf_counter()
     out = Path(args.out)
@@ -349,13 +352,21 @@ def make_tiny_model(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def sft_config(args: argparse.Namespace, **more: Any) -> SFTConfig:
+    """The SFT schedule `sft_parser`'s options give, with `more` of SFTConfig's fields."""
+    return SFTConfig(
+        steps=args.sft_steps,
+        lr=args.sft_lr,
+        seed=args.seed,
+        teacher_error=args.sft_teacher_error,
+        **more,
+    )
+
+
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", required=True, help="output directory (created)")
+    p = sft_parser(__doc__, steps=300, lr=1e-3, teacher_error=0.0)
     p.add_argument("--task", default="arithmetic", help="task name for envs.make_task")
     p.add_argument("--task-params", default="{}", help="JSON dict of task constructor params")
-    p.add_argument("--sft-steps", type=int, default=300, help="SFT optimiser steps (0 = untrained)")
-    p.add_argument("--sft-lr", type=float, default=1e-3, help="peak SFT learning rate")
     p.add_argument("--sft-batch-size", type=int, default=64, help="train items per SFT step")
     p.add_argument(
         "--sft-target-acc",
@@ -363,37 +374,16 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=None,
         help="stop SFT early once validation greedy accuracy reaches this (0..1)",
     )
-    p.add_argument(
-        "--sft-teacher-error",
-        type=float,
-        default=0.0,
-        help="probability that an SFT target is answer+1 instead of the answer (see sft_items)",
-    )
-    p.add_argument("--seed", type=int, default=0, help="seeds weights and the train item stream")
-    p.add_argument("--layers", type=int, default=2, help="transformer layers")
-    p.add_argument("--hidden", type=int, default=128, help="hidden size (MLP is 4x)")
-    p.add_argument("--heads", type=int, default=4, help="attention heads (= key/value heads)")
-    p.add_argument(
-        "--threads",
-        type=int,
-        default=1,
-        help="torch intra-op threads; 1 because these matrices are too small to gain from more, "
-        "and on a busy machine a second thread spins waiting for a taken core",
-    )
+    shape_args(p)
     p.add_argument("--chat", action="store_true", help="capitals, role tokens, CHAT_TEMPLATE")
-    p.add_argument("--max-positions", type=int, default=MAX_POSITIONS, help="context length")
-    p.add_argument("--no-eval", dest="eval", action="store_false", help="skip held-out evaluation")
-    args = p.parse_args(argv)
-    if not 0.0 <= args.sft_teacher_error < 1.0:
-        p.error(f"--sft-teacher-error must be in [0, 1), got {args.sft_teacher_error}")
+    args = parse_sft_args(p, argv)
     if args.sft_target_acc is not None and not 0.0 <= args.sft_target_acc <= 1.0:
         p.error(f"--sft-target-acc must be in [0, 1], got {args.sft_target_acc}")
     return args
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    print(json.dumps(make_tiny_model(parse_args(argv))), flush=True)
+    run_script(make_tiny_model, parse_args(argv))
 
 
 if __name__ == "__main__":
