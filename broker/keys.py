@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import overload
 
 GEN_GROUP = "gen"  # the prompts stream's consumer group: the generators
 LEARNER_GROUP = "learner"  # each generator's trajectories stream's group: the learner ranks
@@ -33,6 +34,25 @@ def run_prefix(run_id: str) -> str:
     return f"rl:{run_id}:"
 
 
+class Key:
+    """A run-wide key, named as the attribute it is assigned to: `RunKeys(run_id).prompts` is
+    `rl:{run_id}:prompts`. `doc` says what the key holds (its type, who writes it)."""
+
+    def __init__(self, doc: str):
+        self.__doc__ = doc
+        self.name = ""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    @overload
+    def __get__(self, keys: None, owner: type) -> Key: ...
+    @overload
+    def __get__(self, keys: RunKeys, owner: type) -> str: ...
+    def __get__(self, keys: RunKeys | None, owner: type) -> Key | str:
+        return self if keys is None else keys.prefix + self.name
+
+
 @dataclass(frozen=True)
 class RunKeys:
     """The names of one run's keys."""
@@ -43,10 +63,25 @@ class RunKeys:
     def prefix(self) -> str:
         return run_prefix(self.run_id)
 
-    @property
-    def prompts(self) -> str:
-        """Stream, group `gen`: one entry per unit of work (the learner adds, generators claim)."""
-        return self.prefix + "prompts"
+    prompts = Key(
+        "Stream, group `gen`: one entry per unit of work (the learner adds, generators claim)."
+    )
+    dlq = Key("Stream: trajectory entries the learner rejected, with their reason and original id.")
+    dlq_reasons = Key("Hash: reason code -> entries the learner dead-lettered with it.")
+    weights = Key("Hash: the last published version, its path, sha256 and zmq endpoint.")
+    run = Key("Hash: config fingerprint, schema version, state, counters.")
+    lease = Key("Hash with a TTL: the learner holding the run (token, host, pid, since).")
+    mac_key = Key(
+        "String: the key of the MAC on prompt entries (the learner's user alone reads it)."
+    )
+    inflight = Key("Hash: traj_id -> prompt entry id, for every issued prompt not yet finished.")
+    generators = Key(
+        "Hash: generator id -> `active` or `quarantined ...`; `{id}:trimmed` -> entries the "
+        "learner trimmed from its stream."
+    )
+    joined = Key(
+        "Set: ids of generators asking to join (each adds its own; the learner admits them)."
+    )
 
     def trajectories(self, generator_id: str) -> str:
         """Stream, group `learner`: one generator's finished groups (or replicated samples)."""
@@ -55,52 +90,6 @@ class RunKeys:
     def generator_dlq(self, generator_id: str) -> str:
         """Stream: prompt entries one generator rejected, with their reason."""
         return f"{self.prefix}dlq:{generator_id}"
-
-    @property
-    def dlq(self) -> str:
-        """Stream: trajectory entries the learner rejected, with their reason and original id."""
-        return self.prefix + "dlq"
-
-    @property
-    def dlq_reasons(self) -> str:
-        """Hash: reason code -> entries the learner dead-lettered with it."""
-        return self.prefix + "dlq_reasons"
-
-    @property
-    def weights(self) -> str:
-        """Hash: the last published version, its path, sha256 and zmq endpoint."""
-        return self.prefix + "weights"
-
-    @property
-    def run(self) -> str:
-        """Hash: config fingerprint, schema version, state, counters."""
-        return self.prefix + "run"
-
-    @property
-    def lease(self) -> str:
-        """Hash with a TTL: the learner holding the run (token, host, pid, since)."""
-        return self.prefix + "lease"
-
-    @property
-    def mac_key(self) -> str:
-        """String: the key of the MAC on prompt entries (the learner's user alone reads it)."""
-        return self.prefix + "mac_key"
-
-    @property
-    def inflight(self) -> str:
-        """Hash: traj_id -> prompt entry id, for every issued prompt not yet finished."""
-        return self.prefix + "inflight"
-
-    @property
-    def generators(self) -> str:
-        """Hash: generator id -> `active` or `quarantined ...`; `{id}:trimmed` -> entries the
-        learner trimmed from its stream."""
-        return self.prefix + "generators"
-
-    @property
-    def joined(self) -> str:
-        """Set: ids of generators asking to join (each adds its own; the learner admits them)."""
-        return self.prefix + "joined"
 
     def gen(self, generator_id: str) -> str:
         """Hash with a TTL: one generator's heartbeat, loaded version and counters."""

@@ -110,11 +110,6 @@ class LearnerBroker:
         """Acknowledged writes Redis forgot: prompts, trajectory_writes, weights."""
         return self._auditor.lost
 
-    @property
-    def dead_lettered(self) -> int:
-        """Trajectory entries this process rejected to the dlq."""
-        return self._dead_letters.count
-
     # --- the lease ------------------------------------------------------------------------------
     def take_lease(self, take_over: bool = False) -> str:
         """Rank 0, before any write: take the run's lease (`LeaseHeld` names its holder) and

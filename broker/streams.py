@@ -89,7 +89,6 @@ class DeadLetters:
 
     def __init__(self, io: RunRedis, lease: RunLease):
         self.io, self.lease = io, lease
-        self.count = 0  # entries this process sent to the dlq
 
     def send(self, rejected: list[Rejected], ack: list[Any]) -> None:
         """Copy `rejected` to the dlq, count them by code and run `ack` (their XACKs), in one
@@ -109,7 +108,6 @@ class DeadLetters:
         except WriteRefused as e:
             log.error("the dlq refuses dead letters (%s); acknowledging them without a copy", e)
             self.lease.execute([*ack, ("HINCRBY", keys.run, "dlq_refused", len(rejected))])
-        self.count += len(rejected)
 
 
 class PromptQueue:

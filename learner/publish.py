@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -28,7 +28,7 @@ from rollflash.errors import RunDirInUse
 from rollflash.learner.device import DTYPES, resolved_dtype
 from rollflash.learner.dist import Destination, is_sharded
 from rollflash.learner.lora import published_weights
-from rollflash.learner.publish_process import PublishProcess, VersionWriter
+from rollflash.learner.publish_process import NewVersion, PublishProcess, VersionWriter
 
 if TYPE_CHECKING:
     from rollflash.learner.build import Learner
@@ -56,22 +56,16 @@ class Publisher:
         self._process = PublishProcess(cfg, broker.lease.token or "") if helper else None
         self._writer = None if helper else VersionWriter(cfg, broker)
 
-    def publish(
-        self,
-        weights: dict[str, torch.Tensor],
-        version: int,
-        step: int,
-        adapter_config: dict[str, Any] | None = None,
-    ) -> float:
-        """Write and announce `version`: full weights, or with `adapter_config` a LoRA adapter
-        (broker/weights.py); returns the seconds the caller waited (with the helper process:
-        for the previous version to finish and for the copy into its memory, not for this one)."""
+    def publish(self, weights: dict[str, torch.Tensor], new: NewVersion) -> float:
+        """Write and announce `new` with its `weights`; returns the seconds the caller waited
+        (with the helper process: for the previous version to finish and for the copy into its
+        memory, not for this one)."""
         started = time.monotonic()
         if self._process is not None:
             self.wait()  # one version at a time, in order
-            self._process.submit(weights, version, step, adapter_config)
+            self._process.submit(weights, new)
         elif self._writer is not None:
-            self._writer.write(weights, version, step, adapter_config)
+            self._writer.write(weights, new)
         return time.monotonic() - started
 
     def ready(self) -> None:
@@ -125,5 +119,5 @@ def publish(ln: Learner, version: int, step: int) -> float:
     weights, adapter = published_weights(model, ln.cfg, dtype, into=into)
     if ln.publisher is None:
         return 0.0
-    ln.publisher.publish(weights, version, step, adapter)
+    ln.publisher.publish(weights, NewVersion(version, step, adapter))
     return time.monotonic() - started

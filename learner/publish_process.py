@@ -29,6 +29,7 @@ import math
 import os
 import signal
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -51,6 +52,16 @@ if TYPE_CHECKING:
 START_TIMEOUT_S = 120.0  # the helper imports torch and connects to Redis
 
 
+@dataclass(frozen=True)
+class NewVersion:
+    """A version to publish, but for its tensors, which travel apart (to the helper process
+    through shared memory, this through its pipe)."""
+
+    version: int
+    step: int  # the trainer step that made it
+    adapter_config: dict[str, Any] | None = None  # a LoRA adapter's (broker/weights.py); None: full
+
+
 class VersionWriter:
     """Writes a version to the weight store, records it in Redis and announces it over zmq, then
     applies retention: the work of one publish, wherever it runs (the learner's step, or the
@@ -65,20 +76,15 @@ class VersionWriter:
         self.zmq = VersionPublisher(f"tcp://{host}:*")
         self.http_url = self.server.url if self.server is not None else ""
 
-    def write(
-        self,
-        weights: dict[str, torch.Tensor],
-        version: int,
-        step: int,
-        adapter_config: dict[str, Any] | None = None,
-    ) -> VersionInfo:
+    def write(self, weights: dict[str, torch.Tensor], new: NewVersion) -> VersionInfo:
         fence = self.broker.check_lease  # a learner that lost the run publishes nothing
         fence()  # before the store looks: the run's new learner may have this version already
-        info = self.store.publish(weights, version, step, adapter_config, fence)  # manifest last
+        # the manifest is written last, after `fence`
+        info = self.store.publish(weights, new.version, new.step, new.adapter_config, fence)
         self.broker.announce_weights(
-            version, info.path, info.sha256, self.zmq.endpoint, self.http_url
+            new.version, info.path, info.sha256, self.zmq.endpoint, self.http_url
         )
-        self.zmq.announce(version, info.path, info.sha256)
+        self.zmq.announce(new.version, info.path, info.sha256)
         doomed = self.store.retain(self.keep, in_use=self.broker.loaded_versions())
         if self.server is not None:
             self.server.forget(doomed)
@@ -138,20 +144,14 @@ class PublishProcess:
             self.pin()
         return self._buffers
 
-    def submit(
-        self,
-        weights: dict[str, torch.Tensor],
-        version: int,
-        step: int,
-        adapter_config: dict[str, Any] | None = None,
-    ) -> None:
+    def submit(self, weights: dict[str, torch.Tensor], new: NewVersion) -> None:
         """Hand the version to the helper; `weights` are copied into the shared buffers unless
         they are those buffers already (`buffers`)."""
         buffers = self.buffers(_layout(weights))
         for name, t in weights.items():
             if t.data_ptr() != buffers[name].data_ptr():
                 buffers[name].copy_(t)
-        self._send(("publish", version, step, adapter_config))
+        self._send(("publish", new))
         self._in_flight = True
 
     def _release(self) -> None:
@@ -293,15 +293,14 @@ def _answer(writer: VersionWriter, conn: Connection) -> None:
         if message[0] == "buffers":
             buffers = _views(message[1], message[2])
             continue
-        _, version, step, adapter_config = message
+        new: NewVersion = message[1]
         try:
-            info = writer.write(buffers, version, step, adapter_config)
+            info = writer.write(buffers, new)
         except Exception as e:
-            _send_failure(conn, version, e)
+            _send_failure(conn, new.version, e)
             continue
-        conn.send(
-            ("published", (version, info.path, info.sha256, writer.zmq.endpoint, writer.http_url))
-        )
+        announced = (new.version, info.path, info.sha256, writer.zmq.endpoint, writer.http_url)
+        conn.send(("published", announced))
 
 
 def _send_failure(conn: Connection, version: int, e: Exception) -> None:

@@ -27,6 +27,7 @@ PUBLISHER = textwrap.dedent("""
     import sys, torch
     from rollflash.broker.config import load_config
     from rollflash.learner.publish import Publisher
+    from rollflash.learner.publish_process import NewVersion
 
     class Broker:  # the weights hash: one line per announcement, in the order made
         def announce_weights(self, version, path, sha256, zmq_endpoint, http_url=""):
@@ -45,7 +46,7 @@ PUBLISHER = textwrap.dedent("""
     while True:
         v += 1
         # ~32 MB: a publish (write, fsync, hash, rename) takes long enough to be hit mid-way
-        publisher.publish({"w": torch.full((2048, 4096), float(v))}, version=v, step=v)
+        publisher.publish({"w": torch.full((2048, 4096), float(v))}, NewVersion(v, step=v))
         print(v, flush=True)
 """)
 

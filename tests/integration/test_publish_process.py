@@ -19,7 +19,7 @@ import torch
 from rollflash.broker.config import load_config
 from rollflash.broker.weights import MODEL_FILE, WeightStore
 from rollflash.learner.publish import Publisher
-from rollflash.learner.publish_process import PublishFailed
+from rollflash.learner.publish_process import NewVersion, PublishFailed
 
 
 def _publisher(tmp_path, redis_url, run_id, broker, mode) -> Publisher:
@@ -46,7 +46,7 @@ def _steps(publisher: Publisher, steps: int) -> None:
         with torch.no_grad():
             for p in model.parameters():
                 p.add_(1.0)
-        publisher.publish(dict(model.state_dict()), step, step)
+        publisher.publish(dict(model.state_dict()), NewVersion(step, step))
         with torch.no_grad():  # changed in place while the helper may still be writing
             for p in model.parameters():
                 p.add_(1000.0)
@@ -79,14 +79,16 @@ def test_a_version_the_helper_cannot_write_is_reported_and_never_announced(
     tmp_path, redis_url, run_id, learner_broker
 ):
     publisher = _publisher(tmp_path, redis_url, run_id, learner_broker, "process")
-    publisher.publish({"w": torch.zeros(4)}, 1, 1)
+    publisher.publish({"w": torch.zeros(4)}, NewVersion(1, 1))
     publisher.wait()
     WeightStore(tmp_path).version_dir(2).mkdir()  # v2's place is taken: its write fails
-    publisher.publish({"w": torch.ones(4)}, 2, 2)
+    publisher.publish({"w": torch.ones(4)}, NewVersion(2, 2))
     with pytest.raises(PublishFailed, match="v2: FileExistsError"):
-        publisher.publish({"w": torch.ones(4)}, 3, 3)
+        publisher.publish({"w": torch.ones(4)}, NewVersion(3, 3))
     assert learner_broker._registry.weights()["version"] == "1"
-    publisher.publish({"w": torch.ones(4)}, 3, 3)  # the helper goes on with the next version
+    publisher.publish(
+        {"w": torch.ones(4)}, NewVersion(3, 3)
+    )  # the helper goes on with the next version
     publisher.close()
     assert learner_broker._registry.weights()["version"] == "3"
 
@@ -95,13 +97,13 @@ def test_a_killed_helper_is_reported_at_the_next_publish(
     tmp_path, redis_url, run_id, learner_broker
 ):
     publisher = _publisher(tmp_path, redis_url, run_id, learner_broker, "process")
-    publisher.publish({"w": torch.zeros(4)}, 1, 1)
+    publisher.publish({"w": torch.zeros(4)}, NewVersion(1, 1))
     publisher.wait()
     helper = publisher._process._proc
     os.kill(helper.pid, signal.SIGKILL)
     helper.join(30)
     with pytest.raises(PublishFailed, match="died"):
-        publisher.publish({"w": torch.ones(4)}, 2, 2)
+        publisher.publish({"w": torch.ones(4)}, NewVersion(2, 2))
         publisher.wait()
     publisher.close()
     assert learner_broker._registry.weights()["version"] == "1"
@@ -124,7 +126,7 @@ def test_the_step_copies_the_weights_once_straight_into_the_helpers_shared_memor
         layout = [(n, tuple(t.shape), t.dtype) for n, t in weights.items()]
         again = publisher.buffers()(layout)  # the same layout: the same block, not allocated
         assert all(again[n].data_ptr() == t.data_ptr() for n, t in weights.items())
-        publisher.publish(weights, 1, 1)
+        publisher.publish(weights, NewVersion(1, 1))
         publisher.wait()
     finally:
         publisher.close()

@@ -23,7 +23,7 @@ from rollflash.broker.digest import CHUNK_BYTES
 from rollflash.broker.manifest import MODEL_FILE
 from rollflash.generators.fetch import Announced, HttpSource
 from rollflash.generators.sim_engine import SimEngine
-from rollflash.learner.publish_process import VersionWriter
+from rollflash.learner.publish_process import NewVersion, VersionWriter
 from tests.helpers.certs import make_certs
 
 TOKEN = "t0ken-for-the-test"
@@ -48,7 +48,7 @@ def _cfg(tmp_path, host: str, *extra: str):
 
 def _learner(tmp_path, learner_broker, *extra: str):
     writer = VersionWriter(_cfg(tmp_path, "learner", *extra), learner_broker)
-    info = writer.write({"w": torch.arange(ROWS * 1024.0).view(ROWS, 1024)}, 1, 1)
+    info = writer.write({"w": torch.arange(ROWS * 1024.0).view(ROWS, 1024)}, NewVersion(1, 1))
     announced = learner_broker._registry.weights()
     assert announced["http_url"] == writer.http_url and announced["version"] == "1"
     return writer, Announced(1, info.sha256, writer.http_url)

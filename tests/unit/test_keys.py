@@ -9,15 +9,20 @@ from rollflash.broker.keys import RunKeys, valid_name
 def test_every_key_lives_under_the_run_prefix():
     k = RunKeys("demo")
     assert k.prefix == "rl:demo:"
-    assert (k.prompts, k.dlq, k.weights, k.run, k.lease, k.inflight, k.generators) == (
+    shared = (k.prompts, k.dlq, k.dlq_reasons, k.weights, k.run, k.lease, k.mac_key, k.inflight)
+    assert (*shared, k.generators, k.joined) == (
         "rl:demo:prompts",
         "rl:demo:dlq",
+        "rl:demo:dlq_reasons",
         "rl:demo:weights",
         "rl:demo:run",
         "rl:demo:lease",
+        "rl:demo:mac_key",
         "rl:demo:inflight",
         "rl:demo:generators",
+        "rl:demo:joined",
     )
+    assert RunKeys.joined.__doc__.startswith("Set: ids of generators")  # each key's own doc
     # what one generator may write carries its id
     assert k.trajectories("gen-0") == "rl:demo:traj:gen-0"
     assert k.generator_dlq("gen-0") == "rl:demo:dlq:gen-0"

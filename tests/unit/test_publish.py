@@ -30,6 +30,7 @@ from rollflash.learner import lora as lora_module
 from rollflash.learner.checkpoint import CheckpointStore, LearnerState
 from rollflash.learner.checkpoint_io import Trainables
 from rollflash.learner.publish import Publisher, publish
+from rollflash.learner.publish_process import NewVersion
 
 WAIT_S = 30  # only ever reached when the code under test is broken
 
@@ -120,10 +121,10 @@ def test_a_version_being_written_is_invisible_until_its_manifest_is_durable(tmp_
     gate = _GatedWrites(monkeypatch, hold={2})
     publisher, broker = _publisher(tmp_path)
     store = publisher.store
-    publisher.publish({"w": torch.full((4,), 1.0)}, 1, 1)
+    publisher.publish({"w": torch.full((4,), 1.0)}, NewVersion(1, 1))
     # the step publishing v2, in a thread of the test, held after its tensors are written
     second = threading.Thread(
-        target=publisher.publish, args=({"w": torch.full((4,), 2.0)}, 2, 2), daemon=True
+        target=publisher.publish, args=({"w": torch.full((4,), 2.0)}, NewVersion(2, 2)), daemon=True
     )
     second.start()
     assert gate.written[2].wait(WAIT_S)  # v2's tensors are on disk, its manifest is not
@@ -134,7 +135,7 @@ def test_a_version_being_written_is_invisible_until_its_manifest_is_durable(tmp_
         store.open_version(2)
     gate.release[2].set()
     second.join(WAIT_S)
-    publisher.publish({"w": torch.full((4,), 3.0)}, 3, 3)
+    publisher.publish({"w": torch.full((4,), 3.0)}, NewVersion(3, 3))
     publisher.close()
     assert [v for v, _ in broker.announced] == [1, 2, 3] and gate.most_in_flight == 1
     assert store.versions() == [1, 2, 3] and store.latest() == 3
@@ -145,9 +146,9 @@ def test_a_version_being_written_is_invisible_until_its_manifest_is_durable(tmp_
 def test_a_failed_write_is_never_announced_and_leaves_nothing(tmp_path, monkeypatch):
     gate = _GatedWrites(monkeypatch, fail={2})
     publisher, broker = _publisher(tmp_path)
-    publisher.publish({"w": torch.zeros(4)}, 1, 1)
+    publisher.publish({"w": torch.zeros(4)}, NewVersion(1, 1))
     with pytest.raises(OSError, match="No space"):
-        publisher.publish({"w": torch.ones(4)}, 2, 2)
+        publisher.publish({"w": torch.ones(4)}, NewVersion(2, 2))
     publisher.close()
     assert [v for v, _ in broker.announced] == [1] and gate.started == [1, 2]
     store = publisher.store
