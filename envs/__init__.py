@@ -2,7 +2,7 @@
 environments (envs/multiturn.py, envs/episode.py)."""
 
 from rollflash.envs.base import Item, Task, response_text, train_stream
-from rollflash.envs.episode import Episode, chat_encoder, plain_encoder
+from rollflash.envs.episode import Episode, chat_encoder, encoder_for, plain_encoder
 from rollflash.envs.multiturn import EnvTask, StepResult, is_multi_turn
 from rollflash.envs.registry import known_tasks, make_task, task_from_config
 
@@ -13,6 +13,7 @@ __all__ = [
     "StepResult",
     "Task",
     "chat_encoder",
+    "encoder_for",
     "is_multi_turn",
     "known_tasks",
     "make_task",

@@ -206,13 +206,19 @@ def launch(config: dict, disk_mb: int, attach: Callable[[int], None] | None = No
     return Launched(proc, init, state_r)
 
 
-def _abandon(proc: subprocess.Popen, init: int | None, *fds: int) -> None:
-    """Kill a launch that cannot go on (its init never ran any code) and reap it."""
+def kill_namespace(init: int | None) -> None:
+    """SIGKILL the PID namespace's init (a pidfd): the kernel then kills every process inside."""
     if init is not None:
         try:
             signal.pidfd_send_signal(init, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+def _abandon(proc: subprocess.Popen, init: int | None, *fds: int) -> None:
+    """Kill a launch that cannot go on (its init never ran any code) and reap it."""
+    kill_namespace(init)
+    if init is not None:
         os.close(init)
     for fd in fds:
         os.close(fd)

@@ -31,6 +31,8 @@ Encoders (duck-typed tokenizers, no torch):
 - `chat_encoder`: the first observation as a user message with the generation prompt; each later
   one as the template's text between the end of an assistant message and the next generation
   prompt (a user message in between), found by rendering the template.
+- `encoder_for`: the chat encoder for a tokenizer with a chat template, else the plain one (what
+  the engines and evaluation use).
 
 Stdlib only.
 """
@@ -87,6 +89,12 @@ def chat_encoder(tokenizer: Any) -> Encode:
         return list(tokenizer(full[cut:], add_special_tokens=False)["input_ids"])
 
     return encode
+
+
+def encoder_for(tokenizer: Any) -> Encode:
+    if getattr(tokenizer, "chat_template", None):
+        return chat_encoder(tokenizer)
+    return plain_encoder(tokenizer)
 
 
 @dataclass

@@ -20,14 +20,16 @@ Rewards: 1.0 on reaching the goal (done, success), 0.0 on falling into a hole (d
 from __future__ import annotations
 
 import random
+from abc import ABC, abstractmethod
 from collections import deque
 
 from rollflash.envs.multiturn import StepResult, TurnLimit, check_positive
 
+Cell = tuple[int, int]  # (row, column)
 MOVES = {"u": (-1, 0), "d": (1, 0), "l": (0, -1), "r": (0, 1)}
 
 
-def solvable(size: int, holes: set[tuple[int, int]]) -> bool:
+def solvable(size: int, holes: set[Cell]) -> bool:
     """A path of non-hole cells joins (0, 0) and (size-1, size-1) (breadth-first search)."""
     goal, seen, todo = (size - 1, size - 1), {(0, 0)}, deque([(0, 0)])
     while todo:
@@ -42,13 +44,13 @@ def solvable(size: int, holes: set[tuple[int, int]]) -> bool:
     return False
 
 
-def shortest_action(size: int, holes: set[tuple[int, int]], pos: tuple[int, int]) -> str | None:
+def shortest_action(size: int, holes: set[Cell], pos: Cell) -> str | None:
     """The first action of a shortest safe path from `pos` to the goal (ties: order "d","r","u","l"),
     or None if there is none. Used to build warm-start demonstrations and in tests."""
     goal = (size - 1, size - 1)
     if pos == goal:
         return None
-    first: dict[tuple[int, int], str | None] = {pos: None}
+    first: dict[Cell, str | None] = {pos: None}
     todo = deque([pos])
     while todo:
         cell = todo.popleft()
@@ -63,7 +65,29 @@ def shortest_action(size: int, holes: set[tuple[int, int]], pos: tuple[int, int]
     return None
 
 
-class GridWorld(TurnLimit):
+class MoveGame(TurnLimit, ABC):
+    """A board game played with the four `MOVES`. An action that is not one of them (white space
+    around it aside) is invalid: nothing moves, the observation is the board prefixed "invalid ",
+    and the turn gets `invalid_reward`."""
+
+    @abstractmethod
+    def render(self) -> str:
+        """The board, as the observation shows it."""
+
+    @abstractmethod
+    def _move(self, dr: int, dc: int) -> StepResult:
+        """Play one valid move (a row and a column step) and finish the turn."""
+
+    def step(self, action: str) -> StepResult:
+        move = MOVES.get(action.strip())
+        if move is None:
+            return self._finish(
+                "invalid " + self.render(), self.invalid_reward, False, invalid=True
+            )
+        return self._move(*move)
+
+
+class GridWorld(MoveGame):
     """FrozenLake-like grid world; see the module docstring for observations, actions and rewards."""
 
     def __init__(
@@ -85,9 +109,8 @@ class GridWorld(TurnLimit):
         if not 0.0 <= slip < 1.0:
             raise ValueError(f"slip must be in [0, 1), got {slip}")
         self.n_holes, self.slip = holes, float(slip)
-        self.max_turns = check_positive("max_turns", max_turns)
-        self.step_reward, self.invalid_reward = float(step_reward), float(invalid_reward)
-        self.holes: set[tuple[int, int]] = set()
+        super().__init__(max_turns, step_reward, invalid_reward)
+        self.holes: set[Cell] = set()
         self.pos = (0, 0)
         self.rng = random.Random(0)
 
@@ -124,15 +147,9 @@ class GridWorld(TurnLimit):
             rows.append(row)
         return "/".join(rows) + "?"
 
-    def step(self, action: str) -> StepResult:
-        action = action.strip()
-        if action not in MOVES:
-            return self._finish(
-                "invalid " + self.render(), self.invalid_reward, False, invalid=True
-            )
+    def _move(self, dr: int, dc: int) -> StepResult:
         if self.slip and self.rng.random() < self.slip:
-            action = self.rng.choice(sorted(MOVES))
-        dr, dc = MOVES[action]
+            dr, dc = MOVES[self.rng.choice(sorted(MOVES))]
         r, c = self.pos[0] + dr, self.pos[1] + dc
         if 0 <= r < self.size and 0 <= c < self.size:
             self.pos = (r, c)

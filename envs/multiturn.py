@@ -61,10 +61,21 @@ class Env(Protocol):
 
 
 class TurnLimit:
-    """Mixin that counts turns and ends the episode at `max_turns` with info["truncated"]."""
+    """Mixin that counts turns and ends the episode at `max_turns` with info["truncated"].
 
-    max_turns: int = 8
+    It owns the parameters the environments share: `max_turns`, the reward of a turn that goes on
+    (`step_reward`) and that of an invalid action (`invalid_reward`). An environment lists them in
+    its own signature, with its own defaults (the registry reads the accepted keys from there),
+    and passes them to `__init__`, which checks them."""
+
+    max_turns: int
     turns: int = 0
+
+    def __init__(
+        self, max_turns: int, step_reward: float = 0.0, invalid_reward: float = 0.0
+    ) -> None:
+        self.max_turns = check_positive("max_turns", max_turns)
+        self.step_reward, self.invalid_reward = float(step_reward), float(invalid_reward)
 
     def _start(self) -> None:
         self.turns = 0

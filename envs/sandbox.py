@@ -51,7 +51,7 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 
-from rollflash.envs._bwrap import SandboxUnavailable, launch, runtime
+from rollflash.envs._bwrap import SandboxUnavailable, kill_namespace, launch, runtime
 from rollflash.envs._cgroup import CallGroup, per_call_bound
 from rollflash.envs._seccomp import supported_machine
 
@@ -186,7 +186,7 @@ def _call(
         try:
             streams = _pump(launched, payload, started + lim.wall_s, lim)
             if streams.timed_out or streams.flooded:
-                _kill(launched.init)
+                kill_namespace(launched.init)
             code_rc = _reap(launched.proc)
         finally:
             for f in (launched.proc.stdin, launched.proc.stdout, launched.proc.stderr):
@@ -269,15 +269,6 @@ def _pump(launched, payload: bytes, deadline: float, lim: SandboxLimits) -> _Str
                         s.flooded = True
                         return s
     return s
-
-
-def _kill(init: int | None) -> None:
-    """SIGKILL the PID namespace's init: the kernel then kills every process inside."""
-    if init is not None:
-        try:
-            signal.pidfd_send_signal(init, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 def _reap(proc: subprocess.Popen) -> int:

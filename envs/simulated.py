@@ -30,7 +30,7 @@ class SimulatedEnv(TurnLimit):
         success_prob: float = 0.5,
     ) -> None:
         self.min_turns = check_positive("min_turns", min_turns)
-        self.max_turns = check_positive("max_turns", max_turns)
+        super().__init__(max_turns)
         if min_turns > max_turns:
             raise ValueError(f"min_turns ({min_turns}) must be <= max_turns ({max_turns})")
         if step_latency_s < 0 or latency_sigma < 0:

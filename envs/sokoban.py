@@ -20,13 +20,11 @@ from __future__ import annotations
 
 import random
 
-from rollflash.envs.gridworld import MOVES
-from rollflash.envs.multiturn import StepResult, TurnLimit, check_positive
-
-Cell = tuple[int, int]
+from rollflash.envs.gridworld import MOVES, Cell, MoveGame
+from rollflash.envs.multiturn import StepResult, check_positive
 
 
-class Sokoban(TurnLimit):
+class Sokoban(MoveGame):
     def __init__(
         self,
         width: int = 4,
@@ -40,8 +38,7 @@ class Sokoban(TurnLimit):
         if width * height < 4 or min(width, height) < 2:
             raise ValueError(f"the room must be at least 2 x 2, got {width} x {height}")
         self.pull_steps = check_positive("pull_steps", pull_steps)
-        self.max_turns = check_positive("max_turns", max_turns)
-        self.step_reward, self.invalid_reward = float(step_reward), float(invalid_reward)
+        super().__init__(max_turns, step_reward, invalid_reward)
         self.target: Cell = (0, 0)
         self.box: Cell = (0, 0)
         self.player: Cell = (0, 0)
@@ -89,13 +86,7 @@ class Sokoban(TurnLimit):
         rows.append("#" * (self.width + 2))
         return "/".join(rows) + "?"
 
-    def step(self, action: str) -> StepResult:
-        action = action.strip()
-        if action not in MOVES:
-            return self._finish(
-                "invalid " + self.render(), self.invalid_reward, False, invalid=True
-            )
-        dr, dc = MOVES[action]
+    def _move(self, dr: int, dc: int) -> StepResult:
         nxt = (self.player[0] + dr, self.player[1] + dc)
         if nxt == self.box:
             beyond = (nxt[0] + dr, nxt[1] + dc)

@@ -103,8 +103,8 @@ class ToolUse(TurnLimit):
         wall_s: float = 5.0,
         memory_mb: int = 256,
     ) -> None:
-        self.max_turns = check_positive("max_turns", max_turns)
-        self.tool_reward, self.invalid_reward = float(tool_reward), float(invalid_reward)
+        # a tool call is this environment's turn that goes on: it earns `step_reward`
+        super().__init__(max_turns, step_reward=tool_reward, invalid_reward=invalid_reward)
         self.limits = SandboxLimits(
             cpu_s=check_positive("cpu_s", cpu_s),
             wall_s=float(wall_s),
@@ -130,7 +130,7 @@ class ToolUse(TurnLimit):
         except Exception as e:  # the tool's own failure, not the model's code failing
             return self._finish(
                 f"error: tool failed ({type(e).__name__})\n",
-                self.tool_reward,
+                self.step_reward,
                 False,
                 env_error=f"{type(e).__name__}: {e}",
             )
@@ -148,7 +148,7 @@ class ToolUse(TurnLimit):
                 observation = f"result: {calculate(arg)}\n"
             except (ValueError, OverflowError, RecursionError, MemoryError) as e:
                 observation = f"error: {e or type(e).__name__}\n"
-            return self._finish(observation, self.tool_reward, False, tool="calc")
+            return self._finish(observation, self.step_reward, False, tool="calc")
         if self.sandbox is None:
             self.sandbox = Sandbox(self.limits)
         result = self.sandbox.run(arg)
@@ -156,7 +156,7 @@ class ToolUse(TurnLimit):
             f"output: {result.output.strip()}\n" if result.ok else f"error: {result.error}\n"
         )
         return self._finish(
-            observation, self.tool_reward, False, tool="python", tool_error=result.error
+            observation, self.step_reward, False, tool="python", tool_error=result.error
         )
 
     def close(self) -> None:

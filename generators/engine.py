@@ -19,13 +19,13 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from rollflash.broker.config import Config, ConfigError
+from rollflash.envs.episode import Encode
 from rollflash.errors import RollflashError
-from rollflash.generators.sampling import GeneratedSample, SamplingParams
+from rollflash.generators.sampling import GeneratedSample, Groups, OnStep, SamplingParams
 
 if TYPE_CHECKING:
     import torch
@@ -35,8 +35,8 @@ class Engine(Protocol):
     vocab_size: int
 
     def generate(
-        self, prompts: list[str], params: SamplingParams, on_step: Callable[[], None] | None = None
-    ) -> list[list[GeneratedSample]]:
+        self, prompts: list[str], params: SamplingParams, on_step: OnStep | None = None
+    ) -> Groups:
         """Return, for each prompt, its `params.n` samples. An engine that can swap weights
         mid-generation calls `on_step` between decode steps (interrupt mode)."""
         ...
@@ -99,15 +99,12 @@ class EpisodeEngine(Engine, Protocol):
     """What multi-turn environments need besides `generate` (engines `hf`, `vllm` and `sim`)."""
 
     def generate_ids(
-        self,
-        prompts: list[list[int]],
-        params: SamplingParams,
-        on_step: Callable[[], None] | None = None,
-    ) -> list[list[GeneratedSample]]:
+        self, prompts: list[list[int]], params: SamplingParams, on_step: OnStep | None = None
+    ) -> Groups:
         """As `generate`, from token ids: each episode continues from its exact token context."""
         ...
 
-    def observation_encoder(self) -> Callable[[str, bool], list[int]]:
+    def observation_encoder(self) -> Encode:
         """(observation text, is_first) -> token ids (see envs/episode.py)."""
         ...
 

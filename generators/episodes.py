@@ -49,7 +49,7 @@ from rollflash.broker.schema import PromptWork, Sample, Trajectory
 from rollflash.envs import EnvTask, Episode
 from rollflash.generators.engine import EpisodeEngine
 from rollflash.generators.reload import WeightFollower
-from rollflash.generators.sampling import GeneratedSample, SamplingParams
+from rollflash.generators.sampling import GeneratedSample, OnStep, SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +84,7 @@ class EpisodeRunner:
         params: SamplingParams,
         max_episode_tokens: int,
         version: Callable[[], int],
-        on_step: Callable[[], object] | None = None,
+        on_step: OnStep | None = None,
     ) -> None:
         self.engine, self.params = engine, params
         self.max_tokens = max_episode_tokens

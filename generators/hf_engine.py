@@ -21,10 +21,10 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rollflash.broker.model_dir import model_directory
-from rollflash.envs import chat_encoder, plain_encoder, response_text
+from rollflash.envs import encoder_for, response_text
 from rollflash.envs.chat import encode_prompts
 from rollflash.envs.episode import Encode
-from rollflash.generators.sampling import GeneratedSample, SamplingParams
+from rollflash.generators.sampling import GeneratedSample, Groups, OnStep, SamplingParams
 
 if TYPE_CHECKING:
     from rollflash.broker.config import Config
@@ -155,15 +155,15 @@ class HFEngine:
 
     @torch.no_grad()
     def generate(
-        self, prompts: list[str], params: SamplingParams, on_step=None
-    ) -> list[list[GeneratedSample]]:
+        self, prompts: list[str], params: SamplingParams, on_step: OnStep | None = None
+    ) -> Groups:
         """Sample a batch; `on_step` is ignored: the batch always finishes on the loaded weights."""
         return self.generate_ids(encode_prompts(self.tokenizer, prompts), params)
 
     @torch.no_grad()
     def generate_ids(
-        self, prompts: list[list[int]], params: SamplingParams, on_step=None
-    ) -> list[list[GeneratedSample]]:
+        self, prompts: list[list[int]], params: SamplingParams, on_step: OnStep | None = None
+    ) -> Groups:
         """As `generate`, from token ids (multi-turn episodes continue from their exact tokens)."""
         width = max(len(p) for p in prompts)
         input_ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
@@ -175,13 +175,11 @@ class HFEngine:
 
     def observation_encoder(self) -> Encode:
         """How environment observations become tokens (envs/episode.py)."""
-        if getattr(self.tokenizer, "chat_template", None):
-            return chat_encoder(self.tokenizer)
-        return plain_encoder(self.tokenizer)
+        return encoder_for(self.tokenizer)
 
     def _sample_batch(
         self, input_ids: torch.Tensor, attention: torch.Tensor, params: SamplingParams
-    ) -> list[list[GeneratedSample]]:
+    ) -> Groups:
         """input_ids, attention: [P, W] int64, left-padded prompts -> P lists of params.n samples."""
         n_prompts = input_ids.shape[0]
         input_ids = input_ids.repeat_interleave(params.n, dim=0).to(self.device)
@@ -205,7 +203,7 @@ class HFEngine:
         logp = torch.log_softmax(logits / params.temperature, dim=-1)
         token_logp = logp.gather(-1, new_tokens.unsqueeze(-1)).squeeze(-1).cpu()  # [N, S]
         new_tokens, input_ids, attention = new_tokens.cpu(), input_ids.cpu(), attention.cpu()
-        results: list[list[GeneratedSample]] = [[] for _ in range(n_prompts)]
+        results: Groups = [[] for _ in range(n_prompts)]
         for row in range(new_tokens.shape[0]):
             prompt_ids = input_ids[row][attention[row].bool()].tolist()
             results[row // params.n].append(

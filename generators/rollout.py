@@ -51,7 +51,7 @@ from rollflash.generators.liveness import Liveness
 from rollflash.generators.reload import WeightFollower
 from rollflash.generators.reward_model import Rewarder, make_rewarder
 from rollflash.generators.run_setup import generator_seed, redis_url
-from rollflash.generators.sampling import GeneratedSample, SamplingParams
+from rollflash.generators.sampling import GeneratedSample, Groups, SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -132,10 +132,10 @@ def response_limit(task: Task, work: PromptWork) -> int | None:
 
 def generate_limited(
     engine: Engine, task: Task, works: list[PromptWork], params: SamplingParams, on_step=None
-) -> list[list[GeneratedSample]]:
+) -> Groups:
     """`engine.generate` over `works`, one call per distinct response limit (response_limit)."""
     limits = [response_limit(task, w) or params.max_new_tokens for w in works]
-    groups: list[list[GeneratedSample]] = [[] for _ in works]
+    groups: Groups = [[] for _ in works]
     for limit in sorted(set(limits)):
         ks = [k for k, lim in enumerate(limits) if lim == limit]
         prompts = [works[k].item["prompt"] for k in ks]
@@ -147,7 +147,7 @@ def generate_limited(
 
 def stream_groups(
     claimed: list[tuple[str, PromptWork]],
-    kept_groups: list[list[GeneratedSample]],
+    kept_groups: Groups,
     versions: list[int],
     task: Task,
     broker: GeneratorBroker,

@@ -10,6 +10,7 @@ else of the generator package; the rollout loop finds them through generators/en
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -43,3 +44,7 @@ class GeneratedSample:
     finished: bool  # ended with EOS (False: cut at max_new_tokens)
     text: str  # decoded response without special tokens
     token_versions: list[int] | None = None  # weight version per token; None: all the loaded one
+
+
+Groups = list[list[GeneratedSample]]  # for each prompt, in order, its `n` samples
+OnStep = Callable[[], object]  # runs between decode steps (interrupt mode); may swap weights in

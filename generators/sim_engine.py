@@ -22,13 +22,13 @@ from __future__ import annotations
 import dataclasses
 import random
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from rollflash.broker.config import Config, SimConfig
-from rollflash.generators.sampling import GeneratedSample, SamplingParams
+from rollflash.envs.episode import Encode
+from rollflash.generators.sampling import GeneratedSample, Groups, OnStep, SamplingParams
 
 
 @dataclass
@@ -119,8 +119,8 @@ class SimEngine:
 
     # --- whole batches --------------------------------------------------------------------------
     def generate(
-        self, prompts: list[str], params: SamplingParams, on_step: Callable[[], None] | None = None
-    ) -> list[list[GeneratedSample]]:
+        self, prompts: list[str], params: SamplingParams, on_step: OnStep | None = None
+    ) -> Groups:
         one = dataclasses.replace(params, n=1)
         for i, prompt in enumerate(prompts):
             for k in range(params.n):
@@ -133,11 +133,8 @@ class SimEngine:
         return [[slots[f"{i}/{k}"] for k in range(params.n)] for i in range(len(prompts))]
 
     def generate_ids(
-        self,
-        prompts: list[list[int]],
-        params: SamplingParams,
-        on_step: Callable[[], None] | None = None,
-    ) -> list[list[GeneratedSample]]:
+        self, prompts: list[list[int]], params: SamplingParams, on_step: OnStep | None = None
+    ) -> Groups:
         """Multi-turn episodes: the same timing model; the context's length is not simulated
         (decode steps dominate, prefill is ignored, as in `generate`)."""
         groups = self.generate([""] * len(prompts), params, on_step)
@@ -146,7 +143,7 @@ class SimEngine:
                 sample.prompt_ids = list(ids)
         return groups
 
-    def observation_encoder(self) -> Callable[[str, bool], list[int]]:
+    def observation_encoder(self) -> Encode:
         """One token per character, mapped into the simulated vocabulary."""
         span = self.vocab_size - 3
         return lambda text, first: ([1] if first else []) + [3 + ord(c) % span for c in text]

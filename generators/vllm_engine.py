@@ -62,11 +62,11 @@ from transformers import AutoTokenizer
 
 from rollflash.broker.config_gpu import VLLMConfig
 from rollflash.broker.model_dir import model_directory
-from rollflash.envs import chat_encoder, plain_encoder, response_text
+from rollflash.envs import encoder_for, response_text
 from rollflash.envs.chat import encode_prompts
 from rollflash.envs.episode import Encode
 from rollflash.generators import vllm_setup
-from rollflash.generators.sampling import GeneratedSample, SamplingParams
+from rollflash.generators.sampling import GeneratedSample, Groups, OnStep, SamplingParams
 from rollflash.generators.vllm_lora import AdapterVersions, adapter_kwargs
 
 if TYPE_CHECKING:
@@ -241,21 +241,15 @@ class VLLMEngine:
         return shapes
 
     def generate(
-        self,
-        prompts: list[str],
-        params: SamplingParams,
-        on_step: Callable[[], object] | None = None,
-    ) -> list[list[GeneratedSample]]:
+        self, prompts: list[str], params: SamplingParams, on_step: OnStep | None = None
+    ) -> Groups:
         """Sample `params.n` responses per prompt; `on_step` runs between decode steps and may
         call `load_weights` (interrupt mode)."""
         return self.generate_ids(encode_prompts(self.tokenizer, prompts), params, on_step)
 
     def generate_ids(
-        self,
-        prompt_ids: list[list[int]],
-        params: SamplingParams,
-        on_step: Callable[[], object] | None = None,
-    ) -> list[list[GeneratedSample]]:
+        self, prompt_ids: list[list[int]], params: SamplingParams, on_step: OnStep | None = None
+    ) -> Groups:
         """As `generate`, from token ids: a multi-turn episode continues from its exact tokens
         (prefix caching reuses the KV of the context it shares with its previous turn)."""
         sampling = self._sampling(params, params.n)
@@ -287,10 +281,8 @@ class VLLMEngine:
         ]
 
     def observation_encoder(self) -> Encode:
-        """How environment observations become tokens (envs/episode.py), as in the hf engine."""
-        if getattr(self.tokenizer, "chat_template", None):
-            return chat_encoder(self.tokenizer)
-        return plain_encoder(self.tokenizer)
+        """How environment observations become tokens (envs/episode.py)."""
+        return encoder_for(self.tokenizer)
 
     def _sampling(self, params: SamplingParams, n: int):
         """vLLM sampling parameters for `n` samples, reported once all have finished."""

@@ -116,6 +116,40 @@ def test_an_environment_task_takes_the_class_parameters_and_heldout_size():
 
 
 @pytest.mark.parametrize(
+    "name, accepted, defaults",
+    [
+        ("gridworld", "size, holes, max_turns, slip, step_reward, invalid_reward", (8, 0.0, 0.0)),
+        (
+            "sokoban",
+            "width, height, pull_steps, max_turns, step_reward, invalid_reward",
+            (16, -0.01, -0.01),
+        ),
+        (
+            "sim_env",
+            "min_turns, max_turns, step_latency_s, latency_sigma, obs_chars, success_prob",
+            (6, 0.0, 0.0),
+        ),
+        (
+            "tool_use",
+            "max_turns, tool_reward, invalid_reward, cpu_s, wall_s, memory_mb",
+            (4, 0.0, 0.0),
+        ),
+    ],
+)
+def test_each_environment_lists_its_own_keys_and_turnlimit_checks_the_shared_ones(
+    name, accepted, defaults
+):
+    # the registry reads the keys from the environment's signature; TurnLimit checks max_turns
+    with pytest.raises(ValueError, match=f"; accepted: {accepted}, heldout_size$"):
+        make_task(name, {"turns": 3})
+    with pytest.raises(ValueError, match="^max_turns must be a positive integer, got 0$"):
+        make_task(name, {"max_turns": 0})
+    env = make_task(name, {"heldout_size": 1}).make_env()
+    assert (env.max_turns, env.step_reward, env.invalid_reward) == defaults
+    assert make_task(name, {"max_turns": 3}).make_env().max_turns == 3
+
+
+@pytest.mark.parametrize(
     "params, match",
     [
         ({"ops": ["/"]}, "ops"),

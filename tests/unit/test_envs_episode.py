@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from rollflash.envs import Episode, chat_encoder, plain_encoder
+from rollflash.envs import Episode, chat_encoder, encoder_for, plain_encoder
 from rollflash.envs.episode import state_key
 from rollflash.envs.gridworld import GridWorld
 
@@ -67,6 +67,19 @@ def test_chat_template_observations(tok):
         # after the action's EOS: the template's "." then the user turn and the generation prompt
         obs = tok(".u=.a./.../..g?.a=", add_special_tokens=False)["input_ids"]
         assert ep.response_ids[2:] == obs
+    finally:
+        tok.chat_template = None
+
+
+def test_the_engines_encoder_follows_the_tokenizers_chat_template(tok):
+    # hf and vllm engines encode observations with encoder_for(tokenizer)
+    assert encoder_for(tok)("a../", True) == tok("a../")["input_ids"]  # plain: with <bos>
+    tok.chat_template = TEMPLATE
+    try:
+        assert (
+            encoder_for(tok)("a../", True)
+            == tok("u=a../.a=", add_special_tokens=False)["input_ids"]
+        )
     finally:
         tok.chat_template = None
 
