@@ -92,6 +92,7 @@ def chat_encoder(tokenizer: Any) -> Encode:
 
 
 def encoder_for(tokenizer: Any) -> Encode:
+    """How episodes render observations for `tokenizer`: its chat template when it has one."""
     if getattr(tokenizer, "chat_template", None):
         return chat_encoder(tokenizer)
     return plain_encoder(tokenizer)

@@ -36,9 +36,8 @@ from rollflash.envs import (
     Episode,
     Item,
     Task,
-    chat_encoder,
+    encoder_for,
     is_multi_turn,
-    plain_encoder,
     response_text,
 )
 from rollflash.envs.chat import encode_prompts
@@ -262,11 +261,7 @@ def heldout_success(
     """Fraction of held-out episodes (item.answer = seed) that end in success with greedy actions;
     with the ranks of a sharded model each plays its share (item i on rank i mod N) in step."""
     model.eval()
-    encode = (
-        chat_encoder(tokenizer)
-        if getattr(tokenizer, "chat_template", None)
-        else plain_encoder(tokenizer)
-    )
+    encode = encoder_for(tokenizer)
     ranks = dist if dist is not None and dist.world_size > 1 else None
     mine = items[ranks.rank :: ranks.world_size] if ranks is not None else items
     limit = getattr(model.config, "max_position_embeddings", None) or 10**9
