@@ -256,9 +256,16 @@ def test_a_run_over_http_gives_every_generator_its_versions_through_its_own_stor
     )
     assert sum(len(row["trained"]) for row in ledger) == 3 * 4  # 3 steps x 4 groups
     run_dir = tmp_path / "run"
+    loaded = 0
     for i in range(2):
         log = (run_dir / "logs" / f"gen-{i}.log").read_text()
         assert "relaying weight versions at http://127.0.0.1:" in log
-        assert "B from http://127.0.0.1:" in log  # loaded versions fetched over HTTP
-        own = WeightStore(run_dir / "local" / f"gen-{i}")
-        assert own.versions() and own.root != WeightStore(run_dir).root
+        # every version a generator loads was fetched over HTTP into its own store; how many
+        # each loads depends on when it joined (one that starts as the run ends loads none)
+        loads = [line for line in log.splitlines() if "loaded weights v" in line]
+        assert all("B from http://127.0.0.1:" in line for line in loads), loads
+        if loads:
+            own = WeightStore(run_dir / "local" / f"gen-{i}")
+            assert own.versions() and own.root != WeightStore(run_dir).root
+        loaded += len(loads)
+    assert loaded >= 1  # step 3 trains samples of v1 or later (async_ratio 1): someone loaded it
