@@ -22,6 +22,12 @@ def _session_pids(sid: int) -> list[int]:
     return pids
 
 
+def _as_a_terminal_does() -> None:
+    """preexec_fn: SIGINT at its default, as a shell starts a foreground job; a test run started
+    in the background by a script (`make test &`) inherits SIGINT ignored, and Python keeps it so."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _children_of(pid: int) -> list[int]:
     out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True)
     return [int(x) for x in out.stdout.split()]
@@ -50,6 +56,7 @@ def _start(tmp_path):
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
+        preexec_fn=_as_a_terminal_does,
     )
     deadline = time.monotonic() + 600  # start-up on a loaded machine: bounds a hang only
     while time.monotonic() < deadline and not (tmp_path / "run" / "metrics.jsonl").exists():
@@ -101,6 +108,7 @@ def test_ctrl_c_exits_130_with_one_line(tmp_path):
         stdout=out,
         stderr=err,
         start_new_session=True,
+        preexec_fn=_as_a_terminal_does,
     )
     deadline = time.monotonic() + 600  # start-up on a loaded machine: bounds a hang only
     while time.monotonic() < deadline and not (tmp_path / "run" / "metrics.jsonl").exists():
