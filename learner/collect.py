@@ -239,7 +239,9 @@ class Collector:
         if self.backlog:
             entries, self.backlog = self.backlog[: max(count, 1)], self.backlog[max(count, 1) :]
             return entries, []
-        # each entry completes at most one group, so this never reads far past the batch
+        # each entry completes at most one group; COUNT is per stream, so a read may take up
+        # to `count` from each generator: what this step does not take stays ready (pending)
+        # for the next, and admission bounds it (answers to prompts issued beyond the steps)
         check = (self.vocab_size, self.assembler.group_size, version)
         return self.broker.read_trajectories(
             self.dist.consumer, count=max(count, 1), block_ms=_BLOCK_MS, check=check
