@@ -121,6 +121,8 @@ def test_reward_functions_carry_the_reason_and_the_wire_takes_it():
     cfg = load_config(None, ["reward.code.time_s=1", "reward.code.max_workers=2"])
     fns = RewardFunctions.load(["code", "exact"], [1.0, 0.5], 10.0, cfg.reward)
     assert fns.functions[0].limits == CodeLimits(time_s=1.0, max_workers=2)
+    # the verifier used on its own has the config's defaults (envs stay free of pydantic)
+    assert CodeLimits() == CodeLimits(**load_config(None, []).reward.code.model_dump())
     items = [Item("a", "p", "x", {"tests": STDIO}), Item("b", "p", "x", {"tests": STDIO})]
     out = fns.score_flat(items, [ADD_STDIO, "while True: pass"])
     # 1.0 * code + 0.5 * exact ("x" != response) -> 1.0 and 0.0; the second timed out
