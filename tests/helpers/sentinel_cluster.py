@@ -22,10 +22,20 @@ DOWN_AFTER_MS = 1000
 FAILOVER_TIMEOUT_MS = 3000
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def free_port(taken: set[int]) -> int:
+    """A port free now and not in `taken` (which it joins): the nodes bind only when started, so
+    the kernel may hand out one port twice while choosing them."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in taken:
+            taken.add(port)
+            return port
+
+
+class PortTaken(RuntimeError):
+    """A node's port was bound by another process between choosing it and starting the node."""
 
 
 def _wait(predicate, timeout_s: float, what: str) -> None:
@@ -50,6 +60,7 @@ class Node:
 
     def start(self, *extra: str) -> Node:
         with open(self.dir / "redis.log", "ab") as log:
+            self._log_from = log.tell()
             self.proc = subprocess.Popen(
                 [shutil.which("redis-server") or "redis-server", *self.args, *extra],
                 cwd=self.dir,
@@ -57,8 +68,20 @@ class Node:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
             )
-        _wait(lambda: self.client().ping(), 10, f"redis-server on port {self.port}")
+        _wait(self._answers, 10, f"redis-server on port {self.port}")
         return self
+
+    def _answers(self) -> bool:
+        """True once this node's own process answers on its port (not another server there)."""
+        assert self.proc is not None
+        if self.proc.poll() is not None:
+            with open(self.dir / "redis.log", "rb") as f:
+                f.seek(self._log_from)
+                log = f.read().decode(errors="replace")  # what this start wrote
+            if "Address already in use" in log:
+                raise PortTaken(f"port {self.port} is taken")
+            raise AssertionError(f"redis-server on port {self.port} exited: {log[-1000:]}")
+        return self.client().info("server")["process_id"] == self.proc.pid
 
     def client(self) -> redis.Redis:
         return redis.Redis("127.0.0.1", self.port, socket_timeout=5)
@@ -81,21 +104,26 @@ class SentinelCluster:
     """`replicas` replicas of one master, watched by three Sentinels (quorum 2)."""
 
     def __init__(self, directory: Path, replicas: int = 1):
-        self.dir = directory
+        self.dir, self.n = directory, replicas
+        self._layout()
+
+    def _layout(self) -> None:
+        """Choose distinct ports and write each node's arguments or sentinel.conf."""
         data = ["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
         data += ["--repl-diskless-sync", "yes", "--repl-diskless-sync-delay", "0"]
-        port = free_port()
-        self.master = Node(directory / "master", port, ["--port", str(port), *data])
+        taken: set[int] = set()
+        port = free_port(taken)
+        self.master = Node(self.dir / "master", port, ["--port", str(port), *data])
         self.replicas = []
-        for i in range(replicas):
-            p = free_port()
+        for i in range(self.n):
+            p = free_port(taken)
             args = ["--port", str(p), *data, "--replicaof", "127.0.0.1", str(port)]
-            self.replicas.append(Node(directory / f"replica-{i}", p, args))
+            self.replicas.append(Node(self.dir / f"replica-{i}", p, args))
         self.sentinels = []
         for i in range(3):
-            p = free_port()
-            d = directory / f"sentinel-{i}"
-            d.mkdir(parents=True)
+            p = free_port(taken)
+            d = self.dir / f"sentinel-{i}"
+            d.mkdir(parents=True, exist_ok=True)
             (d / "sentinel.conf").write_text(
                 f"port {p}\nbind 127.0.0.1\ndir {d}\n"
                 f"sentinel monitor {SERVICE} 127.0.0.1 {port} 2\n"
@@ -113,9 +141,17 @@ class SentinelCluster:
         """A redis.url for the config: behind Sentinel, its host and port are not used."""
         return "redis://127.0.0.1:1/0"
 
-    def start(self) -> SentinelCluster:
-        for node in [self.master, *self.replicas, *self.sentinels]:
-            node.start()
+    def start(self, attempts: int = 3) -> SentinelCluster:
+        for attempt in range(attempts):
+            try:
+                for node in [self.master, *self.replicas, *self.sentinels]:
+                    node.start()
+                break
+            except PortTaken:  # another process took a port meanwhile: choose them again
+                self.stop()
+                if attempt == attempts - 1:
+                    raise
+                self._layout()
         n = len(self.replicas)
 
         def ready() -> bool:  # every replica synced, every Sentinel knows them and the others
