@@ -96,6 +96,10 @@ class GroupAssembler:
             out.append(Completed(p.parts[0], p.entry_ids, [part.traj_id for part in p.parts]))
         return out
 
+    def pending_entry_ids(self) -> list[str]:
+        """The refs of the entries held in incomplete groups (pending in the stream)."""
+        return [e for p in self.partial.values() for e in p.entry_ids]
+
     def pending_traj_ids(self) -> list[str]:
         """The traj_ids of the entries held in incomplete groups (pending in the stream)."""
         return [part.traj_id for p in self.partial.values() for part in p.parts]

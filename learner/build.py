@@ -30,12 +30,11 @@ from rollflash.learner.best import BestVersion
 from rollflash.learner.checkpoint import (
     CheckpointStore,
     LearnerState,
-    RankProgress,
     restore_rng,
     resume_after,
 )
 from rollflash.learner.checkpoint_io import Trainables
-from rollflash.learner.collect import Collector
+from rollflash.learner.collect import Collector, RankProgress
 from rollflash.learner.device import adamw, cuda_defaults, set_alloc_conf, startup_line
 from rollflash.learner.dist import Dist, init_dist
 from rollflash.learner.evaluator import Evaluator
@@ -93,7 +92,11 @@ class Learner:
     ledger: Ledger  # every entry trained or dropped, durably before it is acknowledged
     best: BestVersion | None = None  # rank 0 with eval.keep_best (learner/best.py)
     history: History = field(default_factory=History)  # the summary's figures (checkpointed)
-    progress: RankProgress = field(default_factory=RankProgress)  # trained, not yet acknowledged
+
+    @property
+    def progress(self) -> RankProgress:
+        """This rank's entries trained since the last checkpoint (not yet acknowledged)."""
+        return self.collector.progress
 
     @property
     def simulated(self) -> bool:

@@ -72,18 +72,6 @@ STATE = "state.json"
 KEEP = 2  # checkpoints kept on disk: the newest one and its predecessor
 
 
-@dataclass
-class RankProgress:
-    """One rank's stream entries trained since the previous checkpoint (not yet acknowledged)."""
-
-    entry_ids: list[str] = field(default_factory=list)
-    traj_ids: list[str] = field(default_factory=list)
-
-    def clear(self) -> None:
-        self.entry_ids.clear()
-        self.traj_ids.clear()
-
-
 class RankRecord(TypedDict):
     """One rank's part of a checkpoint (`LearnerState.ranks`)."""
 
@@ -259,7 +247,7 @@ class RankShare(NamedTuple):
     """What each rank hands rank 0 for a checkpoint (gathered over the ranks)."""
 
     consumer: str  # the rank's consumer name, rank{r}
-    entry_ids: list[str]  # trained since the previous checkpoint (RankProgress)
+    entry_ids: list[str]  # trained since the previous checkpoint (collect.py RankProgress)
     traj_ids: list[str]
     ledger_offset: int
     consumed: dict[int, list[str]]  # issue step -> trajectory ids consumed (Collector.consumed)

@@ -3,6 +3,9 @@
 For the learner at step s (publishing version v), `Collector.collect` reads until the ranks
 together hold `rollout_batch_size` complete, fresh groups:
 - invalid entries were already dead-lettered by the broker; they are replaced by fresh prompts;
+- an entry this rank holds unacknowledged (ready, in an incomplete group, or trained since the
+  checkpoint) that Redis delivers again, because it lost the delivery in a failover or a restart,
+  is skipped: it is the same entry, not a copy, and its own outcome acknowledges it;
 - an entry whose `traj_id` was seen before (a retried generator) is acknowledged and counted as a
   duplicate; one whose prompt had been delivered before (`retried`: a generator died holding it, or
   Redis forgot its acknowledgement) but is not a duplicate is counted as retried (metric
@@ -90,6 +93,18 @@ class NoData(RollflashError, RuntimeError):
 
 
 @dataclass
+class RankProgress:
+    """One rank's stream entries trained since the previous checkpoint (not yet acknowledged)."""
+
+    entry_ids: list[str] = field(default_factory=list)
+    traj_ids: list[str] = field(default_factory=list)
+
+    def clear(self) -> None:
+        self.entry_ids.clear()
+        self.traj_ids.clear()
+
+
+@dataclass
 class Ready:
     """An accepted group not yet trained, with the stream entries to acknowledge once it is."""
 
@@ -148,6 +163,7 @@ class Collector:
         self.trained = RecentIds()  # trajectory ids trained by any rank
         self.ready: list[Ready] = []
         self.backlog: list[tuple[str, Trajectory]] = []  # re-read pending entries, read first
+        self.progress = RankProgress()  # taken into steps, acknowledged after the checkpoint
         self._send_held = False  # rank 0 asked for every rank's held traj_ids (broker/inflight.py)
 
     def age(self, group: Trajectory, step: int) -> int:
@@ -209,7 +225,7 @@ class Collector:
                 last_arrival = time.monotonic()
             drops = Drops()
             self.reject(out, rejected, step)
-            for entry_id, traj in entries:
+            for entry_id, traj in self._new(entries):
                 self._sort_entry(out, drops, entry_id, traj, step)
             self._refuse(out, drops)
             self.settle(drops, step)
@@ -246,6 +262,25 @@ class Collector:
         return self.broker.read_trajectories(
             self.dist.consumer, count=max(count, 1), block_ms=_BLOCK_MS, check=check
         )
+
+    def _new(self, entries: Entries) -> Entries:
+        """`entries` without those this rank already holds: Redis delivers an entry again when
+        it lost the delivery (a failover to a replica that lacked it, a restart that lost it)
+        while the entry is still unacknowledged here. It is the same entry, not a copy: it has
+        no outcome of its own, so it is neither recorded nor acknowledged (its group's outcome
+        acknowledges it)."""
+        if not entries:
+            return entries
+        held = {e for r in self.ready for e in r.entry_ids} | {e for e, _ in self.backlog}
+        held |= set(self.assembler.pending_entry_ids()) | set(self.progress.entry_ids)
+        new = [(e, t) for e, t in entries if e not in held]
+        if len(new) < len(entries):
+            log.warning(
+                "%d entries delivered again (Redis lost their delivery in a failover or a "
+                "restart): this rank holds them already",
+                len(entries) - len(new),
+            )
+        return new
 
     def reject(self, out: Collected, rejected: list[Rejected], step: int) -> None:
         """Record rejected entries, then dead-letter them (copied, acknowledged; broker)."""

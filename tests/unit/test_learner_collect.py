@@ -156,3 +156,26 @@ def test_the_checkpoint_keeps_consumed_ids_but_not_pending_ones():
     resumed.broker.queue += [("w0", _traj("w/0", 1, 1, group_id="w", samples=2))]
     out = resumed.collect(1)
     assert [g.traj_id for g in out.groups] == ["y", "w"] and out.duplicate_ids == ["x/0"]
+
+
+def test_an_entry_delivered_again_while_held_is_neither_a_duplicate_nor_acknowledged():
+    """Redis delivers an entry again when it lost the delivery (a failover to a replica that
+    lacked it): the entry the rank trained but has not acknowledged yet, or holds in an
+    incomplete group, is the same entry, not a copy, and waits for its own outcome. A copy under
+    another entry id is still a duplicate."""
+    broker = FakeBroker()
+    c = _collector(broker, group_size=2)
+    a, b = (_traj(f"{g}/0", 0, 0, group_id=g, samples=2) for g in "ab")
+    h = _traj("h/0", 0, 0, group_id="h")  # one sample of two
+    broker.queue += [("h0", h), ("e0", a), ("e1", b)]
+    out = c.collect(0)
+    c.progress.entry_ids += out.entry_ids  # trained, acknowledged after the checkpoint
+    assert out.entry_ids == ["e0", "e1"] and c.assembler.pending_entry_ids() == ["h0"]
+    fresh = [
+        (f"e{k}", _traj(f"{g}/0", 1, 1, group_id=g, samples=2)) for k, g in ((2, "c"), (3, "d"))
+    ]
+    broker.queue += [("e9", a), ("e0", a), ("h0", h), ("e1", b), *fresh]
+    out = c.collect(1)
+    assert [g.group_id for g in out.groups] == ["c", "d"] and out.entry_ids == ["e2", "e3"]
+    assert out.duplicate_ids == ["a/0"] and broker.acked == ["e9"]  # only the copy
+    assert c.assembler.pending_entry_ids() == ["h0"]
