@@ -34,9 +34,10 @@ from rollflash.learner.checkpoint import (
     resume_after,
 )
 from rollflash.learner.checkpoint_io import Trainables
-from rollflash.learner.collect import Collector, RankProgress
+from rollflash.learner.collect import Collector
 from rollflash.learner.device import adamw, cuda_defaults, set_alloc_conf, startup_line
 from rollflash.learner.dist import Dist, init_dist
+from rollflash.learner.drops import RankProgress
 from rollflash.learner.evaluator import Evaluator
 from rollflash.learner.filters import drop_reason
 from rollflash.learner.guards import GuardMonitor

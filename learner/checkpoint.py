@@ -247,7 +247,7 @@ class RankShare(NamedTuple):
     """What each rank hands rank 0 for a checkpoint (gathered over the ranks)."""
 
     consumer: str  # the rank's consumer name, rank{r}
-    entry_ids: list[str]  # trained since the previous checkpoint (collect.py RankProgress)
+    entry_ids: list[str]  # trained since the previous checkpoint (drops.py RankProgress)
     traj_ids: list[str]
     ledger_offset: int
     consumed: dict[int, list[str]]  # issue step -> trajectory ids consumed (Collector.consumed)

@@ -73,7 +73,7 @@ from rollflash.errors import RollflashError
 from rollflash.learner.admission import Admission
 from rollflash.learner.assemble import Completed, GroupAssembler
 from rollflash.learner.dist import Dist, split_quotas
-from rollflash.learner.drops import Drops, Entries, traj_id_of, union
+from rollflash.learner.drops import Drops, Entries, RankProgress, traj_id_of, union
 from rollflash.learner.ledger import Ledger
 from rollflash.learner.lineage import Lineage
 from rollflash.learner.pause import pause_point
@@ -93,26 +93,12 @@ class NoData(RollflashError, RuntimeError):
 
 
 @dataclass
-class RankProgress:
-    """One rank's stream entries trained since the previous checkpoint (not yet acknowledged)."""
-
-    entry_ids: list[str] = field(default_factory=list)
-    traj_ids: list[str] = field(default_factory=list)
-
-    def clear(self) -> None:
-        self.entry_ids.clear()
-        self.traj_ids.clear()
-
-
-@dataclass
 class Ready:
     """An accepted group not yet trained, with the stream entries to acknowledge once it is."""
 
     group: Trajectory
     entry_ids: list[str]  # refs of its entries (broker/trajectories.py)
-    traj_ids: list[
-        str
-    ]  # the traj_id of each of those entries (pending in the stream until trained)
+    traj_ids: list[str]  # the traj_id of each of those entries (pending until trained)
 
 
 @dataclass
@@ -265,10 +251,8 @@ class Collector:
 
     def _new(self, entries: Entries) -> Entries:
         """`entries` without those this rank already holds: Redis delivers an entry again when
-        it lost the delivery (a failover to a replica that lacked it, a restart that lost it)
-        while the entry is still unacknowledged here. It is the same entry, not a copy: it has
-        no outcome of its own, so it is neither recorded nor acknowledged (its group's outcome
-        acknowledges it)."""
+        it lost the delivery (a failover, a restart). It is the same entry, not a copy, so it
+        is neither recorded nor acknowledged: its group's own outcome does both."""
         if not entries:
             return entries
         held = {e for r in self.ready for e in r.entry_ids} | {e for e, _ in self.backlog}

@@ -1,6 +1,7 @@
 """What a collector acknowledges without training it, gathered per call (learner/collect.py):
 the entries by outcome, the traj_ids leaving `inflight` and the groups to replace, recorded in
-the ledger (learner/ledger.py) before the one call that acknowledges them."""
+the ledger (learner/ledger.py) before the one call that acknowledges them; and what it took into
+steps (`RankProgress`), acknowledged after the checkpoint that holds their update."""
 
 from __future__ import annotations
 
@@ -45,3 +46,15 @@ class Drops:
         self.refs.setdefault(outcome, []).extend(refs)
         self.finished += list(parts)
         self.replaced += replace
+
+
+@dataclass
+class RankProgress:
+    """One rank's stream entries trained since the previous checkpoint (not yet acknowledged)."""
+
+    entry_ids: list[str] = field(default_factory=list)
+    traj_ids: list[str] = field(default_factory=list)
+
+    def clear(self) -> None:
+        self.entry_ids.clear()
+        self.traj_ids.clear()
