@@ -199,6 +199,7 @@ class ContinuousRollout:
                     max(w.issued_version for _, w in self.held),
                     self.cfg.trainer.wait_timeout_s,
                     self.broker.run_state,
+                    beat=self.beat,
                 )
             if self.worked:
                 self.usage.idle_s += time.monotonic() - turn_started

@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 WAKE_S = 0.1  # how often the thread looks at notifications and requests
+WAIT_BEAT_S = 1.0  # how often `wait_for` heartbeats while a generator waits for weights
 
 
 class WeightFollower:
@@ -117,15 +118,25 @@ class WeightFollower:
         load_adapter(staged.path, staged.version)
 
     def wait_for(
-        self, version: int, timeout_s: float, run_alive: Callable[[], object] | None = None
+        self,
+        version: int,
+        timeout_s: float,
+        run_alive: Callable[[], object] | None = None,
+        beat: Callable[[], object] | None = None,
     ) -> None:
         """Block until at least `version` is loaded (synchronous mode needs it). `run_alive` is
         called between looks (the generator's `run_state`): it raises when the run is gone, so a
-        generator whose Redis came back empty stops with that error, not a timeout."""
+        generator whose Redis came back empty stops with that error, not a timeout. `beat` (the
+        generator's heartbeat) runs every WAIT_BEAT_S meanwhile: a generator waiting for weights
+        is alive, and its heartbeat must not expire however long the learner's step takes."""
         deadline = time.monotonic() + timeout_s
+        next_beat = 0.0
         while self.loaded_version < version:
             if run_alive is not None:
                 run_alive()
+            if beat is not None and time.monotonic() >= next_beat:
+                beat()
+                next_beat = time.monotonic() + WAIT_BEAT_S
             if time.monotonic() > deadline:
                 raise TimeoutError(f"weights v{version} were not published within {timeout_s}s")
             self._wake.set()  # read the hash now: we know a newer version is due

@@ -281,6 +281,7 @@ class Generator:
                 max(w.issued_version for _, w in claimed),
                 self.cfg.trainer.wait_timeout_s,
                 self.broker.run_state,
+                beat=lambda: self.heartbeat("up"),
             )
         if c.groups:  # idle time counts from the first piece of work, not from start-up
             c.idle_s += time.monotonic() - waited

@@ -287,3 +287,18 @@ def test_waiting_for_a_version_of_a_lost_run_stops_with_the_runs_error(tmp_path)
         # 3 looks, each after at most one 0.5 s reload wait; the hour is never reached
         assert len(looks) == 3 and time.monotonic() - started < 3600
         assert engine.swapped == []
+
+
+def test_a_generator_waiting_for_weights_keeps_heartbeating(tmp_path):
+    """`wait_for` beats while it waits: here the version is published only after the third
+    heartbeat, so the wait returns only if the generator went on beating (else it times out)."""
+    with _following(tmp_path, attempts=3) as (store, hash_, _, follower):
+        beats = []
+
+        def beat():
+            beats.append(time.monotonic())
+            if len(beats) == 3:
+                _publish(store, hash_, 1, 1.0)
+
+        follower.wait_for(1, timeout_s=60, beat=beat)
+        assert follower.loaded_version == 1 and len(beats) >= 3
