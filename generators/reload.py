@@ -130,7 +130,7 @@ class WeightFollower:
         generator's heartbeat) runs every WAIT_BEAT_S meanwhile: a generator waiting for weights
         is alive, and its heartbeat must not expire however long the learner's step takes."""
         deadline = time.monotonic() + timeout_s
-        next_beat = 0.0
+        next_beat = time.monotonic() + WAIT_BEAT_S  # its caller beat just before
         while self.loaded_version < version:
             if run_alive is not None:
                 run_alive()
