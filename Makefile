@@ -146,12 +146,16 @@ test: install redis-server bwrap kubectl slurm
 test-main: install redis-server bwrap kubectl slurm
 	$(BIN)/python -m pytest tests -q -n $(TEST_WORKERS) --dist loadfile --durations=15 --ignore=tests/vllm_engine $(PYTEST_ARGS)
 
-# ruff (format and lint), mypy on every product folder, and the file/function size limits.
+# ruff (format and lint), mypy on every product folder, the file/function size limits, and
+# hadolint on the container image's definition.
 lint: install
 	$(BIN)/ruff format --check --quiet .
 	$(BIN)/ruff check --quiet .
+	$(BIN)/hadolint deploy/Dockerfile
 	$(BIN)/python scripts/typecheck.py
 	$(BIN)/python scripts/check_sizes.py
+	$(BIN)/python scripts/import_graph.py
+	$(BIN)/python -m pytest --collect-only -q tests > /dev/null  # every test module imports, under a unique name
 
 test-unit: install bwrap kubectl
 	$(BIN)/python -m pytest tests/unit -q $(PYTEST_ARGS)

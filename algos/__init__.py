@@ -12,21 +12,15 @@ from rollflash.algos.advantages import (
     rloo_advantages,
 )
 from rollflash.algos.aggregation import AGG_MODES, aggregate
-from rollflash.algos.entropy import entropy_bonus, entropy_from_logits
-from rollflash.algos.filtering import (
+from rollflash.algos.dapo import (
     dynamic_sampling_mask,
     overlong_filter_mask,
     soft_overlong_penalty,
 )
-from rollflash.algos.kl import KL_ESTIMATORS, kl_loss, kl_penalty
+from rollflash.algos.entropy import entropy_bonus, entropy_from_logits
+from rollflash.algos.kl import K3_LIMIT, KL_ESTIMATORS, approx_kl, kl_loss, kl_penalty, was_clamped
 from rollflash.algos.kl_control import adaptive_kl_coef, next_kl_coef
 from rollflash.algos.masked import masked_max, masked_mean, masked_sum, masked_whiten
-from rollflash.algos.multiturn import (
-    TurnInputs,
-    step_group_advantages,
-    turn_returns,
-    turns_to_tokens,
-)
 from rollflash.algos.offpolicy import IS_LEVELS, IS_MODES, ISWeights, importance_weights
 from rollflash.algos.policy_loss import (
     POLICY_LOSSES,
@@ -40,6 +34,7 @@ from rollflash.algos.policy_loss import (
     topr_loss,
 )
 from rollflash.algos.preference import bradley_terry_loss
+from rollflash.algos.ratio import LOG_RATIO_LIMIT, exp_ratio
 from rollflash.algos.returns import discounted_returns, gae_advantages, place_terminal_reward
 from rollflash.algos.rewards import (
     REWARD_NORMS,
@@ -47,6 +42,12 @@ from rollflash.algos.rewards import (
     clip_rewards,
     kl_reward_penalty,
     normalize_rewards,
+)
+from rollflash.algos.turn_advantages import (
+    TurnInputs,
+    step_group_advantages,
+    turn_returns,
+    turns_to_tokens,
 )
 from rollflash.algos.types import LossOutput
 from rollflash.algos.value_loss import value_loss
@@ -57,7 +58,9 @@ __all__ = [
     "CRITIC_ESTIMATORS",
     "IS_LEVELS",
     "IS_MODES",
+    "K3_LIMIT",
     "KL_ESTIMATORS",
+    "LOG_RATIO_LIMIT",
     "POLICY_LOSSES",
     "REWARD_NORMS",
     "AdvantageConfig",
@@ -71,6 +74,7 @@ __all__ = [
     "TurnInputs",
     "adaptive_kl_coef",
     "aggregate",
+    "approx_kl",
     "bradley_terry_loss",
     "broadcast_to_tokens",
     "cispo_loss",
@@ -80,6 +84,7 @@ __all__ = [
     "dynamic_sampling_mask",
     "entropy_bonus",
     "entropy_from_logits",
+    "exp_ratio",
     "gae_advantages",
     "grpo_advantages",
     "gspo_loss",
@@ -104,4 +109,5 @@ __all__ = [
     "turn_returns",
     "turns_to_tokens",
     "value_loss",
+    "was_clamped",
 ]

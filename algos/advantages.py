@@ -3,7 +3,7 @@
 Outcome (critic-free) estimators work on one scalar score per response, arranged as G groups of n samples
 of the same prompt (`rewards [G, n]`): GRPO, Dr.GRPO, RLOO. Token-level estimators work on token rewards:
 GAE (needs a critic), REINFORCE++ (batch-whitened discounted returns). GiGPO adds step-level
-advantages for multi-turn episodes (algos/multiturn.py).
+advantages for multi-turn episodes (algos/turn_advantages.py).
 
 Registry entries share one signature, `(AdvantageInputs, AdvantageConfig) -> AdvantageOutput`, so the
 learner picks one by name. Rows are group-major: row g * n + j is sample j of group g.
@@ -18,13 +18,13 @@ import torch
 from torch import Tensor
 
 from rollflash.algos.masked import masked_fill_zero, masked_sum, masked_whiten
-from rollflash.algos.multiturn import (
+from rollflash.algos.returns import discounted_returns, gae_advantages, place_terminal_reward
+from rollflash.algos.turn_advantages import (
     TurnInputs,
     step_group_advantages,
     turn_returns,
     turns_to_tokens,
 )
-from rollflash.algos.returns import discounted_returns, gae_advantages, place_terminal_reward
 
 
 def grpo_advantages(rewards: Tensor, eps: float = 1e-6, scale: bool = True) -> Tensor:
@@ -163,7 +163,7 @@ def reinforce_pp_baseline_estimator(x: AdvantageInputs, cfg: AdvantageConfig) ->
 
 
 def gigpo_estimator(x: AdvantageInputs, cfg: AdvantageConfig) -> AdvantageOutput:
-    """GiGPO (Feng et al. 2025; algos/multiturn.py): episode-level GRPO plus omega times the
+    """GiGPO (Feng et al. 2025; algos/turn_advantages.py): episode-level GRPO plus omega times the
     step-level advantage of each turn within its group of identical states; `gamma` discounts per
     turn here (the paper: 0.95), not per token.
 
@@ -192,6 +192,6 @@ ADVANTAGE_ESTIMATORS: dict[str, Callable[[AdvantageInputs, AdvantageConfig], Adv
     "gigpo": gigpo_estimator,
 }
 
-# Estimators that need a value model; the config's algo section (broker/config_algo.py) spells
+# Estimators that need a value model; the config's algo section (broker/config/config_algo.py) spells
 # them out and requires algo.critic: true with them.
 CRITIC_ESTIMATORS: frozenset[str] = frozenset({"gae"})

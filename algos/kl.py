@@ -12,19 +12,28 @@ in KL divergence gradient estimation for RL"): grad of the k2 loss is the on-pol
 pi_ref); k1 as a loss has zero expected gradient on-policy; k3 as a loss (GRPO) gives the gradient of the
 reverse KL(pi_ref || pi). In the reward (`kl_reward_penalty`) the value is what matters, k1 is usual.
 
-The log ratio is clamped to +-20 before exp (k3), so a -inf log-prob cannot make inf/NaN.
+k3 is the one estimate of a KL in the project: the KL loss, the KL penalty in the reward and every
+KL metric (`kl/*`, `policy/approx_kl`, `offpolicy/approx_kl`, `mismatch/kl`) call `kl_penalty` or
+`approx_kl`. As in verl's `low_var_kl`, its log ratio is clamped to +-20 before exp (algos/ratio.py)
+and its value to K3_LIMIT = 10: one token whose log ratio is -15 would otherwise weigh e^15 = 3.3e6,
+and after gradient-norm clipping steer the whole update. Where the value is clamped its gradient is
+0 (the token stops pulling); `kl/clamped_frac` counts those tokens.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
+import torch
 from torch import Tensor
 
 from rollflash.algos.aggregation import aggregate
-from rollflash.algos.masked import masked_fill_zero
-from rollflash.algos.offpolicy import LOG_RATIO_LIMIT
+from rollflash.algos.masked import masked_fill_zero, masked_mean
+from rollflash.algos.ratio import clamp_log_ratio
 from rollflash.algos.types import LossOutput
+
+# k3 is clamped to [-K3_LIMIT, K3_LIMIT] (verl's low_var_kl: [-10, 10]; k3 >= 0, so the upper edge)
+K3_LIMIT = 10.0
 
 
 def _k1(log_ratio: Tensor) -> Tensor:
@@ -37,8 +46,8 @@ def _k2(log_ratio: Tensor) -> Tensor:
 
 def _k3(log_ratio: Tensor) -> Tensor:
     # log_ratio = log pi - log pi_ref = -log r  ->  (r - 1) - log r = e^(-lr) - 1 + lr
-    lr = log_ratio.clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
-    return (-lr).exp() - 1 + lr
+    lr = clamp_log_ratio(log_ratio)
+    return ((-lr).exp() - 1 + lr).clamp(-K3_LIMIT, K3_LIMIT)
 
 
 # kind -> (log pi - log pi_ref [B, T]) -> per-token estimate [B, T]
@@ -74,8 +83,32 @@ def kl_loss(
 ) -> LossOutput:
     """KL-to-reference as a loss term (GRPO style): the caller adds kl_coef * out.loss.
 
-    logp [B, T] float32 (grad), ref_logp [B, T] float32, mask [B, T] bool -> LossOutput, metric "kl/ref_kl".
+    logp [B, T] float32 (grad), ref_logp [B, T] float32, mask [B, T] bool -> LossOutput, metrics
+    "kl/ref_kl" (the aggregated estimate) and "kl/clamped_frac" (tokens clamped at K3_LIMIT).
     """
     per_token = kl_penalty(logp, ref_logp, kind, mask=mask)
     loss = aggregate(per_token, mask, agg_mode, norm_len=norm_len)
-    return LossOutput(loss=loss, metrics={"kl/ref_kl": loss.detach()})
+    clamped = was_clamped(per_token, kind).to(per_token.dtype)
+    metrics = {"kl/ref_kl": loss.detach(), "kl/clamped_frac": masked_mean(clamped, mask)}
+    return LossOutput(loss=loss, metrics=metrics)
+
+
+def was_clamped(per_token: Tensor, kind: str) -> Tensor:
+    """per_token [B, T] float32 (`kl_penalty`'s output) -> [B, T] bool: where the estimate was
+    clamped at K3_LIMIT (only k3 is clamped)."""
+    if kind != "k3":
+        return torch.zeros_like(per_token, dtype=torch.bool)
+    return per_token.detach().abs() >= K3_LIMIT
+
+
+def approx_kl(sampler_logp: Tensor, other_logp: Tensor, mask: Tensor) -> Tensor:
+    """The k3 estimate of KL(sampler || other) from tokens drawn from the sampler, a token mean.
+
+    sampler_logp: [B, T] float32, log-probs of the sampled tokens under the policy that drew them
+    other_logp:   [B, T] float32, log-probs of the same tokens under the other policy
+    mask:         [B, T] bool
+    -> [] detached; the direction matters: with d = log other - log sampler, each token is
+    e^d - 1 - d (KL(sampler || other)), not e^-d - 1 + d (which estimates nothing).
+    """
+    per_token = kl_penalty(sampler_logp.detach(), other_logp.detach(), "k3", mask=mask)
+    return masked_mean(per_token, mask)

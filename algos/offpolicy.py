@@ -33,11 +33,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from rollflash.algos.kl import approx_kl
 from rollflash.algos.masked import masked_fill_zero, masked_max, masked_mean, masked_sum
-
-# exp() arguments are clamped to this magnitude: e^20 = 4.9e8 is beyond any useful ratio, e^89 is inf
-# in float32.
-LOG_RATIO_LIMIT = 20.0
+from rollflash.algos.ratio import clamp_log_ratio
 
 
 def _token_log_ratio(log_ratio: Tensor, mask: Tensor) -> Tensor:
@@ -115,18 +113,17 @@ def importance_weights(
         raise ValueError(f"unknown is_level {level!r}; known: {', '.join(IS_LEVELS)}")
     with torch.no_grad():
         token_log_ratio = masked_fill_zero(prox_logp - behav_logp, mask)  # [B, T]
-        log_w = IS_LEVELS[level](token_log_ratio, mask).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
+        log_w = clamp_log_ratio(IS_LEVELS[level](token_log_ratio, mask))
         weight, altered = IS_MODES[mode](log_w, cap, low)
         weight = masked_fill_zero(weight, mask)
         raw = torch.exp(log_w)
-        token_ratio = torch.exp(token_log_ratio.clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT))
         metrics = {
             "offpolicy/is_weight_mean": masked_mean(weight, mask),
             "offpolicy/is_weight_max": masked_max(weight, mask),
             "offpolicy/raw_is_weight_mean": masked_mean(raw, mask),
             "offpolicy/raw_is_weight_max": masked_max(raw, mask),
             "offpolicy/is_trunc_frac": masked_mean(altered.to(weight.dtype), mask),
-            # samples come from behav; r = prox/behav; k3 = (r - 1) - log r estimates KL(behav || prox)
-            "offpolicy/approx_kl": masked_mean(token_ratio - 1 - token_log_ratio, mask),
+            # the samples were drawn by the behaviour policy
+            "offpolicy/approx_kl": approx_kl(behav_logp, prox_logp, mask),
         }
     return ISWeights(weight=weight, metrics=metrics)

@@ -28,8 +28,10 @@ import torch
 from torch import Tensor
 
 from rollflash.algos.aggregation import aggregate
+from rollflash.algos.kl import approx_kl
 from rollflash.algos.masked import masked_fill_zero, masked_max, masked_mean
-from rollflash.algos.offpolicy import LOG_RATIO_LIMIT, importance_weights
+from rollflash.algos.offpolicy import importance_weights
+from rollflash.algos.ratio import exp_ratio
 from rollflash.algos.types import LossOutput
 
 
@@ -73,10 +75,6 @@ def _sanitised(x: PolicyLossInputs) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         masked_fill_zero(x.behav_logp.detach(), m),
         masked_fill_zero(x.advantages.detach(), m),
     )
-
-
-def _exp_ratio(log_ratio: Tensor) -> Tensor:
-    return torch.exp(log_ratio.clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT))
 
 
 def clipped_surrogate(
@@ -126,7 +124,6 @@ def _finish(
     )
     loss = aggregate(isw.weight * token_loss, m, cfg.agg_mode, norm_len=cfg.norm_len)
     with torch.no_grad():
-        log_ratio = (logp - prox).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
         r = objective_ratio.detach()
         metrics = {
             "policy/clip_frac": masked_mean(clipped.to(r.dtype), m),
@@ -136,8 +133,8 @@ def _finish(
             "policy/dual_clip_frac": masked_mean(dual_clipped.to(r.dtype), m),
             "policy/ratio_mean": masked_mean(r, m),
             "policy/ratio_max": masked_max(r, m),
-            # samples ~ prox; r = pi/prox; k3 = (r - 1) - log r estimates KL(prox || pi)
-            "policy/approx_kl": masked_mean(torch.exp(log_ratio) - 1 - log_ratio, m),
+            # KL(prox || current), as if the proximal policy had drawn the samples
+            "policy/approx_kl": approx_kl(prox, logp, m),
             **isw.metrics,
         }
     return LossOutput(loss=loss, metrics=metrics)
@@ -148,7 +145,7 @@ def ppo_clip_loss(x: PolicyLossInputs, cfg: PolicyLossConfig) -> LossOutput:
     weight pi_prox / pi_behav. With prox = behav it is PPO-clip (Schulman et al. 2017) with DAPO's
     asymmetric bounds and optional dual-clip."""
     logp, prox, _, adv = _sanitised(x)
-    ratio = _exp_ratio(logp - prox)
+    ratio = exp_ratio(logp - prox)
     token_loss, clipped, dual = clipped_surrogate(
         ratio, adv, cfg.clip_low, cfg.clip_high, cfg.dual_clip_c
     )
@@ -166,7 +163,7 @@ def gspo_loss(x: PolicyLossInputs, cfg: PolicyLossConfig) -> LossOutput:
     logp, prox, _, adv = _sanitised(x)
     seq_log_ratio = masked_mean(logp - prox, x.mask, dim=-1).detach().unsqueeze(-1)  # [B, 1]
     log_s = seq_log_ratio + logp - logp.detach()  # [B, T], value = sequence log ratio
-    ratio = masked_fill_zero(_exp_ratio(log_s), x.mask)
+    ratio = masked_fill_zero(exp_ratio(log_s), x.mask)
     token_loss, clipped, dual = clipped_surrogate(
         ratio, adv, cfg.clip_low, cfg.clip_high, cfg.dual_clip_c
     )
@@ -178,7 +175,7 @@ def cispo_loss(x: PolicyLossInputs, cfg: PolicyLossConfig) -> LossOutput:
     gradient: loss_t = -sg[clip(r_t, 1 - clip_low, 1 + clip_high)] * A_t * log pi(y_t), r = pi / pi_prox.
     The paper effectively has no lower bound (large eps_low): use clip_low close to 1. dual_clip_c unused."""
     logp, prox, _, adv = _sanitised(x)
-    ratio = _exp_ratio(logp - prox)
+    ratio = exp_ratio(logp - prox)
     bounded = ratio.detach().clamp(1.0 - cfg.clip_low, 1.0 + cfg.clip_high)
     clipped = bounded != ratio.detach()
     token_loss = -bounded * adv * logp
@@ -196,7 +193,7 @@ def topr_loss(x: PolicyLossInputs, cfg: PolicyLossConfig) -> LossOutput:
     seq_log_ratio = (
         masked_fill_zero(logp - prox, x.mask).detach().sum(dim=-1, keepdim=True)
     )  # [B, 1]
-    seq_ratio = _exp_ratio(seq_log_ratio).expand(x.mask.shape)  # [B, T]
+    seq_ratio = exp_ratio(seq_log_ratio).expand(x.mask.shape)  # [B, T]
     negative = adv < 0
     coef = torch.where(negative, seq_ratio.clamp(max=1.0), torch.ones_like(seq_ratio))
     token_loss = -coef * adv * logp
@@ -208,7 +205,7 @@ def reinforce_loss(x: PolicyLossInputs, cfg: PolicyLossConfig) -> LossOutput:
     """Vanilla REINFORCE (Williams 1992): loss_t = -A_t * log pi(y_t), times the off-policy weight.
     No trust region; clip bounds unused (policy/clip_frac is 0)."""
     logp, prox, _, adv = _sanitised(x)
-    ratio = _exp_ratio(logp - prox)
+    ratio = exp_ratio(logp - prox)
     none = torch.zeros_like(x.mask)
     return _finish(-adv * logp, x, cfg, logp, prox, ratio, none, none)
 

@@ -2,9 +2,9 @@
 environments (envs/multiturn.py, envs/episode.py)."""
 
 from rollflash.envs.base import Item, Task, response_text, train_stream
-from rollflash.envs.episode import Episode, chat_encoder, encoder_for, plain_encoder
+from rollflash.envs.catalog import known_tasks, make_task, task_from_config
+from rollflash.envs.episode import Episode, char_encoder, chat_encoder, encoder_for, plain_encoder
 from rollflash.envs.multiturn import EnvTask, StepResult, is_multi_turn
-from rollflash.envs.registry import known_tasks, make_task, task_from_config
 
 __all__ = [
     "Episode",
@@ -12,6 +12,7 @@ __all__ = [
     "Item",
     "StepResult",
     "Task",
+    "char_encoder",
     "chat_encoder",
     "encoder_for",
     "is_multi_turn",

@@ -9,8 +9,9 @@ It runs inside the namespaces and under the seccomp filter that envs/_bwrap.py s
    namespace, and stop unless that worked;
 2. kernel limits (resource.setrlimit, which the code cannot raise again): CPU seconds, address
    space, file size, processes, open files, no core dumps;
-3. tell the parent we started (one byte on the state pipe), then read stdin: an 8-byte length,
-   the scratch files of the previous call and the code;
+3. tell the parent we started (one byte on the state pipe), then read from stdin the scratch
+   files of the previous call and the code, each after its 8-byte length; the rest of stdin is
+   the code's own input;
 4. restore the files into /scratch, install the audit hook (a second layer, see below), run the
    code; whatever happens, pack /scratch back onto the state pipe for the next call (an 8-byte
    length, then the files as a marshal-encoded list).
@@ -123,10 +124,23 @@ def _set_limits(cfg: dict) -> None:
         resource.setrlimit(getattr(resource, name), (value, value))
 
 
+def _read_exact(n: int) -> bytes:
+    """`n` bytes of stdin (fewer at its end), read from the descriptor: whatever follows them
+    is the code's own input, and nothing may be read ahead of it into a buffer."""
+    parts, left = [], n
+    while left:
+        chunk = os.read(0, min(left, 1 << 20))
+        if not chunk:
+            break
+        parts.append(chunk)
+        left -= len(chunk)
+    return b"".join(parts)
+
+
 def _read_input() -> tuple[bytes, str]:
-    data = sys.stdin.buffer.read()
-    size = int.from_bytes(data[:8], "little")
-    return data[8 : 8 + size], data[8 + size :].decode("utf-8", errors="replace")
+    state = _read_exact(int.from_bytes(_read_exact(8), "little"))
+    source = _read_exact(int.from_bytes(_read_exact(8), "little"))
+    return state, source.decode("utf-8", errors="replace")
 
 
 def _restore(state: bytes) -> None:

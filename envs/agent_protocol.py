@@ -24,13 +24,14 @@ Honoured, within the run's limits (`Limits`):
   `text_completion` chunk holding every choice's text and finish reason; with
   `stream_options: {include_usage: true}` a usage chunk after it), then `data: [DONE]`: the
   engine batch decodes a call to its end, so there is nothing to send earlier.
-Refused (400, OpenAI's error body): a bad type or range of the above, content other than
-text. Any other field (`model`, `seed`, `logprobs`, penalties, `tool_choice`, ...) is accepted
-and ignored.
+Refused (400, OpenAI's error body): a bad type or range of the above (NaN and infinities
+included), content other than text. Any other field (`model`, `seed`, `logprobs`, penalties,
+`tool_choice`, ...) is accepted and ignored.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -93,6 +94,8 @@ def _number(body: dict, key: str, default: float, low: float, high: float, open_
         return default
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise RequestError(f"{key}: expected a number, got {value!r:.40}", key)
+    if isinstance(value, float) and not math.isfinite(value):  # NaN passes every comparison
+        raise RequestError(f"{key}: must be a finite number, got {value}", key)
     if value > high or value < low or (open_low and value == low):
         side = ">" if open_low else ">="
         raise RequestError(f"{key}: must be {side} {low} and <= {high}, got {value}", key)

@@ -95,6 +95,10 @@ class ArithmeticTask(GeneratedProblems[Problem]):
         a, op, b = problem
         return Item(id=item_id, prompt=f"{a}{op}{b}=", answer=str(_OPS[op](a, b)))
 
+    def reference_response(self, item: Item) -> str:
+        """A right response: the answer itself (envs/answers.py)."""
+        return item.answer
+
     def score(self, item: Item, response: str) -> float:
         """1.0 for an exact answer plus format_reward for a well-formed integer (module docstring)."""
         correct = response == item.answer

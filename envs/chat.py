@@ -11,7 +11,8 @@ the model is given (`model.chat_template: auto | none | PATH`).
 The learner renders each item once, before it is issued (envs/dataset.py renders its rows, other
 single-turn tasks are wrapped in `FormattedTask`): the prompts stream carries the rendered text,
 and the HF engine, the vLLM engine and evaluation all turn it into ids with `encode_prompt`. The
-learner trains on the ids the generator reports, so every process sees the same ids.
+learner derives the same ids when it issues a prompt (`prompt_encoder`) and trains a group only
+if the generator reports those (broker/channels/provenance.py).
 
 Multi-turn environments keep their own encoders (envs/episode.py).
 """
@@ -19,11 +20,12 @@ Multi-turn environments keep their own encoders (envs/episode.py).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from rollflash.envs.base import Item, Task, train_stream
+from rollflash.envs.episode import char_encoder, encoder_for
 from rollflash.envs.multiturn import is_multi_turn
 from rollflash.errors import BadInput, MissingFile
 
@@ -47,6 +49,17 @@ def encode_prompts(tokenizer: Any, texts: Sequence[str]) -> list[list[int]]:
 def encode_prompt(tokenizer: Any, text: str) -> list[int]:
     """`encode_prompts` of one text."""
     return encode_prompts(tokenizer, [text])[0]
+
+
+def prompt_encoder(tokenizer: Any, multi_turn: bool, vocab_size: int) -> Callable[[str], list[int]]:
+    """The ids an issued prompt's text becomes in every process: a single-turn prompt's by
+    `encode_prompt`, a multi-turn episode's first observation by its episode encoder
+    (envs/episode.py `encoder_for`); without a tokenizer (the simulated engine and learner) one
+    id per character below `vocab_size` (`char_encoder`)."""
+    if tokenizer is not None and not multi_turn:
+        return lambda text: encode_prompt(tokenizer, text)
+    encode = char_encoder(vocab_size) if tokenizer is None else encoder_for(tokenizer)
+    return lambda text: encode(text, True)
 
 
 class PromptFormatter:
@@ -89,10 +102,6 @@ class PromptFormatter:
         return self.tokenizer.apply_chat_template(
             messages, chat_template=self.template, tokenize=False, add_generation_prompt=True
         )
-
-    def count_tokens(self, text: str) -> int:
-        """Length of `text` in prompt tokens (needs the tokenizer)."""
-        return len(encode_prompt(self.tokenizer, text))
 
 
 class FormattedTask:

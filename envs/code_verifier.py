@@ -8,28 +8,34 @@ string) holds the tests; each is one of
   blank lines at the end ignored (the rule of most stdin/stdout judges);
 - a string of Python, e.g. `"assert add(2, 3) == 5"` or a `def test_...` and its call: the
   program is imported as the module `solution` (so its `if __name__ == "__main__":` block does
-  not run), the test runs with the module's names (or `from solution import ...`), and it passes
-  only when the harness reports that it ran to its end (below).
+  not run), the test runs as `__main__` with the names it uses taken from the module (or
+  `from solution import ...`, `import solution`), and it passes when it runs to its end.
 
-The program is hostile: a policy trained on this reward finds whatever raises it. Every test is
-a fresh interpreter in the kernel-isolated sandbox (envs/sandbox.py: namespaces, seccomp, a bound
-per call, no network, no project files), with the per-test limits of `reward.code`: wall and CPU
-seconds, memory, output. For a test written in Python the exit status says nothing (the program
-may `sys.exit(0)` before the test runs), so the harness compiles the test before the program
-runs, keeps its own references to `exec`, `compile` and the builtins (a program that rebinds
-them changes only its own), and after the test's last line writes a nonce drawn for this run
-alone on stderr. A test passes only when that nonce ends stderr and the process exits 0: a
-program that exits first (sys.exit, raise SystemExit, os._exit, a signal to itself, an atexit
-handler, a thread that exits) fails with `code_exit` or `code_killed`. What this does not stop,
-and docs/security.md says so: a program that reads the harness's own memory (its frames, the
-gc, /proc/self/mem) can find the nonce, and an assert only checks what its expressions compute,
-so results that override `__eq__`, or a name the test uses shadowed by the program, can pass
-it. Both have to be written against the harness; stdin/stdout tests compare text and have
-neither weakness. A sample's tests run one after the other within its total
-budget `budget_s`; the tests still waiting when it is spent fail. Samples run in parallel on a
-pool of `max_workers` threads, each waiting on its sandboxes' processes, so a scoring batch of S
-samples takes about ceil(S / max_workers) samples' time. Samples of one batch whose programs and
-tests are equal (a group's samples often agree) run once and share the score.
+The program is hostile: a policy trained on this reward finds whatever raises it. Every test of
+a sample runs the program in a fresh interpreter in the kernel-isolated sandbox (envs/sandbox.py:
+namespaces, seccomp, a bound per call, no network, no project files), with the per-test limits
+of `reward.code`: wall and CPU seconds, memory, output. A stdin/stdout test's output is compared
+here. A Python test never runs in the program's interpreter (envs/code_judge.py): a judge,
+another sandboxed interpreter that the program's process cannot see, signal or write to, runs
+the test; each use of a name from `solution` (a call, an attribute, iteration, indexing, `len`,
+`in`) is a request to the program's process, and the values cross as JSON plain data (tuples,
+dicts, sets, bytes, big ints, floats, fractions, decimals); any other object stays in the
+program and is a handle in the judge, equal only to itself. So the test's expected values and
+every comparison are the judge's own: reading frames or memory, replacing modules or builtins,
+hooks at exit or on exceptions, a result whose `__eq__` always says yes, or exiting early change
+only what the program answers. Builtins are the judge's (a program's `sorted` never answers for
+the test's); a name the test uses without importing or defining it is the program's. Costs and
+limits of this: each use of the program is a round trip between two processes (about 0.2 ms), a
+test cannot hand the program objects of its own (a function, an instance of its class:
+`code_bad_tests`), and an object of the program compares only by identity (`==` against a
+value of the test is False; compare its attributes or a conversion the program returns).
+
+A sample's tests run one after the other within its total budget `budget_s`; the tests still
+waiting when it is spent fail. The Python tests of a sample share one judge's sandbox (started
+with the first), each against a fresh program's. Samples run in parallel on a pool of
+`max_workers` threads, each waiting on its sandboxes' processes, so a scoring batch of S samples
+takes about ceil(S / max_workers) samples' time. Samples of one batch whose programs and tests
+are equal (a group's samples often agree) run once and share the score.
 
 Reward: the fraction of tests passed, or with `all_or_nothing` 1.0 only if all pass. A response
 whose tests cannot all run normally scores what it passed (0 with `all_or_nothing`) and carries
@@ -41,13 +47,15 @@ one failure reason (`Scored.failure`, counted by the learner as `reward/<reason>
 - `code_output_limit`: stdout + stderr went past `output_mb`;
 - `code_killed`: the process died of a signal (other than the limits above; a SIGKILL sooner
   than its CPU limit could have struck, since RLIMIT_CPU's own kill leaves no trace either);
-- `code_error`: the program raised an exception other than AssertionError, or exited non-zero;
-- `code_exit`: a Python test's process ended before its last line (an exit status below 128
-  without a traceback, or 0 without the harness's nonce);
+- `code_error`: the program raised an exception other than AssertionError (at import, or in a
+  call the test did not expect to raise), exited non-zero, or answered with something that is
+  not plain data;
+- `code_exit`: a Python test's program process ended while the test still needed it (any exit
+  status below 128 without a traceback, 0 included);
 - `code_budget`: the sample's budget ran out before all its tests ran (or cut one short);
 - `code_sandbox`: the sandbox itself could not start (not the program's fault; logged);
-- `code_bad_tests`: the row's tests are malformed, e.g. a Python test that does not compile (the
-  row's fault; logged).
+- `code_bad_tests`: the row's tests are malformed, e.g. a Python test that does not compile or
+  that hands the program a value that is not plain data (the row's fault; logged).
 A wrong answer (stdout differs, an assertion fails) is a failed test, not a failure reason. No
 failure raises: the verifier returns a score for every sample.
 """
@@ -57,45 +65,22 @@ from __future__ import annotations
 import json
 import logging
 import re
-import secrets
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from rollflash.envs.reward_functions import Scored
-from rollflash.envs.sandbox import (
-    Sandbox,
-    SandboxError,
-    SandboxLimits,
-    SandboxResult,
-    require_sandbox,
-)
+from rollflash.envs.code_judge import CodeLimits, PythonJudge, Test, stdio_test
+from rollflash.envs.sandbox import SandboxError, require_sandbox
+from rollflash.envs.scored import Scored
 from rollflash.errors import BadInput
+
+__all__ = ["CodeLimits", "CodeVerifier", "extract_program", "parse_tests", "run_tests"]
 
 log = logging.getLogger(__name__)
 
 _FENCE = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
-_ERROR_LINE = re.compile(r"^(\w+(?:\.\w+)*)(?::|$)")
-
-
-@dataclass(frozen=True)
-class CodeLimits:
-    """The `reward.code` options (broker/config_sections.py documents each)."""
-
-    time_s: float = 2.0
-    memory_mb: int = 256
-    output_mb: int = 1
-    budget_s: float = 10.0
-    max_workers: int = 4
-    all_or_nothing: bool = False
-
-    def sandbox(self, wall_s: float) -> SandboxLimits:
-        cpu_s = max(1, int(self.time_s + 0.999))  # RLIMIT_CPU is whole seconds
-        return SandboxLimits(
-            cpu_s=cpu_s, wall_s=wall_s, memory_mb=self.memory_mb, file_mb=self.output_mb
-        )
 
 
 def extract_program(response: str) -> str:
@@ -104,13 +89,16 @@ def extract_program(response: str) -> str:
     return (blocks[-1] if blocks else response).strip()
 
 
-def parse_tests(tests: Any) -> list[dict[str, str] | str]:
+def parse_tests(tests: Any) -> list[Test]:
     """The row's `tests` as a list of stdin/stdout pairs and code strings; ValueError if not."""
     if isinstance(tests, str):
-        tests = json.loads(tests)
+        try:
+            tests = json.loads(tests)
+        except RecursionError:
+            raise ValueError("tests: JSON nested too deep") from None
     if not isinstance(tests, list) or not tests:
         raise ValueError("tests: expected a non-empty list")
-    out: list[dict[str, str] | str] = []
+    out: list[Test] = []
     for t in tests:
         if isinstance(t, dict) and set(t) == {"input", "output"}:
             out.append({"input": str(t["input"]), "output": str(t["output"])})
@@ -127,80 +115,6 @@ def parse_tests(tests: Any) -> list[dict[str, str] | str]:
     return out
 
 
-def harness(program: str, test: dict[str, str] | str, nonce: str = "") -> str:
-    """The code one sandboxed interpreter runs for one test: the program (compiled inside the
-    sandbox, so a hostile program never reaches the caller's parser) and then the test. A test
-    in Python ends by writing `nonce` on stderr (module docstring)."""
-    if isinstance(test, dict):
-        return (
-            "import io, sys\n"
-            f"sys.stdin = io.StringIO({test['input']!r})\n"
-            f"__program = compile({program!r}, '<program>', 'exec')\n"
-            "exec(__program, {'__name__': '__main__'})\n"
-        )
-    # every name the harness uses after the program has run is bound before it: default
-    # arguments, which the program cannot rebind
-    return f"""import builtins, os, sys
-def __verify(program, test, nonce, exec=exec, compile=compile, dict=dict, vars=vars,
-             write=os.write, exit=os._exit, SystemExit=SystemExit, builtins=builtins):
-    test = compile(test, '<test>', 'exec', dont_inherit=True, optimize=0)
-    program = compile(program, 'solution.py', 'exec', dont_inherit=True, optimize=0)
-    clean = dict(vars(builtins))
-    module = type(builtins)('solution')
-    sys.modules['solution'] = module
-    names = vars(module)
-    names['__builtins__'] = dict(clean)
-    try:
-        exec(program, names)
-        names['__builtins__'] = clean
-        exec(test, names)
-    except SystemExit:
-        exit(0)  # no nonce: code_exit
-    write(2, b'\\n' + nonce + b'\\n')
-__verify({program!r}, {test!r}, {nonce.encode()!r})
-"""
-
-
-def _same_output(got: str, expected: str) -> bool:
-    def norm(s: str) -> list[str]:
-        lines = [ln.rstrip() for ln in s.splitlines()]
-        while lines and not lines[-1]:
-            lines.pop()
-        return lines
-
-    return norm(got) == norm(expected)
-
-
-def classify(result: SandboxResult, limits: CodeLimits, nonce: str = "") -> str:
-    """ "" (ran cleanly), "wrong" (an assertion failed) or a failure reason (module docstring).
-    `nonce`: a Python test's, which must end its stderr for the test to count as run."""
-    if result.ok:
-        if nonce and result.stderr.rstrip("\n").rsplit("\n", 1)[-1] != nonce:
-            return "code_exit"  # exit status 0, but the harness never reached its last line
-        return ""
-    error = result.error
-    if error.startswith("CPU time limit") and result.wall_s < 0.9 * limits.sandbox(1).cpu_s:
-        return "code_killed"  # SIGKILL without a traceback, too soon to be RLIMIT_CPU's
-    if error.startswith("timeout after") or error.startswith("CPU time limit"):
-        return "code_timeout"
-    if error.startswith("output limit") or error.startswith("file size limit"):
-        return "code_output_limit"
-    if error.startswith("memory limit"):
-        return "code_oom"
-    name = _ERROR_LINE.match(error)
-    kind = name.group(1).rsplit(".", 1)[-1] if name else ""
-    if kind == "MemoryError":
-        return "code_oom"
-    if kind in ("SyntaxError", "IndentationError", "TabError"):
-        return "code_syntax"
-    if kind == "AssertionError":
-        return "wrong"
-    status = re.fullmatch(r"exited with status (\d+)", error)
-    if status and int(status.group(1)) > 128:
-        return "code_killed"
-    return "code_exit" if status and nonce else "code_error"
-
-
 @dataclass
 class Outcome:
     passed: int
@@ -208,34 +122,33 @@ class Outcome:
     failure: str = ""  # the first failure reason, "" if none
 
 
-def run_tests(program: str, tests: Sequence[dict[str, str] | str], limits: CodeLimits) -> Outcome:
-    """Run `program` against `tests` in the sandbox, one interpreter per test (module docstring)."""
+def run_tests(program: str, tests: Sequence[Test], limits: CodeLimits) -> Outcome:
+    """Run `program` against `tests` in the sandbox, one after the other (module docstring)."""
     outcome = Outcome(0, len(tests))
     if not program:
         outcome.failure = "code_no_program"
         return outcome
     deadline = time.monotonic() + limits.budget_s
-    for test in tests:
-        left = deadline - time.monotonic()
-        if left <= 0.05:
-            outcome.failure = outcome.failure or "code_budget"
-            break
-        nonce = "" if isinstance(test, dict) else secrets.token_hex(16)
-        sandbox = Sandbox(limits.sandbox(min(limits.time_s, left)))
-        try:
-            result = sandbox.run(harness(program, test, nonce))
-        finally:
-            sandbox.close()
-        verdict = classify(result, limits, nonce)
-        if verdict == "code_timeout" and left < limits.time_s:
-            verdict = "code_budget"  # cut by what was left of the budget, not by its own limit
-        if verdict == "" and (isinstance(test, str) or _same_output(result.output, test["output"])):
-            outcome.passed += 1
-            continue
-        if verdict not in ("", "wrong"):
-            outcome.failure = outcome.failure or verdict
-        if verdict == "code_syntax" or limits.all_or_nothing:
-            break  # nothing left to learn from the other tests
+    with PythonJudge(limits) as judge:
+        for test in tests:
+            left = deadline - time.monotonic()
+            if left <= 0.05:
+                outcome.failure = outcome.failure or "code_budget"
+                break
+            wall_s = min(limits.time_s, left)
+            if isinstance(test, dict):
+                verdict = stdio_test(program, test, limits, wall_s)
+            else:
+                verdict = judge.test(program, test, wall_s)
+            if verdict == "code_timeout" and left < limits.time_s:
+                verdict = "code_budget"  # cut by what was left of the budget, not by its limit
+            if verdict == "":
+                outcome.passed += 1
+                continue
+            if verdict != "wrong":
+                outcome.failure = outcome.failure or verdict
+            if verdict == "code_syntax" or limits.all_or_nothing:
+                break  # nothing left to learn from the other tests
     return outcome
 
 
@@ -244,7 +157,7 @@ def _run_key(response: str, tests: Any) -> tuple[str, str]:
     tests cannot be written so is keyed by identity and never shares a run)."""
     try:
         key = json.dumps(tests, sort_keys=True)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, RecursionError):
         key = f"id:{id(tests)}"
     return extract_program(response), key
 
@@ -273,6 +186,8 @@ class CodeVerifier:
         except (SandboxError, OSError) as e:
             self._log_once("code_sandbox", f"the sandbox could not run a test: {e}")
             return Scored(0.0, "code_sandbox")
+        if out.failure == "code_bad_tests":
+            self._log_once(out.failure, "a test hands the program a value that is not plain data")
         if self.limits.all_or_nothing:
             value = 1.0 if out.passed == out.total else 0.0
         else:

@@ -2,9 +2,12 @@
 
 Sources (`path`): a JSONL / JSON / parquet / CSV file, a directory written by `save_to_disk`, a
 directory of data files, or a hub dataset id (read from the local Hugging Face cache when offline;
-with no cached copy, one line says what to download). Files are converted once to Arrow files in
-the `datasets` cache and memory-mapped, so a large file is never held in memory: the task keeps
-only an int64 index per kept row (8 MB per million rows; docs/tasks.md has the measurement).
+with no cached copy, one line says what to download). A path that can only be local (`/`, `./`,
+`~`, a data file's extension: `looks_local`) and is not there is reported missing, never looked up
+on the hub. Files are converted once to Arrow files in the `datasets` cache and memory-mapped, so
+a large file is never held in memory: the task keeps only an int64 index per kept row (8 MB per
+million rows; docs/tasks.md has the measurement). `rollctl` checks a sample of each file's rows
+in seconds before any process starts (envs/dataset_check.py).
 
 Rows:
 - the prompt is the `prompt_key` column (text), or the `messages_key` column (a list of
@@ -21,8 +24,10 @@ fresh permutation each epoch, drawn from (shuffle_seed or run.seed, epoch), endl
 the stream is therefore a function of k alone, and `train_items(seed, start=k)` jumps straight to
 it: the learner's resume of its prompt position (`issued`) is exact and O(1).
 
-Bad rows: every row of the train and held-out sources is checked when they load, before any is
-issued (envs/rows.py): the prompt (text, or chat messages), the answer when the task's reward
+Bad rows: every line of a JSON or CSV file is checked before the file is read (UTF-8, at most
+`max_row_bytes` long, JSON nested at most 63 levels: deeper nesting crashes the Arrow reader),
+then every row of the train and held-out sources when they load, before any is issued
+(envs/rows.py): the prompt (text, or chat messages), the answer when the task's reward
 functions read it (`expect_answers`; `code` does not), the id. A bad row is one line naming the
 source, the line and the column, e.g. `data/train.jsonl:7: no 'question'`; so is an empty file
 or one `datasets` cannot read. `on_bad_row: skip` leaves bad rows out instead and logs, once per
@@ -45,72 +50,14 @@ from pathlib import Path
 from typing import Any
 
 from rollflash.envs.base import Item
-from rollflash.envs.rows import ANSWER, ID, MESSAGES, TEXT, find_bad_rows, locate, unreadable
+from rollflash.envs.dataset_source import MAX_ROW_BYTES, load_source
+from rollflash.envs.rows import ANSWER, ID, MESSAGES, TEXT, find_bad_rows, locate
 from rollflash.errors import BadInput
 
 log = logging.getLogger(__name__)
 
-_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 HELDOUT_SEED = 1234  # draws the held-out rows of `heldout_size`; independent of the run's seed
 _BATCH = 1024  # rows per batch while measuring prompt lengths
-
-
-def _offline_hint(source: str, e: Exception) -> ValueError:
-    return BadInput(
-        f"task.params.path: {source!r} is not a local file or directory and no copy of that hub "
-        f"dataset is in the Hugging Face cache ({e.__class__.__name__}); on a machine with "
-        f"network run `python -c \"import datasets; datasets.load_dataset('{source}')\"` (or "
-        "copy the files and point path at them)"
-    )
-
-
-def load_source(source: str, split: str, name: str | None = None, cache_dir: str | None = None):
-    """One split of `source` as a memory-mapped `datasets.Dataset`."""
-    import datasets
-
-    datasets.disable_progress_bars()
-    path = Path(source)
-    saved = any((path / f).is_file() for f in ("dataset_info.json", "dataset_dict.json"))
-    if path.is_dir() and saved:
-        ds = datasets.load_from_disk(str(path))
-    elif path.is_file():
-        builder = _BUILDERS.get("".join(path.suffixes[-1:]).lower())
-        if builder is None:
-            raise BadInput(
-                f"task.params.path: {path} is not .jsonl, .json, .parquet or .csv "
-                "(or a directory written by save_to_disk)"
-            )
-        if _blank(path):
-            raise BadInput(f"{source}: empty, no rows")
-        try:
-            return datasets.load_dataset(
-                builder, data_files=str(path), split="train", cache_dir=cache_dir
-            )
-        except Exception as e:  # whatever the reader raises: one line naming the file
-            raise unreadable(source, path, e) from None
-    elif path.is_dir():
-        ds = datasets.load_dataset(str(path), name, cache_dir=cache_dir)
-    else:
-        try:
-            ds = datasets.load_dataset(source, name, cache_dir=cache_dir)
-        except Exception as e:  # offline and not cached: ConnectionError, FileNotFoundError, ...
-            raise _offline_hint(source, e) from None
-    if isinstance(ds, datasets.DatasetDict):
-        if split not in ds:
-            raise BadInput(
-                f"task.params.split: {source} has no split {split!r} (splits: {', '.join(ds)})"
-            )
-        ds = ds[split]
-    return ds
-
-
-def _blank(path: Path) -> bool:
-    """True if a text file holds only whitespace (`datasets` fails on it with StopIteration)."""
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 16):
-            if chunk.strip():
-                return False
-    return True
 
 
 def _label(source: str, split: str) -> str:
@@ -153,10 +100,12 @@ class DatasetTask:
         max_prompt_tokens: int | None = None,
         cache_dir: str | None = None,
         on_bad_row: str = "error",
+        max_row_bytes: int = MAX_ROW_BYTES,
     ) -> None:
         """Keys as in the module docstring; `name`: the dataset's configuration (e.g. "main"
         for gsm8k); `cache_dir`: where `datasets` keeps its Arrow files (None: its default);
-        `on_bad_row`: "error" (one line naming the first bad row) or "skip" (leave them out)."""
+        `on_bad_row`: "error" (one line naming the first bad row) or "skip" (leave them out);
+        `max_row_bytes`: the longest line a JSON or CSV file may hold."""
         if not isinstance(path, str) or not path:
             raise BadInput("task.params.path: a file, directory or hub dataset id is required")
         if heldout_size < 0 or (heldout_size and (eval_split or eval_path)):
@@ -167,6 +116,13 @@ class DatasetTask:
             raise BadInput(f"task.params.max_prompt_tokens: must be > 0, got {max_prompt_tokens}")
         if on_bad_row not in ("error", "skip"):
             raise BadInput(f"task.params.on_bad_row: {on_bad_row!r} is not error or skip")
+        if (
+            isinstance(max_row_bytes, bool)
+            or not isinstance(max_row_bytes, int)
+            or max_row_bytes <= 0
+        ):
+            raise BadInput(f"task.params.max_row_bytes: an integer > 0, got {max_row_bytes!r}")
+        self.max_row_bytes = max_row_bytes
         self.on_bad_row = on_bad_row
         self.needs_answer = False  # set by the reward functions that score the rows
         self.path, self.source_name, self.split = path, name, split
@@ -267,13 +223,20 @@ class DatasetTask:
     def _load(self) -> None:
         import numpy as np
 
-        ds = load_source(self.path, self.split, self.source_name, self.cache_dir)
+        ds = load_source(
+            self.path,
+            self.split,
+            self.source_name,
+            self.cache_dir,
+            max_row_bytes=self.max_row_bytes,
+        )
         self._extra = self._check_columns(ds, self.path)
         fits, self.filtered["train"] = self._kept(ds, self.path, self.split)
         if self.eval_path or self.eval_split:
             source = self.eval_path or self.path
+            key = "task.params.eval_path" if self.eval_path else "task.params.path"
             eval_ds = load_source(source, self.eval_split or "train", self.source_name,
-                                  self.cache_dir)  # fmt: skip
+                                  self.cache_dir, key, max_row_bytes=self.max_row_bytes)  # fmt: skip
             self._check_columns(eval_ds, source)
             eval_fits, self.filtered["heldout"] = self._kept(
                 eval_ds, source, self.eval_split or "train"

@@ -23,7 +23,7 @@ state is unknown; one from `close` is logged. Each, and each step whose info car
 Per turn the episode records where the action starts (`turn_starts`, an index into the response),
 the turn's reward, and `turn_states`, a 63-bit hash of the observation the action answered: turns of
 different episodes in a group with the same state key are "the same state" for GiGPO-style step
-grouping (algos/multiturn.py).
+grouping (algos/turn_advantages.py).
 
 Encoders (duck-typed tokenizers, no torch):
 - `plain_encoder`: observation text tokenised as is, special tokens (e.g. `<bos>`) only on the
@@ -33,6 +33,14 @@ Encoders (duck-typed tokenizers, no torch):
   prompt (a user message in between), found by rendering the template.
 - `encoder_for`: the chat encoder for a tokenizer with a chat template, else the plain one (what
   the engines and evaluation use).
+- `char_encoder`: one token per character, for processes that load no tokenizer (the simulated
+  engine and learner).
+
+The first observation is the one the learner issued (`first_observation`, the prompt's text):
+the learner checks the episode's prompt tokens against it (broker/channels/provenance.py), so an
+environment whose `reset` failed here still starts from the issued text (and ends at the first
+action). Observations after the first come from this process's environment; the learner takes
+them as they are, within the wire's bounds.
 
 Stdlib only.
 """
@@ -91,6 +99,17 @@ def chat_encoder(tokenizer: Any) -> Encode:
     return encode
 
 
+def char_encoder(vocab_size: int) -> Encode:
+    """One token per character, mapped into ids 3 .. vocab_size - 1, and id 1 before the first
+    observation: what processes that load no tokenizer use (the simulated engine and learner)."""
+    span = vocab_size - 3
+
+    def encode(text: str, first: bool) -> list[int]:
+        return ([1] if first else []) + [3 + ord(c) % span for c in text]
+
+    return encode
+
+
 def encoder_for(tokenizer: Any) -> Encode:
     """How episodes render observations for `tokenizer`: its chat template when it has one."""
     if getattr(tokenizer, "chat_template", None):
@@ -122,6 +141,7 @@ class Episode:
     observation: str = ""
     env_errors: int = 0  # exceptions of the environment and failed tools (module docstring)
     broken: bool = False  # reset raised: the next action ends the episode
+    first_observation: str | None = None  # as the learner issued it (module docstring)
 
     def __post_init__(self) -> None:
         try:
@@ -132,6 +152,8 @@ class Episode:
                 f"error: environment failed ({type(e).__name__})\n",
                 True,
             )
+        if self.first_observation is not None:
+            self.observation = self.first_observation
         self.prompt_ids = self.encode(self.observation, True)
 
     def _env_error(self, where: str, e: Exception) -> None:

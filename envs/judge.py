@@ -28,7 +28,7 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-from rollflash.envs.reward_functions import Scored
+from rollflash.envs.scored import Scored
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +47,7 @@ class JudgeReward:
     own_deadline = True  # bounded by its request's timeout_s
 
     def __init__(self, options: Any) -> None:
-        """`options`: the `reward.judge` section (broker/config_reward.py)."""
+        """`options`: the `reward.judge` section (broker/config/config_reward.py)."""
         self.url = options.url.rstrip("/") + "/v1/completions"
         self.template, self.max_score = options.template, float(options.max_score)
         self.needs_answer = "{answer}" in self.template  # a row without one is bad only then

@@ -12,9 +12,10 @@
             reward: {functions: [code]}      # this domain's reward functions (and weights)
             max_new_tokens: 48
 
-Each component is any task of the registry with its own `params`, its `weight` (> 0, normalised),
-an optional `reward` ({functions, weights}; default: the task's own verifier; the options of the
-built-ins, `reward.code` and `reward.judge`, and `reward.timeout_s` are the run's) and an optional
+Each component is any task of the catalog (envs/catalog.py) with its own `params`, its `weight`
+(> 0, normalised), an optional `reward` ({functions, weights}; default: the task's own verifier;
+the options of the built-ins, `reward.code` and `reward.judge`, and `reward.timeout_s` are the
+run's) and an optional
 `max_new_tokens` (default: `rollout.max_new_tokens`; the generators sample each domain's prompts
 with its own limit). A mixture takes no top-level `reward.functions`. Multi-turn environments
 cannot be components.
@@ -35,13 +36,15 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 import random
 import re
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from rollflash.envs.answers import final_answer, reference_response
 from rollflash.envs.base import Item, Task, train_stream
 from rollflash.envs.multiturn import is_multi_turn
 from rollflash.errors import BadInput
@@ -67,8 +70,12 @@ class Component:
         if not isinstance(name, str) or not _DOMAIN.fullmatch(name):
             raise BadInput(f"{where}.name: {name!r} is not a short snake_case domain name")
         weight = spec.get("weight", 1.0)
-        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not weight > 0:
-            raise BadInput(f"{where}.weight: must be a number > 0, got {weight!r}")
+        if (
+            isinstance(weight, bool)
+            or not isinstance(weight, (int, float))
+            or not 0 < weight < math.inf  # NaN and infinity fail too
+        ):
+            raise BadInput(f"{where}.weight: must be a finite number > 0, got {weight!r}")
         limit = spec.get("max_new_tokens")
         if limit is not None and (
             isinstance(limit, bool) or not isinstance(limit, int) or limit < 1
@@ -77,9 +84,8 @@ class Component:
         return cls(name, task, float(weight), spec.get("reward"), limit)
 
 
-def _component(i: int, spec: Any) -> Component:
-    from rollflash.envs.registry import make_task  # the registry builds this class too
-
+def _component(i: int, spec: Any, make_task: Callable[[str, Any], Task]) -> Component:
+    """Component `i` of the config's list, its task built by `make_task` (the catalog's)."""
     where = f"task.params.components[{i}]"
     if not isinstance(spec, dict) or "task" not in spec:
         raise BadInput(f"{where}: expected a mapping with a `task` key")
@@ -107,13 +113,10 @@ class MixtureTask:
 
     name = "mixture"
 
-    def __init__(self, components: list[dict[str, Any]] | list[Component]) -> None:
-        """`components`: the config's mappings, or components a task built (envs/reasoning_gym.py)."""
-        if not isinstance(components, list) or not components:
-            raise BadInput("task.params.components: a non-empty list of tasks is required")
-        self.components = [
-            c if isinstance(c, Component) else _component(i, c) for i, c in enumerate(components)
-        ]
+    def __init__(self, components: list[Component]) -> None:
+        """`components`: built from the config's mappings (`from_specs`), or by a task that is a
+        mixture of its own (envs/reasoning_gym.py)."""
+        self.components = components
         names = [c.name for c in self.components]
         if len(set(names)) != len(names):
             raise BadInput(f"task.params.components: domain names repeat ({names}); set `name`")
@@ -122,10 +125,19 @@ class MixtureTask:
             c.weight /= total
         self._by_name = {c.name: c for c in self.components}
 
+    @classmethod
+    def from_specs(cls, specs: Any, make_task: Callable[[str, Any], Task]) -> MixtureTask:
+        """The mixture of the config's `task.params.components` (a non-empty list of mappings),
+        each component's task built by `make_task` (envs/catalog.py passes its own)."""
+        if not isinstance(specs, list) or not specs:
+            raise BadInput("task.params.components: a non-empty list of tasks is required")
+        return cls([_component(i, spec, make_task) for i, spec in enumerate(specs)])
+
     def use_reward_functions(self, reward: Any) -> None:
         """Wrap each component that names reward functions in them; `reward`: the run's
         `reward:` section (the options of code and judge, timeout_s)."""
-        from rollflash.envs.reward_functions import RewardFunctions, ScoredTask
+        from rollflash.envs.reward_functions import RewardFunctions
+        from rollflash.envs.scored_task import ScoredTask
 
         for c in self.components:
             if c.reward and c.reward.get("functions"):
@@ -189,6 +201,19 @@ class MixtureTask:
         if domain not in self._by_name:
             raise ValueError(f"mixture: item {item.id!r} belongs to no domain of this mixture")
         return self._by_name[domain], dataclasses.replace(item, id=inner)
+
+    def final_answer(self, item_id: str, response: str) -> str:
+        """The response's final answer as the item's domain reads it (envs/answers.py)."""
+        domain, _, inner = item_id.partition("/")
+        component = self._by_name.get(domain)
+        if component is None:
+            return response.strip()
+        return final_answer(component.task, inner, response)
+
+    def reference_response(self, item: Item) -> str | None:
+        """A right response as the item's domain writes it (envs/answers.py)."""
+        component, inner = self.component_of(item)
+        return reference_response(component.task, inner)
 
     def response_limit(self, item: Item) -> int | None:
         """The item's domain's response limit (None: rollout.max_new_tokens)."""

@@ -65,7 +65,7 @@ class TurnLimit:
 
     It owns the parameters the environments share: `max_turns`, the reward of a turn that goes on
     (`step_reward`) and that of an invalid action (`invalid_reward`). An environment lists them in
-    its own signature, with its own defaults (the registry reads the accepted keys from there),
+    its own signature, with its own defaults (envs/catalog.py reads the accepted keys from there),
     and passes them to `__init__`, which checks them."""
 
     max_turns: int

@@ -53,12 +53,14 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import math
 import time
 from collections.abc import Iterator
 from typing import Any
 
 from rollflash.envs.base import Item
 from rollflash.envs.mixture import Component, MixtureTask
+from rollflash.envs.scored import Scored
 
 log = logging.getLogger(__name__)
 
@@ -197,9 +199,19 @@ class ReasoningGymDataset:
     def heldout_items(self) -> list[Item]:
         return [self._item("heldout", j) for j in range(self.heldout_size)]
 
-    def score(self, item: Item, response: str) -> float:
-        from rollflash.envs.reward_functions import Scored
+    def final_answer(self, item_id: str, response: str) -> str:
+        """What `score` hands to score_answer (envs/answers.py): the last answer-tag span, ""
+        when there is none, or the stripped response with `answer_tag: null`."""
+        if self.answer_tag is None:
+            return response.strip()
+        return self._extract(response, tag_name=self.answer_tag) or ""
 
+    def reference_response(self, item: Item) -> str:
+        """The answer inside the answer tags (envs/answers.py)."""
+        tag = self.answer_tag
+        return item.answer if tag is None else f"<{tag}>{item.answer}</{tag}>"
+
+    def score(self, item: Item, response: str) -> float:
         split, _, index = item.id.partition("-")
         if split not in ("train", "heldout") or not index.isdigit():
             raise ValueError(f"reasoning_gym {self.name}: {item.id!r} is not one of its items")
@@ -245,8 +257,14 @@ def reasoning_gym_task(
     _positive("size", size), _positive("heldout_size", heldout_size)
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ValueError(f"task.params.seed: must be an integer >= 0, got {seed!r}")
-    if isinstance(format_reward, bool) or not isinstance(format_reward, (int, float)):
-        raise ValueError(f"task.params.format_reward: must be a number, got {format_reward!r}")
+    if (
+        isinstance(format_reward, bool)
+        or not isinstance(format_reward, (int, float))
+        or not math.isfinite(format_reward)
+    ):
+        raise ValueError(
+            f"task.params.format_reward: must be a finite number, got {format_reward!r}"
+        )
     components = []
     for name, spec in datasets.items():
         where = f"task.params.datasets.{name}"

@@ -7,7 +7,8 @@ it without pickling code. So the functions stay in the caller's process, which s
 private unix socket (in a directory of mode 0700) for as long as the run lasts. In the config
 each is the spec `python:NAME`; a child process turns that spec into a proxy that sends each
 call's arguments (prompt, response, answer and the row's columns, as JSON: data, never code) and
-returns the reward the caller's function computed (a `Scored` failure reason included).
+returns the reward the caller's function computed (a `Scored` failure reason included, and None
+when the function abstained).
 
 Why not fork the children from the caller, so that they inherit the objects: a process that has
 run torch on several threads cannot fork safely (GNU OpenMP's thread pool deadlocks in the child
@@ -37,14 +38,18 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from rollflash.envs.scored import Scored
+
 SOCKET_ENV = "ROLLFLASH_REWARD_SOCKET"
 PREFIX = "python:"  # a reward.functions spec naming a function the caller's process serves
 
 
 def _encode(value: Any) -> Any:
-    """A function's result as JSON data: a number (or a list of them, from a batched
-    function), a `Scored` as [value, failure]; anything else as its text, which the caller's
-    side refuses as not a finite number."""
+    """A function's result as JSON data: a number or None (an abstention), or a list of them
+    from a batched function, a `Scored` as [value, failure]; anything else as its text, which
+    the caller's side refuses as not a finite number."""
+    if value is None:
+        return None
     if isinstance(value, (list, tuple)):
         return [_encode(v) for v in value]
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -54,8 +59,6 @@ def _encode(value: Any) -> Any:
 
 
 def _decode(value: Any) -> Any:
-    from rollflash.envs.reward_functions import Scored
-
     if isinstance(value, list):
         return [_decode(v) for v in value]
     if isinstance(value, dict) and "scored" in value:

@@ -2,13 +2,19 @@
 
 A reward function is
 
-    def fn(prompt: str, response: str, answer: str, **row) -> float
+    def fn(prompt: str, response: str, answer: str, **row) -> float | None
 
 `prompt` is the text the model was given (chat template applied), `response` the text it wrote
 (EOS stripped, envs/base.py), `answer` the row's answer and `row` the row's other columns. A
 function marked with `@batched` takes lists instead (`prompts, responses, answers, **columns`,
 each column a list) and returns one float per sample: one call per scoring batch, for functions
-that amortise a model or a process. The reward is sum_i weights[i] * fn_i (weights default to 1).
+that amortise a model or a process. The reward is sum_i weights[i] * fn_i (weights default to 1)
+over the functions that answered: a function returns None to abstain on a sample it has no
+opinion on (a format check for rows of another kind, a judge for rows it does not cover), and
+that sample's reward is the weighted sum of the other functions' scores, as TRL's GRPOTrainer
+sums the functions that did not return None. Abstentions are not errors: a function may abstain
+on every sample of a batch, and the learner counts them per step as
+`reward/abstained/<name>`; a sample on which every function abstained has reward 0.
 
 A spec is "package.module:function" (imported, so the package must be importable in every
 generator and in the learner), the name of a built-in verifier (envs/verifiers.py: math, exact,
@@ -23,8 +29,10 @@ Guarantees:
   generator's heartbeat, and per step in the learner as `reward/error/<name>`); each function's
   first failure is logged once, with its traceback and the id of the row it failed on.
 - With two or more functions, or where one failed, a sample's reward carries each function's own
-  score (`Scored.parts`: name -> unweighted score, None where it failed), which the generator puts
-  on the wire (`Sample.reward_parts`) and the learner averages per step as `reward/<name>`. A
+  score (`Scored.parts`: name -> unweighted score, None where it failed; a function that
+  abstained has no entry, and its name is in `Scored.abstained`), which the generator puts on the
+  wire (`Sample.reward_parts`, `Sample.reward_abstained`) and the learner averages per step as
+  `reward/<name>` over the samples the function scored. A
   function's name is a built-in's own, or the part after ":" of "pkg.module:fn", lowercased,
   with any character other than a-z, 0-9 and _ made "_"; two functions of one list may not share
   a name, nor take one of the learner's own (`mean`, `errors`, `code_*`, ...).
@@ -59,7 +67,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rollflash.envs import remote_rewards
-from rollflash.envs.base import Item, Task
+from rollflash.envs.base import Item
+from rollflash.envs.scored import Scored, failure_of
 from rollflash.envs.user_code import import_function
 from rollflash.envs.verifiers import VERIFIERS
 from rollflash.errors import RollflashError
@@ -79,37 +88,18 @@ class RewardTimeout(Exception):
     pass
 
 
-class Scored(float):
-    """A reward that says why its sample failed (`failure`, "" when it did not) and, when several
-    functions made it, what each gave (`parts`: name -> score, None where the function failed):
-    a float everywhere else, so weighting and the wire see a plain number."""
-
-    failure: str
-    parts: dict[str, float | None] | None
-
-    def __new__(
-        cls, value: float, failure: str = "", parts: dict[str, float | None] | None = None
-    ) -> Scored:
-        out = super().__new__(cls, value)
-        out.failure, out.parts = failure, parts
-        return out
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (Scored, (float(self), self.failure, self.parts))
+class _Failed:
+    """A function's result on a sample where it raised, timed out or returned a non-number."""
 
 
-def failure_of(reward: float) -> str:
-    """The failure reason a reward carries ("" for a plain number)."""
-    return getattr(reward, "failure", "")
+FAILED = _Failed()
+Result = float | None | _Failed  # a function's result on one sample: None = it abstained
 
 
-def parts_of(reward: float) -> dict[str, float | None] | None:
-    """Each function's score a reward carries (None: it carries none)."""
-    return getattr(reward, "parts", None)
-
-
-# metric names of the learner's own under reward/ (learner/metrics.py): no function may take one
-_RESERVED = {"mean", "errors", "error", "score_mean", "shaping_mean", "function_error"}
+# metric names of the learner's own under reward/ (learner/metrics/metrics.py): no function may take one
+_RESERVED = {
+    "mean", "errors", "error", "abstained", "score_mean", "shaping_mean", "function_error"
+}  # fmt: skip
 _RESERVED_PREFIXES = ("code_", "judge_")  # the code and judge rewards' failure reasons
 
 
@@ -186,9 +176,12 @@ def _deadline(seconds: float) -> Iterator[None]:
         signal.signal(signal.SIGALRM, previous)
 
 
-def _as_reward(value: Any) -> float:
+def _as_reward(value: Any) -> float | None:
+    """A function's return as its score; None (it abstained) stays None."""
+    if value is None:
+        return None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise TypeError(f"returned {value!r}, not a finite number")
+        raise TypeError(f"returned {value!r}, not a finite number nor None")
     return Scored(value, value.failure) if isinstance(value, Scored) else float(value)
 
 
@@ -277,17 +270,18 @@ class RewardFunctions:
     def _limit(self, k: int) -> float:
         return 0.0 if getattr(self.functions[k], "own_deadline", False) else self.timeout_s
 
-    def _one(self, k: int, item: Item, response: str) -> float | None:
+    def _one(self, k: int, item: Item, response: str) -> Result:
         try:
             with _deadline(self._limit(k)):
                 value = self.functions[k](item.prompt, response, item.answer, **item.extra)
             return _as_reward(value)
         except Exception as e:
             self._failed(k, e, [item])
-            return None
+            return FAILED
 
-    def _column(self, k: int, items: list[Item], responses: list[str]) -> list[float | None]:
-        """Scores of function k on the flattened batch; None where it failed."""
+    def _column(self, k: int, items: list[Item], responses: list[str]) -> list[Result]:
+        """Results of function k on the flattened batch: a score, None where it abstained,
+        FAILED where it failed."""
         fn = self.functions[k]
         if not getattr(fn, "batched", False):
             return [self._one(k, it, r) for it, r in zip(items, responses)]
@@ -310,68 +304,34 @@ class RewardFunctions:
             return [_as_reward(v) for v in values]
         except Exception as e:
             self._failed(k, e, items)
-            return [None] * len(items)
+            return [FAILED] * len(items)
 
     def score_flat(self, items: list[Item], responses: list[str]) -> list[float]:
-        """The weighted reward of each (item, response) pair, a `Scored` naming the first
-        failure where there is one and each function's score (module docstring); raises
-        RewardFunctionFailed if a function raised on every one of at least 2 samples."""
-        total = [0.0] * len(items)
-        failures = [""] * len(items)
+        """The weighted reward of each (item, response) pair over the functions that answered,
+        a `Scored` naming the first failure where there is one, each function's score and the
+        functions that abstained (module docstring); raises RewardFunctionFailed if a function
+        raised on every one of at least 2 samples."""
         columns = []
-        for k, weight in enumerate(self.weights):
+        for k in range(len(self.functions)):
             column = self._column(k, items, responses)
-            if len(column) >= 2 and all(v is None for v in column):
+            if len(column) >= 2 and all(v is FAILED for v in column):
                 raise RewardFunctionFailed(
                     f"reward.functions[{k}]: {self.specs[k]} failed on all {len(column)} samples "
                     "of a batch; see the generator log for its first error"
                 )
-            for i, v in enumerate(column):
-                total[i] += weight * (v or 0.0)
-                failures[i] = failures[i] or ("function_error" if v is None else failure_of(v))
             columns.append(column)
-        out: list[float] = []
-        for i, (t, f) in enumerate(zip(total, failures)):
-            scores = [column[i] for column in columns]
-            parts = None
-            if len(scores) >= 2 or None in scores:
-                parts = {n: None if v is None else float(v) for n, v in zip(self.names, scores)}
-            out.append(Scored(t, f, parts) if f or parts else t)
-        return out
+        return [self._combine([column[i] for column in columns]) for i in range(len(items))]
 
-
-class ScoredTask:
-    """A task whose rule reward is the configured reward functions: everything else (prompts,
-    held-out set, environments) is the wrapped task's."""
-
-    def __init__(self, task: Task, functions: RewardFunctions):
-        self.task, self.functions = task, functions
-        self.name = task.name
-        expect = getattr(task, "expect_answers", None)  # a dataset: is a row without one bad?
-        if expect is not None:
-            expect(functions.needs_answer)
-
-    def __getattr__(self, attr: str) -> Any:
-        return getattr(self.task, attr)
-
-    def train_items(self, seed: int, start: int = 0) -> Iterator[Item]:
-        from rollflash.envs.base import train_stream
-
-        return train_stream(self.task, seed, start)
-
-    def heldout_items(self) -> list[Item]:
-        return self.task.heldout_items()
-
-    def score(self, item: Item, response: str) -> float:
-        return self.functions.score_flat([item], [response])[0]
-
-    def score_groups(self, items: list[Item], groups: list[list[str]]) -> list[list[float]]:
-        """Rewards of each item's responses, shaped like `groups`, in one batch."""
-        flat = self.functions.score_flat(
-            [it for it, g in zip(items, groups) for _ in g], [r for g in groups for r in g]
-        )
-        out, k = [], 0
-        for g in groups:
-            out.append(flat[k : k + len(g)])
-            k += len(g)
-        return out
+    def _combine(self, results: list[Result]) -> float:
+        """One sample's reward from each function's result (score, None, FAILED)."""
+        total, failure, scores = 0.0, "", dict[str, float | None]()
+        abstained = tuple(n for n, v in zip(self.names, results) if v is None)
+        for name, weight, v in zip(self.names, self.weights, results):
+            if isinstance(v, _Failed):
+                failure, scores[name] = failure or "function_error", None
+            elif v is not None:
+                total += weight * v
+                failure, scores[name] = failure or failure_of(v), float(v)
+        # each function's score travels with two or more functions, or where one failed
+        parts = scores if scores and (len(results) >= 2 or None in scores.values()) else None
+        return Scored(total, failure, parts, abstained) if failure or parts or abstained else total

@@ -12,12 +12,21 @@ A string column is checked on its Arrow data at once (nulls and blank strings); 
 A bad row is named by one line, `<source>:<N>: <problem>`, e.g. `data/train.jsonl:7: no
 'question'`: N is the line of the file for JSONL and CSV, else the row's number from 1; the
 source of a hub dataset or a save_to_disk directory is written `<path>[<split>]`.
+
+Before a JSON or CSV file reaches the readers, `check_file` reads its lines as bytes and refuses,
+in the same one line, a line that is not UTF-8, one longer than `max_row_bytes`, and JSON nested
+deeper than MAX_DEPTH (63 levels, the row's own object one of them: the most an Arrow schema
+holds). The Arrow JSON reader recurses once per level in native code, so a row of 20,000 nested
+lists overflows its stack and the process dies of SIGSEGV with nothing said; a row of 64 levels
+fails later with an error that names neither file nor line. These three stop the load whatever
+`on_bad_row` says: the file cannot be read past them.
 """
 
 from __future__ import annotations
 
 import csv
 import json
+import re
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -28,6 +37,10 @@ from rollflash.errors import BadInput
 
 TEXT, MESSAGES, ANSWER, ID = "text", "messages", "answer", "id"
 _BATCH = 4096
+MAX_DEPTH = 63  # levels of JSON nesting a row may have, its own object one: Arrow holds 63
+_TEXT_FILES = (".jsonl", ".json", ".csv")
+_STRING = re.compile(rb'"(?:[^"\\\n]|\\.)*"')  # a JSON string: its brackets are not nesting
+_NOT_BRACKETS = bytes(sorted(set(range(256)) - set(b"[]{}")))
 
 
 @dataclass
@@ -173,7 +186,7 @@ def unreadable(label: str, path: Path, e: Exception) -> ValueError:
                     continue
                 try:
                     row = json.loads(line)
-                except ValueError as bad:
+                except (ValueError, RecursionError) as bad:
                     if n == 1 and line.lstrip().startswith("["):
                         break  # one JSON list: not lines
                     return BadInput(f"{label}:{n}: not valid JSON ({bad})")
@@ -184,3 +197,63 @@ def unreadable(label: str, path: Path, e: Exception) -> ValueError:
     if cause is not None and str(cause):
         message = f"{message}: {str(cause).splitlines()[0]}" if message else str(cause)
     return BadInput(f"{label}: cannot be read ({e.__class__.__name__}: {message[:200]})")
+
+
+def check_files(label: str, path: Path, max_row_bytes: int) -> None:
+    """`check_file` on `path`, or on each JSON or CSV file of a directory of data files."""
+    if path.is_file():
+        check_file(label, path, max_row_bytes)
+    elif path.is_dir():
+        for file in sorted(path.rglob("*")):
+            if file.suffix.lower() in _TEXT_FILES and file.is_file():
+                check_file(str(file), file, max_row_bytes)
+
+
+def check_file(label: str, path: Path, max_row_bytes: int) -> None:
+    """Raise BadInput naming `label:line` for the first line of a JSON or CSV file that is not
+    UTF-8, is longer than `max_row_bytes`, or nests JSON deeper than MAX_DEPTH (module
+    docstring). A `.json` file holding one list is measured across its lines."""
+    suffix = path.suffix.lower()
+    if suffix not in _TEXT_FILES:
+        return
+    carry = suffix == ".json" and _by_line(path) is False  # one list, its rows inside it
+    depth = -1 if carry else 0  # the list's own level is not a row's
+    with open(path, "rb") as f:
+        for n, line in enumerate(iter(lambda: f.readline(max_row_bytes + 1), b""), 1):
+            depth, why = line_problem(line, max_row_bytes, suffix != ".csv", depth, carry)
+            if why is not None:
+                raise BadInput(f"{label}:{n}: {why}")
+
+
+def line_problem(
+    line: bytes, max_row_bytes: int, json_text: bool = True, depth: int = 0, carry: bool = False
+) -> tuple[int, str | None]:
+    """(the JSON nesting after `line`, and why no reader can take it or None): longer than
+    `max_row_bytes` (it was read with a limit of max_row_bytes + 1), not UTF-8, or (`json_text`)
+    JSON nested deeper than MAX_DEPTH. Without `carry` the line is a row of its own, starting at
+    depth 0; with it, it continues a list that `depth` is inside."""
+    if len(line) > max_row_bytes and not line.endswith(b"\n"):
+        return depth, f"a row longer than {max_row_bytes} bytes (task.params.max_row_bytes)"
+    try:
+        line.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return depth, f"not valid UTF-8 (byte 0x{line[e.start]:02x} at column {e.start + 1})"
+    if not json_text:
+        return depth, None
+    after = _nesting(line, depth if carry else 0, carry)
+    if after is None:
+        return depth, f"JSON nested deeper than {MAX_DEPTH} levels"
+    return after, None
+
+
+def _nesting(line: bytes, depth: int, carry: bool) -> int | None:
+    """The JSON nesting after `line`, which starts at `depth`; None past MAX_DEPTH. Without
+    `carry`, what it ends at does not matter."""
+    opens = line.count(b"[") + line.count(b"{")
+    if depth + opens <= MAX_DEPTH and not (carry and b'"' in line):  # it cannot go deeper
+        return depth + opens - line.count(b"]") - line.count(b"}")
+    for c in _STRING.sub(b'""', line).translate(None, _NOT_BRACKETS):
+        depth += 1 if c in b"[{" else -1
+        if depth > MAX_DEPTH:
+            return None
+    return depth

@@ -27,6 +27,8 @@ from typing import Any
 
 GSM8K_MARKER = "####"
 _FENCE = re.compile(r"^```(?:json)?\s*(.*?)\s*```$", re.DOTALL)
+_BOXED = "\\boxed{"
+_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 
 
 def final_answer(text: str) -> str:
@@ -34,6 +36,25 @@ def final_answer(text: str) -> str:
     if GSM8K_MARKER in text:
         return text.rsplit(GSM8K_MARKER, 1)[1].strip().replace(",", "")
     return text
+
+
+def math_answer(text: str) -> str:
+    """The final answer of a response as the `math` verifier finds it, as text, for comparing
+    responses with each other (envs/answers.py), not for scoring: what follows the last `####`,
+    else the content of the last `\\boxed{}`, else the last number (thousands separators
+    removed), else the stripped text. math-verify reads LaTeX further (`\\frac{1}{2}` = `0.5`);
+    this reads the text as written."""
+    if GSM8K_MARKER in text:
+        return final_answer(text)
+    start = text.rfind(_BOXED)
+    if start >= 0:
+        depth, i = 1, start + len(_BOXED)
+        for j in range(i, len(text)):
+            depth += {"{": 1, "}": -1}.get(text[j], 0)
+            if depth == 0:
+                return text[i:j].strip()
+    numbers = _NUMBER.findall(text)
+    return numbers[-1].replace(",", "") if numbers else text.strip()
 
 
 def math(prompt: str, response: str, answer: str, **row: Any) -> float:

@@ -31,9 +31,9 @@ from typing import Any
 
 import numpy as np
 
-from rollflash.broker.config import Config, ConfigError
-from rollflash.broker.generator_side import GeneratorBroker
-from rollflash.broker.schema import PromptWork, Sample, Trajectory
+from rollflash.broker.config.config import Config, ConfigError
+from rollflash.broker.sides.generator_side import GeneratorBroker
+from rollflash.broker.wire.schema import PromptWork, Sample, Trajectory
 from rollflash.envs import Item
 from rollflash.envs.agent import Codec, Sequence, TextCodec, load_agent, turn_rewards, turn_states
 from rollflash.envs.agent_host import AgentHost, Run
@@ -110,11 +110,11 @@ class AgentRollout:
             raise ConfigError(
                 f"rollout.agent: engine {cfg.rollout.engine!r} cannot serve agent calls"
             )
-        r = cfg.rollout
+        rollout = cfg.rollout
         self.cfg, self.engine, self.follower = cfg, engine, follower
         self.codec = codec_for(engine, cfg)
         self.host = AgentHost(
-            load_agent(r.agent or ""), self.codec, Limits.of(r), engine.vocab_size,
+            load_agent(rollout.agent or ""), self.codec, Limits.of(rollout), engine.vocab_size,
             version=lambda: follower.loaded_version, model_name=cfg.model.path,
         )  # fmt: skip
 
@@ -138,8 +138,8 @@ class AgentRollout:
         """Play and stream one pull; returns (episodes, tokens) streamed. `beat` (the
         generator's heartbeat) runs every third of rollout.heartbeat_ttl_s while the pull lasts:
         agent episodes may take minutes."""
-        r = self.cfg.rollout
-        extra = 0 if r.replicate_prompts else r.redundant_samples
+        rollout = self.cfg.rollout
+        extra = 0 if rollout.replicate_prompts else rollout.redundant_samples
         groups: list[_Group] = []
         totals = [0, 0]
         started = time.monotonic()
@@ -165,18 +165,18 @@ class AgentRollout:
             broker.add_trajectory(traj, prompt_entry_id=group.entry_id)
             totals[0] += len(traj.samples)
             totals[1] += sum(len(s.response_ids) for s in traj.samples)
-            if r.interrupt and time.monotonic() - started < r.heartbeat_ttl_s / 3:
+            if rollout.interrupt and time.monotonic() - started < rollout.heartbeat_ttl_s / 3:
                 for entry_id, work in broker.claim_prompts(1, block_ms=None):
                     if work.issued_version <= self.follower.loaded_version:
                         start(entry_id, work)  # else it stays pending: the next pull's
 
         for entry_id, work in claimed:
             start(entry_id, work)
-        on_step = self.follower.maybe_reload if r.interrupt else None
+        on_step = self.follower.maybe_reload if rollout.interrupt else None
         last_beat = [time.monotonic()]
 
         def done() -> bool:  # the host's loop asks at least once a second
-            if time.monotonic() - last_beat[0] > r.heartbeat_ttl_s / 3:
+            if time.monotonic() - last_beat[0] > rollout.heartbeat_ttl_s / 3:
                 beat()
                 last_beat[0] = time.monotonic()
             return all(g.streamed for g in groups)

@@ -10,8 +10,9 @@ slots (one at least when nothing is in flight), and the loop runs between decode
 2. pick up new weights: with `rollout.interrupt` as soon as they are published (every in-flight
    sample continues under them and its later tokens record the new version); without it only while
    nothing is in flight, so every sample keeps the weights it started with. A group that started
-   more than ceil(a) versions before the weights now loaded is started again: the learner would
-   drop it as stale (its oldest token counts) and issue a replacement;
+   more versions before the weights now loaded than the learner accepts of a group still being
+   generated (`trainer.max_overdue_staleness`, learner/intake/ready.py) is started again: the learner
+   would drop it as stale (its oldest token counts) and issue a replacement;
 3. fill the free slots: claim new prompts, and, at most once a second, our own pending entries
    (after a restart, or when Redis forgot an acknowledgement) and ones another generator abandoned;
 4. one decode step of everything in flight.
@@ -33,9 +34,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from rollflash.broker.config import Config
-from rollflash.broker.generator_side import GeneratorBroker
-from rollflash.broker.schema import PromptWork
+from rollflash.broker.config.config import Config
+from rollflash.broker.sides.generator_side import GeneratorBroker
+from rollflash.broker.wire.schema import PromptWork
 from rollflash.generators.engine import StreamingEngine
 from rollflash.generators.liveness import Liveness
 from rollflash.generators.reload import WeightFollower
@@ -126,13 +127,14 @@ class ContinuousRollout:
 
     def _restart_doomed(self) -> None:
         """Start again, under the weights just loaded, every group that started more than
-        ceil(a) versions ago: the learner, which has published them, would drop it as stale
-        and issue a replacement prompt, so finishing it only wastes decode slots and a round
-        trip. The prompt entry stays ours. (Versions, not steps: after a learner resume this can
-        restart a group the learner would still have taken; it never keeps a doomed one.)"""
+        `trainer.max_overdue_staleness` versions ago: the learner, which has published them,
+        would drop it as stale and issue a replacement prompt, so finishing it only wastes decode
+        slots and a round trip. The prompt entry stays ours. (Versions, not steps: after a
+        learner resume this can restart a group the learner would still have taken; it never
+        keeps a doomed one.)"""
         loaded = self.follower.loaded_version
         for entry_id, group in list(self.inflight.items()):
-            if loaded - group.version > self.cfg.trainer.max_staleness:
+            if loaded - group.version > self.cfg.trainer.max_overdue_staleness:
                 self.engine.abort(entry_id)
                 self.inflight[entry_id] = _Group(group.work, loaded, started=group.started)
                 self.engine.add_request(

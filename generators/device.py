@@ -10,7 +10,7 @@ import os
 
 import torch
 
-from rollflash.broker.config_errors import ConfigError
+from rollflash.broker.config.config_errors import ConfigError
 
 
 def resolve_device(setting: str) -> torch.device:

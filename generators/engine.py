@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from rollflash.broker.config import Config, ConfigError
+from rollflash.broker.config.config import Config, ConfigError
 from rollflash.envs.episode import Encode
 from rollflash.errors import RollflashError
 from rollflash.generators.sampling import GeneratedSample, Groups, OnStep, SamplingParams
@@ -64,15 +64,6 @@ class FileEngine(Engine, Protocol):
 
     def load_weights(self, model_file: Path, version: int) -> None:
         """Load a verified safetensors file (a private copy) into the running engine."""
-        ...
-
-
-class AdapterEngine(Engine, Protocol):
-    """Engines that load LoRA adapter versions on top of their base model (`hf`, `vllm`)."""
-
-    def load_adapter(self, adapter_dir: Path, version: int) -> None:
-        """Load a verified PEFT adapter directory (adapter_model.safetensors and
-        adapter_config.json) as weight version `version`."""
         ...
 
 

@@ -43,9 +43,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from rollflash.broker.config import Config
-from rollflash.broker.generator_side import GeneratorBroker
-from rollflash.broker.schema import PromptWork, Sample, Trajectory
+from rollflash.broker.config.config import Config
+from rollflash.broker.sides.generator_side import GeneratorBroker
+from rollflash.broker.wire.schema import PromptWork, Sample, Trajectory
 from rollflash.envs import EnvTask, Episode
 from rollflash.generators.engine import EpisodeEngine
 from rollflash.generators.reload import WeightFollower
@@ -73,6 +73,7 @@ class GroupSpec:
     seed: int
     keep: int  # n: episodes that make the group
     start: int  # n + r: episodes started
+    prompt: str | None = None  # the first observation as the learner issued it (envs/episode.py)
 
 
 class EpisodeRunner:
@@ -107,6 +108,7 @@ class EpisodeRunner:
                 encode=self.encode,
                 max_tokens=self.max_tokens,
                 action_tokens=self.params.max_new_tokens,
+                first_observation=spec.prompt,
             )
             run.episode = ep
             try:
@@ -303,7 +305,11 @@ def _group_spec(task: EnvTask, work: PromptWork, extra: int) -> GroupSpec:
     """The episodes of one claimed prompt: `work.n` kept of `work.n + extra` started, all on the
     seed the prompt carries (so the same map)."""
     return GroupSpec(
-        make_env=task.make_env, seed=int(work.item["answer"]), keep=work.n, start=work.n + extra
+        make_env=task.make_env,
+        seed=int(work.item["answer"]),
+        prompt=work.item["prompt"],
+        keep=work.n,
+        start=work.n + extra,
     )
 
 

@@ -4,23 +4,26 @@ A `VersionSource` fetches and verifies one announced version (in the reload thre
 generators/reload.py) and returns it `Staged` in the form the engine swaps in:
 - an engine with `new_weights` / `swap_weights` (hf, sim) gets the version's tensors, filled
   chunk by chunk as each chunk is verified, on the engine's device: nothing lands on disk, and
-  the host holds only the few chunk buffers of the read (broker/weight_stream.py);
+  the host holds only the few chunk buffers of the read (broker/weights/weight_stream.py);
 - an engine that loads from a path (vllm's `load_weights`, every `load_adapter`) gets a file
   written while it was verified (one read, one write) in a directory this generator owns.
 
 `weights.transport: shared_fs` (`SharedStoreSource`): the learner's store in `run.run_dir`,
 opened without following links; a private copy goes to `{local_dir}/{id}/copies` and is removed
-once swapped in. `weights.transport: http` (`HttpSource`): the version is fetched into this
-generator's own store, `{local_dir}/{id}/weights` (broker/weight_client.py), which keeps the last
-`trainer.keep_versions` versions and the loaded one, as the learner's store does; with
-`weights.relay` this generator serves what it fetches to other generators as it verifies it
-(broker/weight_server.py). An engine that loads from a path loads the file in that store.
+once swapped in. `weights.transport: http` (`HttpSource`, generators/http_source.py): the version
+is fetched into this generator's own store and relayed on. generators/reload.py `version_source`
+picks one.
+
+When the learner publishes deltas (`weights.anchor_every` > 1, or once a version with a delta is
+seen), every full version is read along the cheapest plan from the version the generator holds
+(generators/held.py): both sources are `ChainReader`s (broker/weights/weight_chain.py), and the staged
+version's full file becomes the held one once the engine has loaded it (`Staged.loaded`).
+Otherwise, and for adapter versions (LoRA), a version is read whole, and nothing is held.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -29,12 +32,14 @@ from typing import Any, Protocol
 
 import torch
 
-from rollflash.broker.config import Config, ConfigError
-from rollflash.broker.config_weights import split_listen
-from rollflash.broker.manifest import MANIFEST, MODEL_FILE, Manifest
-from rollflash.broker.secrets import make_private_dir, url_ca_certs, weights_token
-from rollflash.broker.weight_stream import FileSink, Sink, TensorSink, copy_verified, read_version
-from rollflash.broker.weights import WeightStore
+from rollflash.broker.config.config import Config, ConfigError
+from rollflash.broker.connect.secrets import private_subdir
+from rollflash.broker.weights.manifest import MODEL_FILE, Manifest
+from rollflash.broker.weights.weight_chain import ChainReader, StoreReader
+from rollflash.broker.weights.weight_path import path_bytes
+from rollflash.broker.weights.weight_stream import Sink, TensorSink, copy_verified, read_version
+from rollflash.broker.weights.weights import WeightStore
+from rollflash.generators.held import HeldCopy, describe
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +54,9 @@ class Staged:
     path: Path | None = None
     source: str = ""  # where it came from, for the log
     fetch_s: float = 0.0
+    fetched: int = 0  # bytes of the version's files read (or received) for it
     discard: Callable[[], None] = field(default=lambda: None)  # after the swap (or instead)
+    loaded: Callable[[], None] = field(default=lambda: None)  # once the engine swapped it in
 
 
 @dataclass(frozen=True)
@@ -59,6 +66,11 @@ class Announced:
     version: int
     sha256: str | None
     http_url: str | None = None
+
+
+class Advertiser(Protocol):
+    def advertise(self, fields: dict[str, str]) -> None:
+        """Write `fields` in this generator's status hash (GeneratorBroker.advertise)."""
 
 
 class VersionSource(Protocol):
@@ -77,135 +89,77 @@ def own_dir(cfg: Config, generator_id: str) -> Path:
     if "/" in generator_id or generator_id in ("", ".", ".."):
         raise ConfigError(f"--id: {generator_id!r} cannot name a directory; use letters, digits, -")
     path = Path(cfg.weights.local_dir or Path(cfg.run.run_dir) / "local") / generator_id
-    make_private_dir(path)
-    return path
+    return private_subdir(path)
 
 
-def version_source(cfg: Config, generator_id: str) -> VersionSource:
-    if cfg.weights.transport == "http":
-        return HttpSource(cfg, generator_id)
-    return SharedStoreSource(WeightStore(cfg.run.run_dir), own_dir(cfg, generator_id) / "copies")
+def by_plan(held: HeldCopy | None, manifest: Manifest) -> bool:
+    """Whether to read a version along a plan: the run publishes deltas (as its config says,
+    or as this version, or one read before, shows)."""
+    return (
+        held is not None
+        and manifest.kind != "adapter"
+        and (held.eager or manifest.delta is not None or held.held is not None)
+    )
+
+
+def staged_chain(held: HeldCopy, reader: ChainReader, announced: Announced, engine: Any) -> Staged:
+    """Read a full version along the cheapest plan from what `held` holds (generators/held.py)
+    into the engine's tensors, or its file for an engine that loads from a path."""
+    tensors: TensorSink | None = None
+
+    def sinks() -> list[Sink]:
+        nonlocal tensors
+        tensors = TensorSink(engine.new_weights) if takes_tensors(engine) else None
+        return [tensors] if tensors is not None else []
+
+    v = announced.version
+    out, steps = held.fetch(reader, v, announced.sha256, sinks)
+    digest = steps[-1].manifest.digest
+    return Staged(
+        v,
+        "full",
+        tensors=tensors.result() if tensors is not None else None,
+        path=out / MODEL_FILE,
+        source=describe(steps),
+        fetched=path_bytes(steps),
+        discard=lambda: held.discard(out),
+        loaded=lambda: held.adopt(v, digest, out),
+    )
 
 
 class SharedStoreSource:
-    """The learner's store on a filesystem this host shares."""
+    """The learner's store on a filesystem this host shares; `held`: with deltas."""
 
-    def __init__(self, store: WeightStore, copies: Path):
-        self.store, self.copies = store, copies
+    def __init__(self, store: WeightStore, copies: Path, held: HeldCopy | None = None):
+        self.store, self.copies, self.held = store, copies, held
 
     def fetch(self, announced: Announced, engine: Any, in_use: set[int]) -> Staged:
         v = announced.version
+        if by_plan(self.held, self.store.manifest(v, announced.sha256)):
+            assert self.held is not None
+            return staged_chain(self.held, StoreReader(self.store), announced, engine)
         opened = self.store.open_version(v, announced.sha256)
         try:
             if opened.manifest.kind == "full" and takes_tensors(engine):
                 sink = TensorSink(engine.new_weights)
-                read_version(opened.manifest, opened.fds, [sink])
-                return Staged(v, "full", tensors=sink.result(), source="shared store")
+                read_version(opened.manifest, {MODEL_FILE: opened.fds[MODEL_FILE]}, [sink])
+                size = opened.manifest.form_size("full")
+                return Staged(v, "full", tensors=sink.result(), source="shared store", fetched=size)
         finally:
             opened.close()
         self.copies.mkdir(mode=0o700, exist_ok=True)
         dest = self.copies / f"v{v:08d}"
         shutil.rmtree(dest, ignore_errors=True)  # left by a failed attempt
-        kind = copy_verified(self.store, v, dest, announced.sha256).kind
+        manifest = copy_verified(self.store, v, dest, announced.sha256)
+        kind = manifest.kind
         return Staged(
             v,
             kind,
             path=dest / MODEL_FILE if kind == "full" else dest,
             source="shared store, private copy",
+            fetched=manifest.form_size(kind),
             discard=lambda: shutil.rmtree(dest, ignore_errors=True),
         )
 
     def close(self) -> None:
         shutil.rmtree(self.copies, ignore_errors=True)
-
-
-class HttpSource:
-    """The learner's store over HTTP, into this generator's own store, relaying it on."""
-
-    def __init__(self, cfg: Config, generator_id: str):
-        from rollflash.broker.weight_client import WeightClient, client_context
-        from rollflash.broker.weight_server import WeightServer, server_context
-
-        w = cfg.weights
-        try:
-            token = weights_token(w.token_file)
-        except ValueError as e:
-            raise ConfigError(str(e)) from None
-        ca = w.ssl_ca_certs or url_ca_certs(cfg.redis.url)
-        self.client = WeightClient(token, generator_id, client_context(ca))
-        self.store = WeightStore(own_dir(cfg, generator_id))
-        self.store.clean_temp()
-        self.keep = cfg.trainer.keep_versions
-        self.server = None
-        if w.relay:
-            host, port = split_listen(w.listen)
-            self.server = WeightServer(
-                token, host, port, server_context(w.ssl_certfile, w.ssl_keyfile)
-            )
-            log.info("relaying weight versions at %s", self.server.start())
-
-    def fetch(self, announced: Announced, engine: Any, in_use: set[int]) -> Staged:
-        v = announced.version
-        if not announced.http_url:
-            raise ConnectionError(f"weights v{v}: the weights hash names no http_url")
-        tmp = self.store.root / f".tmp-v{v:08d}-{os.getpid()}"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(mode=0o700)
-        files, tensors = FileSink(tmp), None
-
-        def sinks(manifest: Manifest) -> list[Sink]:
-            nonlocal tensors
-            if manifest.kind == "full" and takes_tensors(engine):
-                tensors = TensorSink(engine.new_weights)
-                return [files, tensors]
-            return [files]
-
-        holding = None
-
-        def relay(manifest: Manifest) -> Callable[[str, int], None] | None:
-            nonlocal holding
-            if self.server is None:
-                return None
-            holding = self.server.hold(manifest, files.fds)
-            return holding.mark
-
-        if self.server is not None:
-            self.server.expect(v)
-        try:
-            relay_url = self.server.url if self.server is not None else None
-            got = self.client.fetch(
-                announced.http_url, v, announced.sha256, sinks, relay_url, relay
-            )
-            (tmp / MANIFEST).write_bytes(got.manifest.raw)
-            shutil.rmtree(self.store.version_dir(v), ignore_errors=True)  # an older fetch of it
-            os.rename(tmp, self.store.version_dir(v))
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            if self.server is not None:
-                self.server.forget([v])
-            raise
-        if holding is not None:
-            holding.finish(True)
-        doomed = self.store.retain(self.keep, in_use=in_use | {v})
-        if self.server is not None:
-            self.server.forget(doomed)
-        path = self.store.version_dir(v)
-        return Staged(
-            v,
-            got.manifest.kind,
-            tensors=tensors.result() if tensors is not None else None,
-            path=path / MODEL_FILE if got.manifest.kind == "full" else path,
-            source=", ".join(f"{_size(n)} from {url}" for url, n in got.received.items())
-            + (f"; failed over from {', '.join(got.failed)}" if got.failed else ""),
-        )
-
-    def close(self) -> None:
-        if self.server is not None:
-            self.server.close()
-
-
-def _size(n: int) -> str:
-    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
-        if n >= 1 << shift:
-            return f"{n / (1 << shift):.1f} {unit}"
-    return f"{n} B"

@@ -4,6 +4,12 @@ Sampling uses `model.generate` on left-padded prompts (positions come from the a
 they equal the learner's right-padded positions). Behaviour log-probabilities are computed from the
 raw logits as log_softmax(logits / temperature), the same quantity the learner recomputes; top-p
 only restricts which tokens can be drawn (as in verl, the log-probability is not renormalised).
+For that to be the distribution the tokens were drawn from, `generate` runs with a generation config
+built from the run's sampling settings alone (`_generation_config`): transformers fills every
+setting a config leaves unset from the checkpoint's generation_config.json (repetition_penalty,
+no_repeat_ngram_size, min_p, top_k, extra EOS ids, ...), so the checkpoint's own config is replaced
+at load by one that sets nothing but the EOS and pad ids, and what it would have applied is logged
+once (as vLLM's `generation_config="vllm"`, generators/vllm_setup.py).
 Sampling draws from torch's global generator, which `setup_process` seeds per generator. LoRA
 adapter versions are loaded through peft on top of the base model (`load_adapter`). On a GPU
 (`rollout.device`, generators/device.py) the model and the batch live on cuda:0 and only the
@@ -18,16 +24,17 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from safetensors.torch import load_file
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
-from rollflash.broker.model_dir import model_directory
+from rollflash.broker.config.generation import neutral_generation_config
+from rollflash.broker.config.model_dir import model_directory
 from rollflash.envs import encoder_for, response_text
 from rollflash.envs.chat import encode_prompts
 from rollflash.envs.episode import Encode
 from rollflash.generators.sampling import GeneratedSample, Groups, OnStep, SamplingParams
 
 if TYPE_CHECKING:
-    from rollflash.broker.config import Config
+    from rollflash.broker.config.config import Config
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +52,7 @@ class HFEngine:
         device: str | torch.device = "cpu",
         trust_remote_code: bool = False,
     ):
-        """`model_path`: a model directory or a cached hub id (broker/model_dir.py)."""
+        """`model_path`: a model directory or a cached hub id (broker/config/model_dir.py)."""
         model_dir = model_directory(str(model_path))
         self.tokenizer = AutoTokenizer.from_pretrained(
             model_dir, trust_remote_code=trust_remote_code
@@ -65,12 +72,21 @@ class HFEngine:
         self.pad_id = (
             self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos_id
         )
+        neutral_generation_config(
+            model,
+            self.eos_id,
+            self.pad_id,
+            f"hf engine: {model_dir}",
+            "sampling uses rollout.temperature and rollout.top_p only, so the behaviour "
+            "log-probs are the sampler's",
+            log,
+        )
 
     @classmethod
     def from_config(cls, cfg: Config, seed: int) -> HFEngine:
         """`model.path` in `model.dtype` (auto: by the device) on `rollout.device`; `seed` is
         unused: sampling draws from torch's global generator, which `setup_process` seeds."""
-        from rollflash.broker.config_model import resolve_model_dtype
+        from rollflash.broker.config.config_model import resolve_model_dtype
         from rollflash.generators.device import resolve_device
 
         device = resolve_device(cfg.rollout.device)
@@ -154,6 +170,20 @@ class HFEngine:
         self._adapter = shape
 
     @torch.no_grad()
+    def probe(self, ids: list[int]) -> list[float]:
+        """The log-probabilities of `ids` under the loaded weights (and adapter), teacher-forced
+        at temperature 1, in float32 (broker/weights/probe.py): the proof of what this engine serves."""
+        x = torch.tensor([ids], device=self.device)
+        logits = self.model(input_ids=x).logits[0, :-1].float()
+        logp = torch.log_softmax(logits, dim=-1).gather(-1, x[0, 1:, None]).squeeze(-1)
+        return logp.cpu().tolist()
+
+    @property
+    def compute_dtype(self) -> str:
+        """The dtype the engine computes in ("float32", "bfloat16")."""
+        return str(self.model.dtype).removeprefix("torch.")
+
+    @torch.no_grad()
     def generate(
         self, prompts: list[str], params: SamplingParams, on_step: OnStep | None = None
     ) -> Groups:
@@ -187,15 +217,7 @@ class HFEngine:
         out = self.model.generate(
             input_ids=input_ids,
             attention_mask=attention,
-            do_sample=True,
-            temperature=params.temperature,
-            top_p=params.top_p,
-            top_k=0,
-            max_new_tokens=params.max_new_tokens,
-            output_logits=True,
-            return_dict_in_generate=True,
-            pad_token_id=self.pad_id,
-            eos_token_id=self.eos_id,
+            generation_config=self._generation_config(params),
         )
         width = input_ids.shape[1]
         new_tokens = out.sequences[:, width:]  # [N, S]
@@ -210,6 +232,22 @@ class HFEngine:
                 self._sample(prompt_ids, new_tokens[row], token_logp[row])
             )
         return results
+
+    def _generation_config(self, params: SamplingParams) -> GenerationConfig:
+        """Sampling at `params.temperature` and `params.top_p` and nothing else: every setting
+        that shapes the distribution is given (top_k 0: off), and the model's own config, which
+        fills what is left unset, sets only the EOS and pad ids (`__init__`)."""
+        return GenerationConfig(
+            do_sample=True,
+            temperature=params.temperature,
+            top_p=params.top_p,
+            top_k=0,
+            max_new_tokens=params.max_new_tokens,
+            output_logits=True,
+            return_dict_in_generate=True,
+            pad_token_id=self.pad_id,
+            eos_token_id=self.eos_id,
+        )
 
     def _sample(
         self, prompt_ids: list[int], tokens: torch.Tensor, logp: torch.Tensor

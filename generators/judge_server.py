@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from rollflash.broker.config.generation import neutral_generation_config
 from rollflash.errors import MissingFile
 
 log = logging.getLogger(__name__)
@@ -48,6 +49,14 @@ class JudgeModel:
         self.pad_id = self.tokenizer.pad_token_id
         if self.pad_id is None:
             self.pad_id = self.tokenizer.eos_token_id
+        neutral_generation_config(
+            model,
+            self.tokenizer.eos_token_id,
+            self.pad_id,
+            f"judge: {path}",
+            "it completes greedily or at the request's temperature",
+            log,
+        )
         self.lock = threading.Lock()
 
     @torch.no_grad()

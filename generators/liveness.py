@@ -27,7 +27,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-from rollflash.broker.config import RolloutConfig
+from rollflash.broker.config.config import RolloutConfig
 
 log = logging.getLogger(__name__)
 

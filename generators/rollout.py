@@ -12,7 +12,7 @@ time (so a fast generator never waits for a slow one):
 4. sample n responses per prompt, score each with the task, XADD one trajectory per prompt and
    XACK its prompt in the same transaction.
 The process stops when the learner marks the run done, or on SIGTERM / SIGINT. It waits out Redis
-restarts and maxmemory refusals with backoff (broker/retry.py) and stops
+restarts and maxmemory refusals with backoff (broker/connect/retry.py) and stops
 with `RunLost` if Redis comes back without the run's keys.
 """
 
@@ -26,16 +26,16 @@ from typing import cast
 import numpy as np
 import redis
 
-from rollflash.broker.config import Config, ConfigError
-from rollflash.broker.connection import BrokerUnavailable, connect
-from rollflash.broker.generator_side import GeneratorBroker
-from rollflash.broker.process import freeze_heap, setup_process, thaw_heap
-from rollflash.broker.redis_io import is_oom
-from rollflash.broker.retry import retry_until
-from rollflash.broker.schema import PromptWork, Sample, Trajectory
-from rollflash.broker.secrets import redact
+from rollflash.broker.config.config import Config, ConfigError
+from rollflash.broker.config.process import freeze_heap, setup_process, thaw_heap
+from rollflash.broker.connect.connection import BrokerUnavailable, connect
+from rollflash.broker.connect.redis_io import is_oom
+from rollflash.broker.connect.retry import retry_until
+from rollflash.broker.connect.secrets import redact
+from rollflash.broker.sides.generator_side import GeneratorBroker
+from rollflash.broker.wire.schema import PromptWork, Sample, Trajectory
 from rollflash.envs import Item, Task, is_multi_turn, task_from_config
-from rollflash.envs.reward_functions import failure_of, parts_of
+from rollflash.envs.scored import abstained_of, failure_of, parts_of
 from rollflash.generators.continuous import ContinuousRollout
 from rollflash.generators.counters import Counters, StopSignals
 from rollflash.generators.engine import (
@@ -46,10 +46,9 @@ from rollflash.generators.engine import (
     make_engine,
 )
 from rollflash.generators.episodes import rollout_episodes
-from rollflash.generators.fetch import version_source
 from rollflash.generators.liveness import Liveness
-from rollflash.generators.reload import WeightFollower
-from rollflash.generators.reward_model import Rewarder, make_rewarder
+from rollflash.generators.reload import WeightFollower, version_source
+from rollflash.generators.rewarder import Rewarder, make_rewarder
 from rollflash.generators.run_setup import generator_seed, redis_url
 from rollflash.generators.sampling import GeneratedSample, Groups, SamplingParams
 
@@ -90,6 +89,7 @@ def to_trajectory(
                 text=s.text,
                 reward_failure=failure_of(reward),  # e.g. code_timeout; "" if none
                 reward_parts=parts_of(reward),  # each function's score (2+ functions)
+                reward_abstained=abstained_of(reward),  # the functions that returned None
             )
         )
     return Trajectory.for_work(work, out, samples[0].prompt_ids, generator_id, version)
@@ -197,16 +197,17 @@ class Generator:
             cfg.redis.max_payload_bytes,
             busy_timeout_s=cfg.redis.connect_timeout_s,
         )
-        # the learner creates the run and admits us (broker/roster.py): we only ask to join
+        # the learner creates the run and admits us (broker/channels/roster.py): we only ask to join
         beat: dict[str, str | int | float] = {"state": "joining"}
         ttl = cfg.rollout.heartbeat_ttl_s
         self.broker.join_run(cfg.fingerprint(), cfg.trainer.wait_timeout_s, beat, ttl)
         self.engine = make_engine(cfg, seed=generator_seed(cfg.run.seed, generator_id))
         self.follower = WeightFollower(
             self.broker,
-            version_source(cfg, generator_id),
+            version_source(cfg, generator_id, self.broker),
             self.engine,
             attempts=cfg.weights.reload_attempts,
+            run_id=cfg.run.run_id,
         )
         self.rewarder = make_rewarder(cfg, self.task)  # reward: rule | model | mixed
         self.counters = Counters()
@@ -239,13 +240,8 @@ class Generator:
         self.liveness.beat(self.follower.loaded_version)
         self.broker.heartbeat(
             {
-                "loaded_version": self.follower.loaded_version,
                 "state": state,
-                "reloads": self.follower.reloads,
-                "reload_refused": self.follower.reload_refused,
-                "reload_retries": self.follower.reload_retries,
-                "reload_fetch_s": round(self.follower.reload_fetch_s, 3),
-                "reload_pause_s": round(self.follower.reload_pause_s, 4),
+                **self.follower.heartbeat_fields(),
                 "redis_lost": self.broker.lost["trajectories"],
                 "dead_letters": self.broker.dead_lettered,
                 "published": writes["acknowledged"],
@@ -381,19 +377,21 @@ def run(cfg: Config, generator_id: str) -> None:
             f"Redis at {redact(redis_url(cfg))} unusable for {cfg.redis.connect_timeout_s:.0f}s: {e}"
         )
 
-    # claimed prompts stay pending and are re-read (or reclaimed) once Redis is back
-    while not retry_until(
-        turn,
-        timeout_s=cfg.redis.connect_timeout_s,
-        retry_if=_redis_trouble,
-        give_up=give_up,
-        warn="Redis trouble (%s); retrying in %.1fs",
-        logger=log,
-    ):
-        pass
-    gen.heartbeat("stopped")
-    thaw_heap()
-    gen.follower.close()
-    if gen.agents is not None:
-        gen.agents.close()
+    try:
+        # claimed prompts stay pending and are re-read (or reclaimed) once Redis is back
+        while not retry_until(
+            turn,
+            timeout_s=cfg.redis.connect_timeout_s,
+            retry_if=_redis_trouble,
+            give_up=give_up,
+            warn="Redis trouble (%s); retrying in %.1fs",
+            logger=log,
+        ):
+            pass
+        gen.heartbeat("stopped")
+    finally:  # a quarantine too: the weights thread is joined, never killed inside torch
+        thaw_heap()
+        gen.follower.close()
+        if gen.agents is not None:
+            gen.agents.close()
     log.info("generator %s stopped: %s", generator_id, gen.counters.as_fields())

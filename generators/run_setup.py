@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 
-from rollflash.broker.config import Config, ConfigError
+from rollflash.broker.config.config import Config, ConfigError
 
 
 def generator_seed(seed: int, generator_id: str) -> int:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from rollflash.broker.config import RolloutConfig
+    from rollflash.broker.config.config import RolloutConfig
 
 
 @dataclass(frozen=True)

@@ -12,9 +12,12 @@ Two ways to drive it, as with a real serving engine:
   steps, so a finished sequence's slot is taken by a new one at once (what vLLM does; used by
   generators/continuous.py).
 
-Tokens are random ids and log-probabilities a fixed -1.0; rewards from a verifier are meaningless,
-which is fine for scheduling measurements. Every token records the weight version loaded when it
-was decoded, so a version swapped in mid-generation (`interrupt`) shows in the later tokens.
+Response tokens are random ids and log-probabilities a fixed -1.0; rewards from a verifier are
+meaningless, which is fine for scheduling measurements. Prompt tokens are the ones the learner
+derives and checks (envs/chat.py `prompt_encoder`): with the tokenizer of `model.path` when that
+names a model directory, else one id per character, as the simulated learner does too. Every
+response token records the weight version loaded when it was decoded, so a version swapped in
+mid-generation (`interrupt`) shows in the later tokens.
 """
 
 from __future__ import annotations
@@ -26,8 +29,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rollflash.broker.config import Config, SimConfig
-from rollflash.envs.episode import Encode
+from rollflash.broker.config.config import Config, SimConfig
+from rollflash.broker.config.model_dir import tokenizer_if_present
+from rollflash.envs.chat import prompt_encoder
+from rollflash.envs.episode import Encode, char_encoder, encoder_for
 from rollflash.generators.sampling import GeneratedSample, Groups, OnStep, SamplingParams
 
 
@@ -36,13 +41,16 @@ class _Seq:
     key: str
     length: int
     cap: int
+    prompt_ids: list[int]
     versions: list[int] = field(default_factory=list)
 
 
 class SimEngine:
-    def __init__(self, sim: SimConfig, seed: int):
+    def __init__(self, sim: SimConfig, seed: int, tokenizer: Any = None):
         self.sim = sim
         self.vocab_size = sim.vocab_size
+        self._tokenizer = tokenizer  # prompts' and observations' (module docstring); None: chars
+        self._encode_prompt = prompt_encoder(tokenizer, False, sim.vocab_size)
         self.rng = random.Random(seed)
         self.version = 0
         self._active: list[_Seq] = []
@@ -50,7 +58,7 @@ class SimEngine:
     @classmethod
     def from_config(cls, cfg: Config, seed: int) -> SimEngine:
         """The timing of `cfg.sim`; `seed` draws the response lengths and token ids."""
-        return cls(cfg.sim, seed)
+        return cls(cfg.sim, seed, tokenizer_if_present(cfg.model.path, cfg.model.trust_remote_code))
 
     def new_weights(self, layout: list[tuple[str, tuple[int, ...], Any]]) -> dict[str, Any]:
         """Tensors that keep nothing (the meta device): a simulated model has no weights, like an
@@ -71,6 +79,7 @@ class SimEngine:
     # --- continuous batching --------------------------------------------------------------------
     def add_request(self, key: str, prompt: str, params: SamplingParams) -> None:
         """Start `params.n` samples of `prompt`; they come back from `step` under `key`."""
+        prompt_ids = self._encode_prompt(prompt)
         for _ in range(params.n):
             length = max(
                 1,
@@ -81,7 +90,7 @@ class SimEngine:
                     ),
                 ),
             )
-            self._active.append(_Seq(key, length, params.max_new_tokens))
+            self._active.append(_Seq(key, length, params.max_new_tokens, prompt_ids))
 
     def abort(self, key: str) -> None:
         """Drop the unfinished samples of `key` (redundant samples no longer needed)."""
@@ -105,7 +114,7 @@ class SimEngine:
                 (
                     s.key,
                     GeneratedSample(
-                        prompt_ids=[1, 3],
+                        prompt_ids=list(s.prompt_ids),
                         response_ids=ids,
                         logprobs=[-1.0] * s.length,
                         finished=s.length < s.cap,
@@ -144,6 +153,7 @@ class SimEngine:
         return groups
 
     def observation_encoder(self) -> Encode:
-        """One token per character, mapped into the simulated vocabulary."""
-        span = self.vocab_size - 3
-        return lambda text, first: ([1] if first else []) + [3 + ord(c) % span for c in text]
+        """The tokenizer's episode encoder, or one token per character (module docstring)."""
+        if self._tokenizer is not None:
+            return encoder_for(self._tokenizer)
+        return char_encoder(self.vocab_size)

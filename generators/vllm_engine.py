@@ -52,88 +52,26 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import torch
 from safetensors import safe_open
 from transformers import AutoTokenizer
 
-from rollflash.broker.config_gpu import VLLMConfig
-from rollflash.broker.model_dir import model_directory
+from rollflash.broker.config.config_gpu import VLLMConfig
+from rollflash.broker.config.model_dir import model_directory
 from rollflash.envs import encoder_for, response_text
 from rollflash.envs.chat import encode_prompts
 from rollflash.envs.episode import Encode
 from rollflash.generators import vllm_setup
 from rollflash.generators.sampling import GeneratedSample, Groups, OnStep, SamplingParams
 from rollflash.generators.vllm_lora import AdapterVersions, adapter_kwargs
+from rollflash.generators.vllm_probe import prompt_logprobs
 
 if TYPE_CHECKING:
-    from rollflash.broker.config import Config
+    from rollflash.broker.config.config import Config
 
 log = logging.getLogger(__name__)
-
-
-def refresh_tied_heads(model: torch.nn.Module) -> int:
-    """Re-run weight post-processing on unquantized embedding layers that share their weight with
-    another layer (a tied `lm_head`); returns how many layers were refreshed."""
-    from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod
-
-    groups: dict[int, list[Any]] = {}  # vLLM layers, each with its `quant_method`
-    for module in model.modules():
-        weight = getattr(module, "weight", None)
-        if (
-            isinstance(getattr(module, "quant_method", None), UnquantizedEmbeddingMethod)
-            and isinstance(weight, torch.Tensor)
-            and weight.numel()
-        ):
-            groups.setdefault(weight.data_ptr(), []).append(module)
-    refreshed = 0
-    for modules in groups.values():
-        if len(modules) > 1:
-            for module in modules:
-                module.quant_method.process_weights_after_loading(module)
-                refreshed += 1
-    return refreshed
-
-
-def _pre_truncation_logprobs(forward: Callable) -> Callable:
-    """Wrap TopKTopPSampler.forward: sample as before, but return log_softmax of the logits it
-    received (already divided by the temperature) instead of the truncated, renormalised ones."""
-
-    def wrapped(logits: torch.Tensor, generators, k, p):
-        logprobs = logits.log_softmax(dim=-1, dtype=torch.float32)  # before top-k/top-p edit logits
-        sampled, _ = forward(logits, generators, k, p)
-        return sampled, logprobs
-
-    wrapped.rl_pre_truncation = True  # type: ignore[attr-defined]  # a marker on the function
-    return wrapped
-
-
-class WeightReloadExtension:
-    """Mixed into vLLM's worker class (`worker_extension_cls`); methods are called by name through
-    `collective_rpc`, so nothing is pickled. `self` is the vLLM worker."""
-
-    if TYPE_CHECKING:  # the vLLM worker's own, which these methods call
-        model_runner: Any
-
-        def reload_weights(self, **kwargs: Any) -> None: ...
-
-    def rl_load_file(self, model_file: str) -> int:
-        from vllm.model_executor.model_loader.weight_utils import safetensors_weights_iterator
-
-        weights = safetensors_weights_iterator([model_file], use_tqdm_on_load=False)
-        self.reload_weights(weights_iterator=weights, is_checkpoint_format=True)
-        return refresh_tied_heads(self.model_runner.get_model())
-
-    def rl_use_pre_truncation_logprobs(self) -> bool:
-        sampler = getattr(getattr(self.model_runner, "sampler", None), "topk_topp_sampler", None)
-        if sampler is None:
-            return False
-        if not getattr(sampler.forward, "rl_pre_truncation", False):
-            sampler.forward = _pre_truncation_logprobs(sampler.forward)
-        return True
 
 
 class VLLMEngine:
@@ -187,7 +125,7 @@ class VLLMEngine:
         `rollout.vllm.seed` is set."""
         lora = None
         if cfg.model.lora is not None and cfg.publish_kind == "adapter":
-            lora = (cfg.model.lora.rank, cfg.trainer.max_staleness + 2)
+            lora = (cfg.model.lora.rank, cfg.trainer.max_overdue_staleness + 2)
         return cls(
             cfg.model.path,
             dtype=cfg.model.dtype,
@@ -229,6 +167,24 @@ class VLLMEngine:
             )
         self._adapters.load(self.llm.llm_engine, adapter_dir, version)
         self.version = version
+
+    def probe(self, ids: list[int]) -> list[float]:
+        """The log-probabilities of `ids` under the loaded weights (and the current adapter),
+        teacher-forced at temperature 1 (broker/weights/probe.py); call it while the engine is idle."""
+        request_id = f"probe-{next(self._request_ids)}"
+        lora = self._start([request_id])
+        try:
+            return prompt_logprobs(self.llm, ids, request_id, lora)
+        finally:
+            self._finish(request_id)
+
+    def busy(self) -> bool:
+        """Whether requests are in flight (a probe waits for none)."""
+        return bool(self.llm.llm_engine.has_unfinished_requests())
+
+    @property
+    def compute_dtype(self) -> str:
+        return str(self.llm.llm_engine.model_config.dtype).removeprefix("torch.")
 
     def _names_and_shapes(self, files: list[Path]) -> dict[str, tuple[int, ...]]:
         """Tensor names and shapes from safetensors headers (no tensor data is read)."""

@@ -7,7 +7,8 @@ newer versions load, and every token of its sample carries version v. Adapters a
 registered, with its private copy on disk (vLLM reloads from that path if it evicts the adapter
 from its CPU cache), while a request that started with it is running; the others are removed at
 the next load. The engine is started with `max_loras` slots (`adapter_kwargs`), enough for the
-versions that can be in flight together (max staleness + 2); more would only queue requests.
+versions that can be in flight together (`trainer.max_overdue_staleness` + 2: a group still being
+generated may be that old, learner/intake/ready.py); more would only queue requests.
 """
 
 from __future__ import annotations

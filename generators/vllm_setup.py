@@ -1,5 +1,5 @@
 """How a vLLM engine is started: the environment vLLM reads at start, and the arguments of
-`vllm.LLM` built from the `rollout.vllm` section (broker/config_gpu.py).
+`vllm.LLM` built from the `rollout.vllm` section (broker/config/config_gpu.py).
 
 Nothing here imports vllm at module level: `llm_kwargs` is a pure function, so what reaches
 `vllm.LLM` can be checked without vLLM installed (tests/unit/test_vllm_options.py).
@@ -11,13 +11,13 @@ import logging
 import os
 from typing import Any
 
-from rollflash.broker.config_gpu import VLLMConfig
-from rollflash.broker.config_model import resolve_model_dtype
+from rollflash.broker.config.config_gpu import VLLMConfig
+from rollflash.broker.config.config_model import resolve_model_dtype
 
 log = logging.getLogger(__name__)
 
 # the worker extension the engine's weight reloads call into (generators/vllm_engine.py)
-_EXTENSION = "rollflash.generators.vllm_engine.WeightReloadExtension"
+_EXTENSION = "rollflash.generators.vllm_worker.WeightReloadExtension"
 
 # Read by vLLM's CPU backend only; defaults that a user's environment overrides.
 CPU_DEFAULTS = {

@@ -4,16 +4,18 @@
     every step:
         batch = ln.collector.collect(step, version)   # this rank's share of B fresh complete groups
         stats = train(ln, batch)                      # M x E decoupled-PPO updates (over the ranks)
-        publish(ln, version + 1)                      # rank 0: versioned safetensors + hash + zmq
+        ln.publish(version + 1)                       # rank 0: versioned safetensors + hash + zmq
         record(ln, batch)                             # the ledger line; entries to acknowledge
         every trainer.checkpoint_every steps:
-            checkpoint(ln)                            # learner/checkpoint.py: durable, then acknowledge
+            checkpoint(ln)                            # learner/rank.py: durable, then acknowledge
 
 v0 is the model at `model.path`. Without a crash version v holds v learner steps (each of
 `trainer.ppo_mini_batches` x `ppo_epochs` optimiser updates); a resumed
-learner continues the version numbers after the last published one, and learner/lineage.py's
-`Lineage` says which step each version holds. At the end the learner checkpoints, evaluates,
-writes `summary.json`, and sets the run's `state` to `done`, which stops the generators.
+learner continues the version numbers after the last published one, and learner/intake/lineage.py's
+`Lineage` says which step each version holds. At the end the learner checkpoints, evaluates
+(once: the last step's evaluation when `eval.every` made one), writes `summary.json`, and sets
+the run's `state` to `done`, which stops the generators. SIGTERM or SIGINT stops it at a step
+boundary, checkpointed, with the run's lease released (learner/process/stop.py).
 """
 
 from __future__ import annotations
@@ -25,20 +27,21 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from rollflash.broker.config import Config
-from rollflash.broker.process import freeze_heap, setup_process, thaw_heap
-from rollflash.broker.schema import Trajectory
-from rollflash.learner.build import Learner, start
-from rollflash.learner.checkpoint import checkpoint
-from rollflash.learner.collect import Collected
-from rollflash.learner.completions import pick_completions
-from rollflash.learner.global_stats import global_std
-from rollflash.learner.guards import guard_values
-from rollflash.learner.metrics import MetricsSink, merge_rank_metrics, reward_breakdown
-from rollflash.learner.pause import pause_point
-from rollflash.learner.publish import publish
-from rollflash.learner.simulated import SimulatedPolicy
-from rollflash.learner.train import train_step
+from rollflash.broker.config.config import Config
+from rollflash.broker.config.process import freeze_heap, setup_process, thaw_heap
+from rollflash.broker.wire.schema import Trajectory
+from rollflash.errors import Stopped
+from rollflash.learner.build import start
+from rollflash.learner.evaluation.heldout import Evaluation, best_fields, evaluate, keep_if_best
+from rollflash.learner.intake.collect import NoData
+from rollflash.learner.intake.collected import Collected
+from rollflash.learner.metrics.completions import pick_completions
+from rollflash.learner.metrics.guards import guard_values
+from rollflash.learner.metrics.health import step_health, summary_fields
+from rollflash.learner.metrics.metrics import MetricsSink, merge_rank_metrics, reward_breakdown
+from rollflash.learner.process.stop import StopSignals, stopped_at_once, stopped_cleanly
+from rollflash.learner.rank import Learner, checkpoint
+from rollflash.learner.step.global_stats import global_std
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +54,7 @@ def step_metrics(c: Collected, train: dict[str, float], wall: dict[str, float]) 
     return {
         **train,
         "reward/mean": sum(rewards) / max(len(rewards), 1),
-        "response/length_mean": sum(lengths) / max(len(lengths), 1),
+        **c.step_wide,
         "async/staleness_max": max(c.staleness, default=0),
         "async/staleness_mean": sum(k * v for k, v in c.staleness.items()) / max(len(c.groups), 1),
         **{f"async/staleness_hist/{k}": v for k, v in sorted(c.staleness.items())},
@@ -75,13 +78,13 @@ def step_metrics(c: Collected, train: dict[str, float], wall: dict[str, float]) 
 
 
 def train(ln: Learner, batch: Collected) -> dict[str, float]:
-    """One optimiser step on this rank's share of the batch (a sleep for the simulated policy)."""
-    if isinstance(ln.models.policy, SimulatedPolicy):
-        stats = ln.models.policy.train_step()
-    else:
-        m = ln.models
-        step_cfg = ln.guard.step_config(ln.cfg)  # with the adaptive kl_coef
-        stats = train_step(m.model, ln.optim.optimizer, batch.groups, step_cfg, m.algo, ln.dist)
+    """One optimiser step on this rank's share of the batch."""
+    models = ln.models
+    step_cfg = ln.guard.step_config(ln.cfg)  # with the adaptive kl_coef
+    optimizer = ln.optim.optimizer
+    stats = models.train_step(
+        models.model, optimizer, batch.groups, step_cfg, models.algo, ln.dist, ln.state.version
+    )
     ln.optim.scheduler.step()
     return stats
 
@@ -89,7 +92,7 @@ def train(ln: Learner, batch: Collected) -> dict[str, float]:
 def record(ln: Learner, batch: Collected) -> None:
     """Note the step's entries as trained (acknowledged after the next checkpoint) and write the
     ledger line of what was trained, durably, before that (what was dropped has its own lines:
-    learner/ledger.py)."""
+    learner/durability/ledger.py)."""
     ln.progress.entry_ids += batch.entry_ids
     ln.progress.traj_ids += batch.part_ids
     row = {
@@ -121,13 +124,13 @@ def make_durable(ln: Learner) -> float:
     return checkpoint_s
 
 
-def learner_step(ln: Learner) -> dict[str, float]:
+def learner_step(ln: Learner) -> tuple[dict[str, float], Evaluation | None]:
     """Train step s into step s + 1, publish it as the next version and, on checkpoint steps,
-    checkpoint and acknowledge; returns the step's metrics (merged over ranks)."""
+    checkpoint and acknowledge; returns the step's metrics (merged over ranks) and, on
+    evaluation steps (`eval.every`), the evaluation."""
     state, t0 = ln.state, time.monotonic()
     ln.broker.check_lease()  # renewed by every step, and stopped here if it was lost
     batch = ln.collector.collect(state.step, state.version)
-    pause_point("after_read", state.step + 1)
     trained = time.monotonic()
     with ln.dist.waiting(f"the model's collectives in training step {state.step + 1}"):
         stats = train(ln, batch)
@@ -135,10 +138,9 @@ def learner_step(ln: Learner) -> dict[str, float]:
     state.step += 1
     state.version += 1
     with ln.dist.waiting(f"gathering the weights of version {state.version}"):
-        publish_s = publish(ln, state.version, state.step)
+        publish_s = ln.publish(state.version, state.step)
     record(ln, batch)
     add_to_history(ln, batch)  # before the checkpoint, which holds the history
-    pause_point("after_update", state.step)
     with ln.dist.waiting(f"the checkpoint of step {state.step}"):
         checkpoint_s = make_durable(ln)
     wall = {
@@ -148,32 +150,17 @@ def learner_step(ln: Learner) -> dict[str, float]:
         "checkpoint_s": checkpoint_s,
     }
     metrics = merged_metrics(ln, batch, stats, wall)
+    ln.evaluator.observe_step(metrics["reward/mean"])
+    evaluation = None
     if ln.cfg.eval.every and state.step % ln.cfg.eval.every == 0:
-        metrics["eval/heldout_acc"] = ln.evaluator.greedy(state.step)
-        keep_if_best(ln, metrics["eval/heldout_acc"])
-        metrics.update(ln.evaluator.by_domain)  # a mixture's eval/<domain>/heldout_acc
-        metrics.update(ln.evaluator.sampled(state.step))
+        evaluation = evaluate(ln)
+        metrics["eval/heldout_acc"] = evaluation.accuracy
+        metrics.update(evaluation.health)
+        metrics.update(evaluation.by_domain)  # a mixture's eval/<domain>/heldout_acc
+        metrics.update(evaluation.sampled)
     if ln.sink is not None:  # rank 0
         _report(ln, ln.sink, metrics, batch.groups)
-    return metrics
-
-
-def keep_if_best(ln: Learner, accuracy: float) -> None:
-    """Offer the version just evaluated (the current one) to `eval.keep_best` (rank 0)."""
-    best = ln.best
-    if best is None or ln.simulated or ln.publisher is None:
-        return
-    if best.accuracy is not None and accuracy <= best.accuracy:
-        return
-    ln.publisher.wait()  # the version is on disk, manifest last, before it is linked
-    best.offer(ln.publisher.store, ln.state.version, ln.state.step, accuracy)
-
-
-def best_fields(ln: Learner) -> dict[str, Any]:
-    """The summary's record of the kept best version (rank 0 with eval.keep_best)."""
-    if ln.best is None or ln.best.record is None or ln.best.accuracy is None:
-        return {}
-    return {"best_version": ln.best.latest(), "best_heldout_acc": round(ln.best.accuracy, 4)}
+    return metrics, evaluation
 
 
 def merged_metrics(
@@ -183,15 +170,16 @@ def merged_metrics(
     local = step_metrics(
         batch,
         {
-            **stats,
             "optim/lr": float(ln.optim.scheduler.get_last_lr()[0]),
             "redis/lost_prompts": ln.broker.lost["prompts"],
             "redis/lost_trajectory_writes": ln.broker.lost["trajectory_writes"],
             **guard_values(batch.groups, ln.cfg.guards.ngram_n),
+            **step_health(ln.task, batch.groups),
         },
         wall,
     )
-    metrics = merge_rank_metrics(ln.dist.gather([local, len(batch.groups)]))
+    # train_step's metrics are over every rank already (learner/metrics/metric_sums.py)
+    metrics = {**merge_rank_metrics(ln.dist.gather([local, len(batch.groups)])), **stats}
     if "guard/score_std" in metrics:  # the std of every rank's rewards, not a mean of stds
         rewards = [s.reward for g in batch.groups for s in g.samples]
         metrics["guard/score_std"] = global_std(rewards, ln.dist)
@@ -257,14 +245,17 @@ def begin(ln: Learner) -> dict[str, float]:
     """Held-out accuracy before training (on a fresh run), and the run's state to `training`;
     returns the sampled evaluation before training (`eval.n_samples`) for the summary."""
     sampled = {}
+    ln.evaluator.check_threshold()
     if ln.state.step == 0:
         ln.state.heldout_acc_before = ln.evaluator.greedy(0)
         log.info("held-out greedy accuracy before training: %.3f", ln.state.heldout_acc_before)
+        ln.evaluator.health(0, ln.state.heldout_acc_before)
         keep_if_best(ln, ln.state.heldout_acc_before)
         sampled = {
             f"{k.removeprefix('eval/')}_before": v for k, v in ln.evaluator.sampled(0).items()
         }
         sampled.update({f"{_flat(k)}_before": v for k, v in ln.evaluator.by_domain.items()})
+        sampled.update(summary_fields(ln.evaluator.top, "before"))
     if ln.dist.is_main:
         ln.broker.set_run_fields(
             state="training",
@@ -274,19 +265,33 @@ def begin(ln: Learner) -> dict[str, float]:
     return sampled
 
 
-def finish(ln: Learner, started: float, sampled: dict[str, float]) -> dict[str, Any]:
-    """Checkpoint the last steps, evaluate, write summary.json and set the run's state to
-    `done`; returns the summary."""
-    cfg, history = ln.cfg, ln.history
-    every = cfg.trainer.checkpoint_every
-    if every and history.steps_this_process and ln.state.step % every:
-        checkpoint(ln)  # the last steps' entries are acknowledged only once this is durable
+def settle_last_steps(ln: Learner, stopping: bool = False) -> None:
+    """Checkpoint the steps since the last checkpoint (their entries are acknowledged only once
+    it is durable) and wait until the last version is announced: before the run is done or,
+    `stopping`, stopped on a signal, where this step is checkpointed whatever
+    `trainer.checkpoint_every` says (step 0 too), so the same command resumes from here."""
+    every = ln.cfg.trainer.checkpoint_every
+    if stopping:
+        due = ln.checkpoints.latest() != ln.checkpoints.step_dir(ln.state.step)
+    else:
+        due = bool(every and ln.history.steps_this_process and ln.state.step % every)
+    if due:
+        checkpoint(ln)
     if ln.publisher is not None:
-        ln.publisher.wait()  # the last version is announced before the run is done
-    acc_after = ln.evaluator.greedy(ln.state.step)
-    keep_if_best(ln, acc_after)
-    by_domain = {_flat(k): v for k, v in ln.evaluator.by_domain.items()}
-    after = ln.evaluator.sampled(ln.state.step).items()
+        ln.publisher.wait()
+
+
+def finish(
+    ln: Learner, started: float, sampled: dict[str, float], last: Evaluation | None = None
+) -> dict[str, Any]:
+    """Checkpoint the last steps, evaluate (unless `last`, the last step's evaluation, is of
+    the final version already), write summary.json and set the run's state to `done`;
+    returns the summary."""
+    cfg, history = ln.cfg, ln.history
+    settle_last_steps(ln)
+    final = last if last is not None and last.step == ln.state.step else evaluate(ln)
+    by_domain = {_flat(k): v for k, v in final.by_domain.items()}
+    after = final.sampled.items()
     sampled = {**sampled, **{f"{k.removeprefix('eval/')}_after": v for k, v in after}}
     summary = {
         "steps": ln.state.step,
@@ -296,20 +301,22 @@ def finish(ln: Learner, started: float, sampled: dict[str, float]) -> dict[str, 
         "reward_first10": _mean(history.first_rewards),
         "reward_last10": _mean(history.last_rewards),
         "heldout_acc_before": round(ln.state.heldout_acc_before, 4),
-        "heldout_acc_after": round(acc_after, 4),
+        "heldout_acc_after": round(final.accuracy, 4),
         "heldout_size": len(ln.evaluator.items),
         "max_staleness": history.max_staleness,
         "async_ratio": cfg.trainer.async_ratio,
         "prompts_issued": ln.collector.admission.issued,
         "learner_ranks": ln.dist.world_size,
         "stopped_by_guard": ln.guard.stop_reason,
+        **summary_fields(ln.evaluator.top, "after"),
+        "health_warnings": ln.evaluator.watch.warnings if ln.evaluator.watch else [],
         **best_fields(ln),
         **{k: round(v, 4) for k, v in sampled.items()},
         **{f"{k}_after": round(v, 4) for k, v in by_domain.items()},
     }
     if ln.dist.is_main:
         (Path(cfg.run.run_dir) / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
-        ln.broker.set_run_fields(state="done", heldout_acc=acc_after)
+        ln.broker.set_run_fields(state="done", heldout_acc=final.accuracy)
         log.info("done: %s", json.dumps(summary))
     return summary
 
@@ -323,31 +330,66 @@ def run(
     """Train until `trainer.total_steps` (or a guard stops the run); returns the summary.
     `on_step`: called on rank 0 with each step's metrics row (`step` included), e.g. a
     progress bar (rollctl/progress.py); `take_over`: take the run's lease from a learner the
-    operator knows is dead (broker/lease.py)."""
+    operator knows is dead (broker/channels/lease.py). SIGTERM and SIGINT stop it (learner/process/stop.py):
+    it raises `Stopped` once it has stopped."""
     setup_process("learner", seed=cfg.run.seed, torch_threads=cfg.run.torch_threads)
-    ln = start(cfg, resume, take_over)
-    try:
-        return _train(ln, cfg, on_step)
-    except BaseException:
-        if ln.dist.is_main:
-            ln.broker.release()  # a learner that failed frees the run for its successor
-        raise
+    with StopSignals() as signals:
+        ln = start(cfg, resume, take_over)  # a lease taken, then an error: released at exit
+        signals.on_request(lambda: setattr(ln.collector, "timeout_s", 0.0))  # stop waiting
+        try:
+            result = _train(ln, cfg, on_step, signals)
+        except Stopped as e:  # a second signal
+            if ln.dist.is_main:
+                ln.broker.release()
+            raise stopped_at_once(e.signum, ln.state.step) from None
+        except BaseException:
+            if ln.dist.is_main:
+                ln.broker.release()  # a learner that failed frees the run for its successor
+            raise
+    if isinstance(result, Stopped):
+        raise result
+    return result
 
 
-def _train(ln: Learner, cfg: Config, on_step: Callable[[dict], None] | None) -> dict[str, Any]:
-    """`run`'s steps, from the first evaluation to the summary."""
+def _train(
+    ln: Learner, cfg: Config, on_step: Callable[[dict], None] | None, signals: StopSignals
+) -> dict[str, Any] | Stopped:
+    """`run`'s steps, from the first evaluation to the summary; after a stop requested by a
+    signal (learner/process/stop.py), at a step boundary, the `Stopped` to raise: the last steps
+    checkpointed, the run marked `stopped`, the lease released."""
     started = time.monotonic()
     sampled_before = begin(ln)
     if ln.publisher is not None:
         ln.publisher.ready()  # a publishing process competes for the cores only while it starts
     freeze_heap()  # what start-up built stays: full collections then skip it
+    evaluation, stopped = None, None
     for _ in range(ln.state.step, cfg.trainer.total_steps):
-        metrics = learner_step(ln)
+        stopped = agreed_stop(ln, signals)  # asked while the last step trained
+        if stopped is not None:
+            break
+        try:
+            metrics, evaluation = learner_step(ln)
+        except NoData:  # the wait ended: timed out, or stopped by a signal (on rank 0 at least)
+            stopped = agreed_stop(ln, signals)
+            if stopped is None:
+                raise
+            break
         if on_step is not None and ln.dist.is_main:
             on_step({"step": ln.state.step, **metrics})
         if ln.guard.stop_requested:  # guards.stop_on_guard
             break
-    summary = finish(ln, started, sampled_before)
+    if stopped is None:
+        result: dict[str, Any] | Stopped = finish(ln, started, sampled_before, evaluation)
+    else:
+        settle_last_steps(ln, stopping=True)
+        if ln.dist.is_main:
+            ln.broker.set_run_fields(state="stopped")
+        result = stopped_cleanly(stopped, ln.state.step)
     thaw_heap()
     ln.close()
-    return summary
+    return result
+
+
+def agreed_stop(ln: Learner, signals: StopSignals) -> int | None:
+    """The signal that asked some rank to stop (every rank gets the same answer), or None."""
+    return next((s for s in ln.dist.gather(signals.signum) if s is not None), None)

@@ -1,4 +1,4 @@
-"""`rollctl acl`: the run's ACL users (broker/acl.py), printed with their powers, or created."""
+"""`rollctl acl`: the run's ACL users (broker/connect/acl.py), printed with their powers, or created."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from dataclasses import dataclass
 
 import redis
 
-from rollflash.broker import acl as rules
-from rollflash.broker.config import Config
-from rollflash.broker.keys import NAME_RULE, valid_name
+from rollflash.broker.config.config import Config
+from rollflash.broker.connect import acl as rules
+from rollflash.broker.connect.keys import NAME_RULE, valid_name
 
 
 @dataclass(frozen=True)
@@ -40,8 +40,8 @@ def apply_users(cfg: Config, users: list[User]) -> None:
     """Create (or replace) the users on `redis.url`, which must allow ACL SETUSER, and save them
     to the server's aclfile if it has one; behind Sentinel on the master and every replica, since
     Redis does not replicate ACL users and a promoted replica must know them."""
-    from rollflash.broker.connection import connect
-    from rollflash.broker.sentinel import replica_clients
+    from rollflash.broker.connect.connection import connect
+    from rollflash.broker.connect.sentinel import replica_clients
 
     s, timeout_s = cfg.redis.sentinel, cfg.redis.connect_timeout_s
     nodes = [connect(cfg.redis.url or "", timeout_s, s)]

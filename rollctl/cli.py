@@ -24,6 +24,7 @@ from rollflash.rollctl.cli_base import fail as _fail
 from rollflash.rollctl.cli_base import guarded as _guarded
 from rollflash.rollctl.cli_base import load as _load
 from rollflash.rollctl.cli_base import need_redis as _need_redis
+from rollflash.rollctl.preflight import PREFLIGHT_DONE_ENV
 
 
 @app.command("start-learner")
@@ -44,7 +45,8 @@ def start_learner(
     resume: bool | None = typer.Option(
         None,
         "--resume/--no-resume",
-        help="Resume from the run's latest checkpoint (default: when one exists).",
+        help="Resume from the run's latest checkpoint, or from the initial weights when an "
+        "earlier learner published weights but no checkpoint (default: when either exists).",
     ),
     take_over: bool = typer.Option(
         False,
@@ -59,10 +61,16 @@ def start_learner(
     cfg = _load(config, set_, redis_url)
     _need_redis(cfg)
     ranks = nproc or cfg.trainer.num_trainer_workers
-    if (ranks > 1 or nnodes > 1) and "LOCAL_RANK" not in os.environ:
-        from rollflash.learner.launch import torchrun_argv
+    launcher = "LOCAL_RANK" not in os.environ  # not a rank torchrun started
+    if launcher:
+        _preflight(cfg, "learner")
+    if (ranks > 1 or nnodes > 1) and launcher:
+        from rollflash.learner.process.launch import torchrun_argv
 
+        if config is not None and not config.is_file():
+            _fail(f"--config: {config} is not a file that every rank can read (a pipe?)")
         argv = torchrun_argv(ranks, nnodes, rdzv_endpoint, sys.argv[1:])
+        os.environ[PREFLIGHT_DONE_ENV] = "1"  # checked here, once for every rank
         os.execv(argv[0], argv)  # torchrun starts the ranks, each running this command again
     from rollflash import learner
     from rollflash.rollctl.progress import terminal_progress
@@ -98,8 +106,9 @@ def start_generator(
     _need_redis(cfg)
     if gpus is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = _generator_gpus(cfg, gpus)
+    _preflight(cfg, "generator")
     from rollflash import generators
-    from rollflash.broker.keys import NAME_RULE, valid_name
+    from rollflash.broker.connect.keys import NAME_RULE, valid_name
 
     gid = generator_id or f"{socket.gethostname()[:50]}-{os.getpid()}"
     if not valid_name(gid):
@@ -116,23 +125,30 @@ def start_reward_worker(
 ) -> None:
     """Serve reward.judge.model_path for the `judge` reward (OpenAI-style /v1/completions)."""
     cfg = _load(config, set_ or [], None)
-    from rollflash.broker.process import setup_process
+    from rollflash.broker.config.process import setup_process
     from rollflash.generators import judge_server
 
     setup_process("reward-worker", seed=cfg.run.seed, torch_threads=cfg.run.torch_threads)
     _guarded(judge_server.serve, cfg, host, port)
 
 
+def _preflight(cfg, role) -> None:
+    """The checks before anything starts (rollctl/preflight.py), as one line each."""
+    from rollflash.rollctl.preflight import preflight
+
+    _guarded(preflight, cfg, (role,))
+
+
 def _generator_gpus(cfg, spec: str) -> str:
     """`start-generator --gpus`: the ids as CUDA_VISIBLE_DEVICES, as many as one generator uses."""
-    from rollflash.broker.config import ConfigError
-    from rollflash.broker.placement import gpus_per_generator, parse_gpus
+    from rollflash.broker.config.config import ConfigError
+    from rollflash.broker.config.placement import gpus_per_generator, parse_gpus
 
     try:
         ids = parse_gpus(spec, key="--gpus")
     except ConfigError as e:
         _fail(str(e))
-    need = gpus_per_generator(cfg)
+    need = gpus_per_generator(cfg.rollout)
     if len(ids) != need:
         _fail(
             f"--gpus: {len(ids)} GPUs given, but a {cfg.rollout.engine} generator uses {need} "
@@ -165,8 +181,15 @@ def run(
     dry_run: bool = typer.Option(
         False, "--dry-run", help="Print each process's GPUs and command, start nothing."
     ),
+    take_over: bool = typer.Option(
+        False,
+        "--take-over",
+        help="The learner takes the run's lease from a learner you know is dead (a learner this "
+        "command started and saw die is freed without it).",
+    ),
 ) -> None:
-    """Run everything on this machine: Redis (embedded unless --redis-url), learner, generators."""
+    """Run everything on this machine: Redis (embedded unless --redis-url), learner, generators.
+    Ctrl-C or SIGTERM stops them at a step boundary, checkpointed: the same command resumes."""
     sets = list(set_ or [])
     for key, value in (
         ("rollout.num_rollout_workers", generators),
@@ -184,32 +207,8 @@ def run(
             typer.echo(line)
         raise typer.Exit(0)
 
-    code = _guarded(run_local, cfg)
+    code = _guarded(run_local, cfg, True, None, take_over)
     raise typer.Exit(code)
-
-
-@app.command("export")
-def export(
-    config: Path | None = ConfigOpt,
-    set_: list[str] | None = SetOpt,
-    version: int | None = typer.Option(None, help="Weight version (default: latest)."),
-    out: Path = typer.Option(..., "--out", help="Directory to write."),
-    merge: bool = typer.Option(
-        False, "--merge", help="LoRA adapter versions: write the merged model, not the adapter."
-    ),
-    best: bool = typer.Option(
-        False, "--best", help="The version with the best held-out accuracy (eval.keep_best)."
-    ),
-) -> None:
-    """Write a published weight version as a Hugging Face model (or PEFT adapter) directory."""
-    cfg = _load(config, set_, None)
-    if best and version is not None:
-        typer.echo("--best and --version name two versions; give one", err=True)
-        raise typer.Exit(2)
-    from rollflash.learner.export import export_version
-
-    path = _guarded(export_version, cfg, version, out, merge, best)
-    typer.echo(f"exported to {path}")
 
 
 @app.command("train-rm")
@@ -219,7 +218,7 @@ def train_rm(config: Path | None = ConfigOpt, set_: list[str] | None = SetOpt) -
     import json
 
     cfg = _load(config, set_, None)
-    from rollflash.learner.reward_model import run as train
+    from rollflash.learner.tools.rm_training import run as train
 
     summary = _guarded(train, cfg)
     typer.echo(json.dumps(summary))
@@ -285,7 +284,7 @@ def plot(
 def config_show(config: Path | None = ConfigOpt, set_: list[str] | None = SetOpt) -> None:
     """Print the config as YAML: every key with its value and, in a comment, its type, default
     (`*` where the value differs) and doc. Without --config, the defaults."""
-    from rollflash.broker.config_reference import show_lines
+    from rollflash.broker.config.config_reference import show_lines
 
     cfg = _load(config, set_, None)
     for line in show_lines(cfg):
@@ -297,12 +296,12 @@ def config_schema() -> None:
     """Print the config's JSON Schema (for editors: YAML completion, hover docs, validation)."""
     import json
 
-    from rollflash.broker.config_reference import json_schema
+    from rollflash.broker.config.config_reference import json_schema
 
     typer.echo(json.dumps(json_schema(), indent=1))
 
 
-from rollflash.rollctl import operate  # noqa: E402, F401  (registers status, inspect, redis-cli)
+from rollflash.rollctl import operate  # noqa: E402, F401  (status, inspect, redis-cli, export)
 
 
 def main() -> None:

@@ -28,7 +28,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from rollflash.broker.config import Config
+from rollflash.broker.config.config import Config
 
 SMALL_MODEL_BYTES = 200 * 2**20  # ~50 M float32 parameters
 _WEIGHT_FILES = ("*.safetensors", "*.bin", "*.pt")
@@ -73,7 +73,7 @@ def plan_cpu(
 
 def model_bytes(path: str) -> int | None:
     """Bytes of the model's weight files (None if the directory cannot be found)."""
-    from rollflash.broker.model_dir import model_directory
+    from rollflash.broker.config.model_dir import model_directory
 
     try:
         root = model_directory(path)

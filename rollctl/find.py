@@ -12,7 +12,7 @@ The run's Redis is that URL (or, in a config that sets none, the embedded server
 started for its run directory). When it is the embedded redis-server `rollctl run` started for the
 run (it records the URL in `{run_dir}/redis/url`) and that server no longer answers, because the
 run ended or was stopped, the snapshot it wrote at its clean stop (`{run_dir}/redis/dump.rdb`,
-broker/redis_server.py) is served by a private server while the command runs; nothing is written
+broker/connect/redis_server.py) is served by a private server while the command runs; nothing is written
 back to it.
 """
 
@@ -25,9 +25,9 @@ from pathlib import Path
 
 import yaml
 
-from rollflash.broker.config import Config
-from rollflash.broker.connection import BrokerUnavailable
-from rollflash.broker.secrets import without_password
+from rollflash.broker.config.config import Config
+from rollflash.broker.connect.connection import BrokerUnavailable
+from rollflash.broker.connect.secrets import without_password
 from rollflash.errors import MissingFile
 
 RUNS = Path("runs")  # where `rollctl run`'s shipped configs put their runs
@@ -102,7 +102,7 @@ def answers(url: str) -> bool:
 @contextmanager
 def run_redis(cfg: Config) -> Iterator[str]:
     """The URL to read the run's Redis at (module docstring), for as long as the block runs."""
-    from rollflash.broker.redis_server import snapshot_reader
+    from rollflash.broker.connect.redis_server import snapshot_reader
 
     url, run_dir = cfg.redis.url, Path(cfg.run.run_dir)
     if not url and (run_dir / EMBEDDED_URL).is_file():  # a config that leaves it to `rollctl run`

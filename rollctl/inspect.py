@@ -1,6 +1,6 @@
 """`rollctl inspect`: stream entries decoded for a person.
 
-Entries are read with the project's own decoders (broker/schema.py), under the limits the
+Entries are read with the project's own decoders (broker/wire/schema.py), under the limits the
 learner applies (`WireLimits.for_config`, with the model's vocabulary), so an entry the learner
 would refuse is shown as refused, with the reason and its code, and a hostile one costs what it
 costs the learner: never a crash. Token ids are turned back into text with the model's tokenizer
@@ -17,11 +17,11 @@ import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from rollflash.broker.config import Config
-from rollflash.broker.connection import connect
-from rollflash.broker.keys import RunKeys
-from rollflash.broker.schema import decode_prompt, decode_trajectory
-from rollflash.broker.wire import WireError, WireLimits
+from rollflash.broker.config.config import Config
+from rollflash.broker.connect.connection import connect
+from rollflash.broker.connect.keys import RunKeys
+from rollflash.broker.wire.schema import decode_prompt, decode_trajectory
+from rollflash.broker.wire.wire import WireError, WireLimits
 
 Stream = Literal["prompts", "trajectories", "dlq"]
 _SHOWN = 200  # characters of a text field shown in full; longer ones are cut
@@ -40,7 +40,7 @@ class Decoder:
         try:
             from transformers import AutoTokenizer
 
-            from rollflash.broker.model_dir import model_directory
+            from rollflash.broker.config.model_dir import model_directory
 
             root = model_directory(cfg.model.path)
             tokenizer = AutoTokenizer.from_pretrained(
@@ -139,7 +139,7 @@ def read_entries(
     """The entries asked for, oldest first, and the version the `weights` hash holds now."""
     keys = RunKeys(cfg.run.run_id)
     r = connect(cfg.redis.url or "", min(cfg.redis.connect_timeout_s, 5.0), cfg.redis.sentinel)
-    if stream == "trajectories":  # every generator's own stream (broker/keys.py)
+    if stream == "trajectories":  # every generator's own stream (broker/connect/keys.py)
         gens: Any = r.hkeys(keys.generators)
         streams = [keys.trajectories(g.decode()) for g in sorted(gens) if b":" not in g]
     else:

@@ -1,14 +1,16 @@
 """`rollctl run`: the whole system on one machine.
 
-Starts a private redis-server on a unix socket under the run directory (unless a Redis URL is
-given), then the learner and N generators as child processes of this one. Each child asks the
-kernel to SIGKILL it if this process dies (PR_SET_PDEATHSIG; redis-server gets SIGTERM), so even a
-`kill -9` of `rollctl run` leaves no orphan. On Ctrl-C, or when the learner exits, the generators
-get SIGTERM, then SIGKILL after a grace period, and Redis is stopped last. Ctrl-C ends with one
-line and exit code 130.
+Checks what can be checked in seconds before anything starts (rollctl/preflight.py), then starts
+a private redis-server on a unix socket under the run directory (unless a Redis URL is given),
+then the learner and N generators as child processes of this one, watched to the learner's end
+(rollctl/supervise.py: each child in a process group of its own and killed if this process dies,
+a generator that dies restarted, the lease of a learner that died freed). On Ctrl-C or SIGTERM
+the learner stops at a step boundary, checkpointed, the generators stop, and Redis is stopped
+last; one line says so, and the exit code is 128 + the signal's number (130, 143). A second
+Ctrl-C stops the learner at once.
 
 The embedded server keeps the run's Redis data across a clean stop (`{run_dir}/redis/dump.rdb`,
-broker/redis_server.py): `rollctl status`, `inspect` and `redis-cli` read a finished run from it
+broker/connect/redis_server.py): `rollctl status`, `inspect` and `redis-cli` read a finished run from it
 (rollctl/find.py), and the next `rollctl run` of the run directory, which resumes or extends the
 run, starts from it. A config whose `redis.url` is the run's own embedded server (the run.yaml
 this command writes) starts it again too.
@@ -18,7 +20,7 @@ moved to `{name}.log.1` (and so on, `KEEP_LOGS` of them), so the learner log ech
 process's alone.
 
 The layout (the CPU rule of rollctl/cpu_layout.py, or each child's GPUs from `placement.gpus`
-through CUDA_VISIBLE_DEVICES, broker/placement.py) is printed at start; `rollctl run --dry-run`
+through CUDA_VISIBLE_DEVICES, broker/config/placement.py) is printed at start; `rollctl run --dry-run`
 prints it without starting anything.
 """
 
@@ -28,111 +30,41 @@ import json
 import os
 import secrets
 import signal
-import subprocess
 import sys
-import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from rollflash.broker.config import Config
-from rollflash.broker.placement import plan_layout
-from rollflash.broker.redis_server import EmbeddedRedis, RedisServerError, die_with_parent
-from rollflash.broker.secrets import PASSWORD_ENV, TOKEN_ENV, url_password
+import redis
+
+from rollflash.broker.config.config import Config
+from rollflash.broker.config.placement import plan_layout
+from rollflash.broker.connect.redis_server import EmbeddedRedis, RedisServerError
+from rollflash.broker.connect.secrets import (
+    PASSWORD_ENV,
+    TOKEN_ENV,
+    make_private_dir,
+    private_subdir,
+    url_password,
+)
+from rollflash.learner.process.stop import signal_name
+from rollflash.rollctl.cli_base import (  # noqa: F401 (EXIT_INTERRUPTED, EXIT_RUN_FATAL: the API's)
+    EXIT_DISK_FULL,
+    EXIT_INTERRUPTED,
+    EXIT_RUN_FATAL,
+    disk_full_line,
+)
 from rollflash.rollctl.cpu_layout import cpu_layout, omp_threads, usable_cores
 from rollflash.rollctl.find import is_embedded
-from rollflash.rollctl.progress import StepProgress, read_new_rows, terminal_progress
-
-# exit code of a generator whose failure every other generator would meet too (a reward
-# function failing on whole batches, an engine that is not installed): `rollctl run` stops the
-# run on it
-EXIT_RUN_FATAL = 3
-EXIT_INTERRUPTED = 130  # Ctrl-C, as a shell reports SIGINT
-KEEP_LOGS = 3  # earlier logs of each process kept beside its current one (learner.log.1, ...)
-
-
-def _die_with_run() -> None:
-    """SIGKILL, not SIGTERM: a generator asked to stop gracefully would first wait out its Redis
-    reconnect backoff (the embedded Redis dies with this process too), and nothing a learner or
-    generator holds is lost by a kill (checkpoints, pending prompts)."""
-    die_with_parent(signal.SIGKILL)
-
-
-def _spawn(args: list[str], log_path: Path, env: dict[str, str]) -> subprocess.Popen:
-    out = open(log_path, "ab")
-    try:
-        return subprocess.Popen(
-            [sys.executable, "-m", "rollflash.rollctl.cli", *args],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            preexec_fn=_die_with_run,
-            env=env,
-        )
-    finally:
-        out.close()
-
-
-def _stop(procs: list[subprocess.Popen], grace_s: float = 10.0) -> None:
-    for p in procs:
-        if p.poll() is None:
-            p.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    for p in procs:
-        try:
-            p.wait(timeout=max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
-
-
-def _tail(path: Path, lines: int = 5) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except FileNotFoundError:
-        return ""
-
-
-def _follow(path: Path, offset: int) -> int:
-    """Echo new learner log lines; returns the new offset."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(offset)
-            chunk = f.read()
-    except FileNotFoundError:
-        return offset
-    if chunk:
-        sys.stdout.write(chunk.decode(errors="replace"))
-        sys.stdout.flush()
-    return offset + len(chunk)
-
-
-class LearnerWatch:
-    """What `rollctl run` shows of its learner: the learner's log echoed to stdout (`echo`) and,
-    with a `bar` (on a terminal: rollctl/progress.py), a progress bar fed by the rows the
-    learner appends to metrics.jsonl (rows already there at the start, from an earlier learner
-    of the run, are not shown again)."""
-
-    def __init__(self, run_dir: Path, echo: bool, bar: StepProgress | None):
-        self.log_path, self.metrics_path = (
-            run_dir / "logs" / "learner.log",
-            run_dir / "metrics.jsonl",
-        )
-        self.echo, self.bar = echo, bar
-        self.log_offset = 0
-        self.metrics_offset = self.metrics_path.stat().st_size if self.metrics_path.exists() else 0
-
-    def poll(self) -> None:
-        if self.echo:
-            self.log_offset = _follow(self.log_path, self.log_offset)
-        if self.bar is not None:
-            rows, self.metrics_offset = read_new_rows(self.metrics_path, self.metrics_offset)
-            for row in rows:
-                self.bar.update(row)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
+from rollflash.rollctl.preflight import PREFLIGHT_DONE_ENV, preflight
+from rollflash.rollctl.supervise import (
+    KEEP_LOGS,  # noqa: F401 (the module docstring's)
+    RunInterrupted,
+    Supervisor,
+    describe_exit,
+    restore_signals,
+    signals_to,
+    tail,
+)
 
 
 @dataclass(frozen=True)
@@ -149,19 +81,19 @@ class Plan:
     layout: str  # one line: the CPU or GPU layout, as printed at start and by --dry-run
 
 
-def plan_run(cfg: Config, config_path: Path) -> Plan:
+def plan_run(cfg: Config, config_path: Path, take_over: bool = False) -> Plan:
     """The processes `rollctl run` starts, with the GPUs `placement:` gives each
-    (broker/placement.py) or, on a CPU run, the generator count and threads the machine's cores
+    (broker/config/placement.py) or, on a CPU run, the generator count and threads the machine's cores
     allow (rollctl/cpu_layout.py). Sets `rollout.num_rollout_workers` where the config leaves
-    it open, so it is planned once."""
-    layout = plan_layout(cfg)
+    it open, so it is planned once. `take_over`: the learner starts with --take-over."""
+    layout = plan_layout(cfg.placement, cfg.rollout, cfg.trainer)
     cpu = cpu_layout(cfg) if layout is None else None
     n = cfg.rollout.num_rollout_workers
     if layout is not None:
         line = (
             f"layout: GPUs {','.join([*layout.learner, *(g for gen in layout.generators for g in gen)])}"
             f": the learner {layout.learner_env() or '(none)'}, {n} generator(s) "
-            "(broker/placement.py)"
+            "(broker/config/placement.py)"
         )
     elif cpu is not None:
         line = f"layout: {usable_cores()} cores: {cpu.describe()} (rollctl/cpu_layout.py)"
@@ -175,7 +107,7 @@ def plan_run(cfg: Config, config_path: Path) -> Plan:
     children = [
         Child(
             "learner",
-            ["start-learner", *common],
+            ["start-learner", *common, *(["--take-over"] if take_over else [])],
             layout.learner_env() if layout else None,
             omp_threads(cfg, cpu, learner=True),
         )
@@ -190,10 +122,6 @@ def plan_run(cfg: Config, config_path: Path) -> Plan:
             )
         )
     return Plan(children, line)
-
-
-def plan_children(cfg: Config, config_path: Path) -> list[Child]:
-    return plan_run(cfg, config_path).children
 
 
 def describe(plan: Plan) -> list[str]:
@@ -222,16 +150,6 @@ def child_env(base: dict[str, str], child: Child) -> dict[str, str]:
     return env
 
 
-def rotate(path: Path, keep: int = KEEP_LOGS) -> Path:
-    """Move `path` to `path.1` (`.1` to `.2`, ... up to `.keep`), so that a new process's log
-    starts empty and the old ones stay readable; returns `path`."""
-    for k in range(keep, 0, -1):
-        older = path.with_name(f"{path.name}.{k - 1}") if k > 1 else path
-        if older.exists():
-            older.replace(path.with_name(f"{path.name}.{k}"))
-    return path
-
-
 def start_embedded(run_dir: Path) -> EmbeddedRedis:
     """The run's own redis-server (module docstring), loaded from the snapshot its last clean stop
     left; refuses a run directory whose server still answers (another `rollctl run` of it)."""
@@ -248,87 +166,125 @@ def start_embedded(run_dir: Path) -> EmbeddedRedis:
     return server
 
 
-def run_local(cfg: Config, echo: bool = True, extra_env: dict[str, str] | None = None) -> int:
-    """Run learner + generators to the end of training; returns the learner's exit code (128 +
-    N when signal N ended it; 130 after Ctrl-C, which prints one line). `echo` prints the layout,
-    streams the learner's log and prints the summary; `extra_env` goes to every child."""
+def run_local(
+    cfg: Config,
+    echo: bool = True,
+    extra_env: dict[str, str] | None = None,
+    take_over: bool = False,
+) -> int:
+    """Run learner + generators to the end of training (module docstring); returns the exit
+    code of `rollctl run`: the learner's (128 + N when signal N ended it), or 128 + N after this
+    process was stopped by signal N, with one line saying so. `echo` prints the layout,
+    streams the learner's log and prints the summary; `extra_env` goes to every child;
+    `take_over`: the learner takes the run's lease from a learner the caller knows is dead
+    (broker/channels/lease.py)."""
+    preflight(cfg, ("learner", "generator"), extra_env or {})  # before anything starts
     run_dir = Path(cfg.run.run_dir)
-    logs = run_dir / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
-    server, procs, gens = None, [], []
-    previous = signal.getsignal(signal.SIGINT)
+    make_private_dir(run_dir)
+    logs = private_subdir(run_dir / "logs")
+    server: EmbeddedRedis | None = None
+    sup = Supervisor(echo)
+    asked: list[int] = []  # the signals that asked this process to stop
+    stopping = False
+
+    def on_signal(signum: int, frame: object) -> None:
+        asked.append(signum)
+        if len(asked) == 1 and not stopping:
+            raise RunInterrupted(signum)
+        sup.interrupt_again()  # while stopping: the learner stops at once
+
+    previous = signals_to(on_signal)
     try:
         if not cfg.redis.url or is_embedded(run_dir, cfg.redis.url):
             server = start_embedded(run_dir)
             cfg.redis.url = server.url
         config_path = run_dir / "run.yaml"
-        plan = plan_run(cfg, config_path)  # may set rollout.num_rollout_workers
+        plan = plan_run(cfg, config_path, take_over)  # may set rollout.num_rollout_workers
         cfg.save(config_path)  # without the Redis password: the children get it in their env
         if echo:
             print("\n".join(describe(plan)), flush=True)
-        env = {k: v for k, v in os.environ.items() if k != PASSWORD_ENV} | (extra_env or {})
-        password = url_password(cfg.redis.url)
-        if password:
-            env[PASSWORD_ENV] = password
-        if cfg.weights.transport == "http" and not cfg.weights.token_file and TOKEN_ENV not in env:
-            env[TOKEN_ENV] = secrets.token_urlsafe(32)  # the weights' token, for this run
-        for c in plan.children:
-            procs.append(_spawn(c.args, rotate(logs / f"{c.name}.log"), child_env(env, c)))
-        gens = procs[1:]
-        code = _supervise(cfg, procs, logs, echo)
-    except KeyboardInterrupt:
-        if threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C: the shutdown goes on
-        code = EXIT_INTERRUPTED
+        env = _children_env(cfg, extra_env)
+        sup.start([(c.name, c.args, child_env(env, c)) for c in plan.children], logs)
+        code = sup.watch(run_dir, cfg.trainer.total_steps)
+        _report(cfg, sup, code, logs, echo)
+    except RunInterrupted as e:
+        asked[:1] = [e.signum]
+        code = 128 + e.signum
     finally:
-        _stop(gens)
-        _stop(procs[:1])
+        stopping = True
+        sup.stop()
+        if sup.procs and (sup.learner.popen.returncode or 0) < 0:  # killed: it could not
+            free_lease(cfg, sup.learner.popen.pid)
         if server is not None:
             server.stop()
-        if threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGINT, previous)
-    if code == EXIT_INTERRUPTED:
-        print(
-            f"rollctl: interrupted; stopped the learner and {len(gens)} generator(s) "
-            "(the same command resumes the run)",
-            file=sys.stderr,
-            flush=True,
-        )
+        restore_signals(previous)
+    if asked:
+        _say_stopped(asked[0], len(sup.generators))
     return code
 
 
-def _supervise(cfg: Config, procs: list[subprocess.Popen], logs: Path, echo: bool) -> int:
-    """Watch the learner to its end; stop the run on a generator's EXIT_RUN_FATAL."""
-    learner, gens = procs[0], procs[1:]
-    bar = terminal_progress(cfg.trainer.total_steps, sys.stdout) if echo else None
-    watch = LearnerWatch(Path(cfg.run.run_dir), echo, bar)
+def _say_stopped(signum: int, generators: int) -> None:
+    how = "interrupted" if signum == signal.SIGINT else f"stopped by {signal_name(signum)}"
+    print(
+        f"rollctl: {how}; stopped the learner and {generators} generator(s) (the same command "
+        "resumes the run)",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
+def _children_env(cfg: Config, extra_env: dict[str, str] | None) -> dict[str, str]:
+    """What every child's environment holds: this one's, `extra_env`, the Redis password (never
+    written to the run directory) and, for `weights.transport: http`, the run's weights token."""
+    env = {k: v for k, v in os.environ.items() if k != PASSWORD_ENV} | (extra_env or {})
+    env[PREFLIGHT_DONE_ENV] = "1"  # checked here, once
+    password = url_password(cfg.redis.url or "")
+    if password:
+        env[PASSWORD_ENV] = password
+    if cfg.weights.transport == "http" and not cfg.weights.token_file and TOKEN_ENV not in env:
+        env[TOKEN_ENV] = secrets.token_urlsafe(32)  # the weights' token, for this run
+    return env
+
+
+def free_lease(cfg: Config, learner_pid: int) -> None:
+    """The learner this process started has exited: free the run's lease if it still holds it
+    (killed, it could not; broker/channels/lease.py `release_dead`), so the next start need not wait."""
+    from rollflash.broker.channels.lease import release_dead
+    from rollflash.broker.connect.connection import BrokerUnavailable, connect
+    from rollflash.broker.connect.redis_io import RunRedis
+
     try:
-        while learner.poll() is None:
-            watch.poll()
-            for i, g in enumerate(gens):
-                if g.returncode is None and g.poll() is not None and g.returncode != 0:
-                    print(
-                        f"generator gen-{i} exited with {g.returncode}: "
-                        f"{_tail(logs / f'gen-{i}.log', 1)}",
-                        flush=True,
-                    )
-                    if g.returncode == EXIT_RUN_FATAL:  # every generator would fail the same way
-                        print("stopping the run", file=sys.stderr, flush=True)
-                        _stop([learner])
-                        return EXIT_RUN_FATAL
-            time.sleep(0.5)
-        watch.poll()
-    finally:
-        watch.close()
+        io = RunRedis(connect(cfg.redis.url or "", 2.0, cfg.redis.sentinel), cfg.run.run_id)
+        if release_dead(io, learner_pid):
+            print(
+                f"freed the run's lease held by the learner (pid {learner_pid}), which died",
+                flush=True,
+            )
+    except (BrokerUnavailable, redis.RedisError) as e:  # it expires by itself
+        print(
+            f"could not free the lease of the learner that died: {e}", file=sys.stderr, flush=True
+        )
+
+
+def _report(cfg: Config, sup: Supervisor, code: int, logs: Path, echo: bool) -> None:
+    """The summary after a learner that finished, or one line on one that did not."""
     summary = Path(cfg.run.run_dir) / "summary.json"
-    code = learner.returncode if learner.returncode >= 0 else 128 - learner.returncode
+    returncode = sup.learner.popen.returncode
     if echo and code == 0 and summary.is_file():
         print(json.dumps(json.loads(summary.read_text())), flush=True)
-    elif code != 0:
+    elif code != 0 and returncode is not None and returncode < 0:
+        print(
+            f"the learner {describe_exit(returncode)}; the same command resumes the run "
+            "from its last checkpoint",
+            file=sys.stderr,
+            flush=True,
+        )
+    elif code == EXIT_DISK_FULL:  # its own line may not have reached its log on that disk
+        print(f"learner exited with {code}: {disk_full_line('')}", file=sys.stderr, flush=True)
+    elif code != 0 and returncode is not None:
         print(  # its last line: a start-up error is one line (a bad row, a missing model)
-            f"learner exited with {code}: {_tail(logs / 'learner.log', 1)}; "
+            f"learner exited with {code}: {tail(logs / 'learner.log', 1)}; "
             f"see {logs / 'learner.log'}",
             file=sys.stderr,
             flush=True,
         )
-    return code

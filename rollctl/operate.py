@@ -1,4 +1,5 @@
-"""The commands a person runs beside a run, or after it: `status`, `inspect` and `redis-cli`.
+"""The commands a person runs beside a run, or after it: `status`, `inspect`, `redis-cli` and
+`export`.
 
 Each finds the run (rollctl/find.py): `--run-dir DIR`, `--run RUN_ID` (or a directory), nothing
 (the newest run under ./runs), or `--config FILE` and `--redis-url` as every other command takes
@@ -107,6 +108,34 @@ def inspect(
 
     which: Literal["prompts", "trajectories", "dlq"] = stream  # type: ignore[assignment]
     guarded(_with_run_redis, cfg, lambda c: show_entries(c, which, entry_id, last, as_json))
+
+
+@app.command("export")
+def export(
+    run_dir: Path | None = RunDirOpt,
+    run: str | None = typer.Option(None, "--run", help="A run id (or a run directory)."),
+    config: Path | None = ConfigOpt,
+    set_: list[str] | None = SetOpt,
+    version: int | None = typer.Option(None, help="Weight version (default: latest)."),
+    out: Path = typer.Option(..., "--out", help="Directory to write."),
+    merge: bool = typer.Option(
+        False, "--merge", help="LoRA adapter versions: write the merged model, not the adapter."
+    ),
+    best: bool = typer.Option(
+        False, "--best", help="The version with the best held-out accuracy (eval.keep_best)."
+    ),
+) -> None:
+    """Write a published weight version as a Hugging Face model (or PEFT adapter) directory.
+    The run: --run-dir or --run (its own config, as for `rollctl status`), else --config (or the
+    defaults) with --set."""
+    named = run is not None or run_dir is not None
+    cfg = run_config(run, run_dir, config, set_, None) if named else load(config, set_, None)
+    if best and version is not None:
+        fail("--best and --version name two versions; give one")
+    from rollflash.learner.tools.export import export_version
+
+    path = guarded(export_version, cfg, version, out, merge, best)
+    typer.echo(f"exported to {path}")
 
 
 @app.command(

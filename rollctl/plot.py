@@ -2,14 +2,17 @@
 run, read from its `metrics.jsonl` and `summary.json`.
 
 Nine panels: reward (mean, and the score and shaping parts when logged), held-out accuracy and
-pass@k, response length, the staleness histogram over time, KL and entropy, learner wait and
-generator idle, samples/s, the policy loss and the clipped share. A panel whose metrics a run did
-not log says so instead of being left out, so reports of different runs keep one layout. With
-`--compare`, every run is drawn in its own colour on the same panels; the staleness panel then
-shows each run's mean and max instead of the stacked histogram of one run.
+pass@k (dotted: the accuracy of always giving the most common answer, learner/metrics/health.py),
+response length (of the trained samples, of every completed one, and of the groups dropped as
+stale: the length bias of asynchrony), the staleness histogram over time, KL and entropy,
+learner wait and generator idle, samples/s, the policy loss and the clipped share. A panel whose
+metrics a run did not log says so instead of being left out, so reports of different runs keep
+one layout. With `--compare`, every run is drawn in its own colour on the same panels; the
+staleness panel then shows each run's mean and max instead of the stacked histogram of one run.
 
-After a learner resumes from a checkpoint, metrics.jsonl holds the steps after the checkpoint
-twice; the last row of each step is the one drawn. matplotlib is the `plot` extra
+A resumed learner cuts metrics.jsonl back to its checkpoint's step (learner/metrics/metrics.py), so each
+step has one row; should a file hold a step twice, its last row is the one drawn. matplotlib is
+the `plot` extra
 (`pip install -e ".[plot]"`); importing this module does not import it.
 """
 
@@ -23,6 +26,12 @@ from typing import Any
 from rollflash.errors import RollflashError
 
 REWARD_PARTS = ("reward/score_mean", "reward/shaping_mean")
+# trained and completed as lines; dropped as stale as marks, logged only in steps that drop any
+LENGTHS = (
+    ("length/trained_mean", "-"),
+    ("length/completed_mean", "--"),
+    ("length/stale_mean", "x"),
+)
 KL_KEYS = ("kl/ref_kl", "kl/behav_ref_kl", "policy/approx_kl")
 
 
@@ -108,6 +117,8 @@ def _panel_eval(ax, runs, colors, window):
         keys = ["eval/heldout_acc", *run.keys("eval/pass@"), "eval/reward_mean"]
         for key, style in zip(keys, ("o-", "s--", "^:", "d-.", "v-"), strict=False):
             drawn |= _line(ax, run, key, c, f"{run.name} {key.split('/')[1]}", style)
+        # the accuracy of always giving the most common answer (learner/metrics/health.py)
+        drawn |= _line(ax, run, "eval/top_answer_acc", c, f"{run.name} most common answer", "x:")
         before, after = run.summary.get("heldout_acc_before"), run.summary.get("heldout_acc_after")
         if before is not None and after is not None and run.steps:
             label = f"{run.name} greedy before / after"
@@ -136,6 +147,17 @@ def _panel_staleness(ax, runs, colors, window):
     ax.stackplot(run.steps, shares, labels=labels, alpha=0.8)
     ax.set_ylim(0, 1)
     return True
+
+
+def _panel_length(ax, runs, colors, window):
+    """Mean response length of the trained samples, of every completed one and of the groups
+    dropped as stale (learner/metrics/lengths.py): trained below completed is a length bias."""
+    drawn = False
+    for run, c in zip(runs, colors, strict=True):
+        for key, style in LENGTHS:
+            label = key if len(runs) == 1 else f"{run.name} {key}"
+            drawn |= _line(ax, run, key, c, label, style, 1 if style == "x" else window)
+    return drawn
 
 
 def _panel_kl(ax, runs, colors, window):
@@ -167,7 +189,7 @@ def _lines(runs, colors, keys, window):
 PANELS = (
     ("reward", "reward (trailing mean; faint: per step)"),
     ("eval", "held-out accuracy / pass@k (* before and after)"),
-    ("length", "response length (tokens)"),
+    ("length", "response length (tokens): trained / completed / stale"),
     ("staleness", "staleness of trained groups"),
     ("kl", "KL and entropy"),
     ("wait", "learner wait / generator idle (share of time)"),
@@ -179,7 +201,6 @@ PANELS = (
 
 def _draw_panel(name: str, ax, runs, colors, window) -> bool:
     per_key = {
-        "length": ("response/length_mean",),
         "wait": ("perf/wait_frac", "gen/idle_frac"),
         "speed": ("perf/samples_per_s",),
         "loss": ("loss/policy",),
@@ -193,6 +214,8 @@ def _draw_panel(name: str, ax, runs, colors, window) -> bool:
         return _panel_staleness(ax, runs, colors, window)
     if name == "kl":
         return _panel_kl(ax, runs, colors, window)
+    if name == "length":
+        return _panel_length(ax, runs, colors, window)
     return _lines(runs, colors, per_key[name], window)(ax)
 
 
@@ -200,6 +223,7 @@ def _draw_panel(name: str, ax, runs, colors, window) -> bool:
 class Report:
     path: Path
     empty_panels: list[str]  # panels no run had metrics for
+    legends: dict[str, list[str]] = field(default_factory=dict)  # panel -> its curves' labels
 
 
 def render(run_dirs: list[str | Path], out: str | Path, window: int = 0) -> Report:
@@ -214,14 +238,15 @@ def render(run_dirs: list[str | Path], out: str | Path, window: int = 0) -> Repo
     window = window or max(1, max(len(r.steps) for r in runs) // 10)
     colors = [f"C{i % 10}" for i in range(len(runs))]
     fig, axes = plt.subplots(3, 3, figsize=(15, 11), constrained_layout=True)
-    empty = []
+    empty, legends = [], {}
     for ax, (name, title) in zip(axes.flat, PANELS, strict=True):
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("learner step", fontsize=8)
         ax.tick_params(labelsize=8)
         ax.grid(alpha=0.3)
         if _draw_panel(name, ax, runs, colors, window):
-            ax.legend(fontsize=7, loc="best")
+            legend = ax.legend(fontsize=7, loc="best")
+            legends[name] = [t.get_text() for t in legend.get_texts()]
         else:
             empty.append(name)
             ax.text(0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes)
@@ -230,4 +255,4 @@ def render(run_dirs: list[str | Path], out: str | Path, window: int = 0) -> Repo
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=80)
     plt.close(fig)
-    return Report(out, empty)
+    return Report(out, empty, legends)

@@ -43,16 +43,25 @@ def step_text(row: dict[str, Any], eta_s: float | None) -> str:
 
 def read_new_rows(path: Path, offset: int) -> tuple[list[dict[str, Any]], int]:
     """The complete JSON lines of `path` after byte `offset`, and the offset after them (a line
-    still being written is left for the next call)."""
+    still being written is left for the next call). A file shorter than `offset` was cut by a
+    resumed learner (learner/metrics/metrics.py): it is read again from its start, and a line that is
+    not JSON (read from inside a row) is skipped."""
     try:
         with open(path, "rb") as f:
+            if f.seek(0, 2) < offset:
+                offset = 0
             f.seek(offset)
             chunk = f.read()
     except FileNotFoundError:
         return [], offset
     end = chunk.rfind(b"\n") + 1
-    rows = [json.loads(line) for line in chunk[:end].splitlines() if line.strip()]
-    return rows, offset + end
+    rows = []
+    for line in chunk[:end].splitlines():
+        try:
+            rows.append(json.loads(line))
+        except ValueError:
+            continue
+    return [r for r in rows if isinstance(r, dict) and "step" in r], offset + end
 
 
 class StepProgress:

@@ -2,7 +2,7 @@
 
 Shows stream lengths, each consumer group's pending and lag, the published weight version, the
 learner's progress, the reward-hacking guards' last warnings, what Redis forgot after a restart
-(broker/audit.py), every live generator with its loaded version and counters, and every generator
+(broker/channels/audit.py), every live generator with its loaded version and counters, and every generator
 that is gone: it took prompts, and its heartbeat hash has expired. `--watch`
 redraws a compact view of the same status (`compact_lines`) every few seconds until Ctrl-C.
 """
@@ -15,11 +15,11 @@ from typing import Any
 
 import redis
 
-from rollflash.broker.config import Config
-from rollflash.broker.connection import BrokerUnavailable, connect
-from rollflash.broker.keys import GEN_GROUP
-from rollflash.broker.redis_io import RunRedis, text
-from rollflash.broker.registry import RunRegistry
+from rollflash.broker.channels.registry import RunRegistry
+from rollflash.broker.config.config import Config
+from rollflash.broker.connect.connection import BrokerUnavailable, connect
+from rollflash.broker.connect.keys import GEN_GROUP
+from rollflash.broker.connect.redis_io import RunRedis, text
 
 
 def collect_status(cfg: Config) -> dict:
@@ -47,7 +47,11 @@ def _collect(cfg: Config, io: RunRedis) -> dict:
     return {
         "gone": gone_generators(io, gens),
         "run": cfg.run.run_id,
-        "learner": {k: v for k, v in registry.fields().items() if k != "fingerprint_keys"},
+        "learner": {
+            k: v
+            for k, v in registry.fields().items()
+            if k not in ("fingerprint_keys", "registered_by")
+        },
         "weights": registry.weights(),
         "streams": registry.stream_status(),
         "generators": gens,
@@ -87,7 +91,7 @@ def gone_lines(gone: dict[str, dict], most: int = 10) -> list[str]:
 
 
 def guard_line(learner: dict) -> str:
-    """The reward-hacking guards' last verdict (learner/guards.py), from the run hash."""
+    """The reward-hacking guards' last verdict (learner/metrics/guards.py), from the run hash."""
     warnings = learner.get("guard_warnings")
     if warnings is None:
         return "guards: no step yet"
@@ -112,22 +116,50 @@ def redis_lost_line(learner: dict, generators: dict) -> str:
 
 
 def dead_letter_line(by_code: dict[str, int]) -> str:
-    """Entries rejected by a reader, by reason code (broker/wire.py); the dlq stream holds each
+    """Entries rejected by a reader, by reason code (broker/wire/wire.py); the dlq stream holds each
     with its full reason and original fields."""
     detail = ", ".join(f"{code}={n}" for code, n in sorted(by_code.items()))
     return f"dead letters: {sum(by_code.values())}" + (f" ({detail})" if detail else "")
 
 
 def quarantine_lines(quarantined: dict[str, str]) -> list[str]:
-    """Generators whose entries the learner refuses, with why (broker/roster.py)."""
+    """Generators whose entries the learner refuses, with why (broker/channels/roster.py)."""
     return [f"generator {g} QUARANTINED: {why}" for g, why in sorted(quarantined.items())]
 
 
-def _queue(name: str, stream: dict) -> str:
+# why entries stay unread after the run's learner has stopped (the `lag` of a consumer group)
+LEFT_OVER = {
+    "gen": "prompts issued ahead for steps the run did not take",
+    "learner": "groups generated ahead for steps the run did not take",
+}
+
+
+def lag_text(group: dict, state: str | None) -> str:
+    """`lag=N` (entries not yet delivered to the group; `?` when Redis cannot count them),
+    explained when the run is done or stopped and N > 0: the next learner of the run (an
+    extended or resumed run) uses them."""
+    lag = group.get("lag")
+    text = f"lag={'?' if lag is None else lag}"
+    if state in ("done", "stopped") and lag and group["group"] in LEFT_OVER:
+        text += f" ({LEFT_OVER[group['group']]}; a longer or resumed run uses them)"
+    return text
+
+
+def _queue(name: str, stream: dict, state: str | None = None) -> str:
     groups = " ".join(
-        f"{g['group']}: pending={g['pending']} lag={g['lag']}" for g in stream["groups"]
+        f"{g['group']}: pending={g['pending']} {lag_text(g, state)}" for g in stream["groups"]
     )
     return f"{name}={stream['length']}" + (f" ({groups})" if groups else "")
+
+
+def joining(g: dict) -> bool:
+    """A generator that has asked to join and loaded no version yet (its first heartbeat)."""
+    return g.get("loaded_version") is None
+
+
+def _get(g: dict, key: str) -> str:
+    value = g.get(key)
+    return "-" if value is None else str(value)
 
 
 def compact_lines(s: dict, total_steps: int) -> list[str]:
@@ -141,7 +173,8 @@ def compact_lines(s: dict, total_steps: int) -> list[str]:
         f"{lr.get('staleness_max', '-')}  wait {lr.get('wait_frac', '-')}  samples/s "
         f"{lr.get('samples_per_s', '-')}  ranks {lr.get('learner_ranks', 1)}  checkpoint "
         f"{lr.get('checkpoint_step', '-')}",
-        "queues   " + "  ".join(_queue(n, st) for n, st in s["streams"].items() if n != "dlq"),
+        "queues   "
+        + "  ".join(_queue(n, st, lr.get("state")) for n, st in s["streams"].items() if n != "dlq"),
         dead_letter_line(s["dead_letters"]),
         guard_line(lr),
         *quarantine_lines(s.get("quarantined", {})),
@@ -149,9 +182,12 @@ def compact_lines(s: dict, total_steps: int) -> list[str]:
         + (f", {len(s['gone'])} gone" if s.get("gone") else ""),
     ]
     for gid, g in s["generators"].items():
+        if joining(g):
+            lines.append(f"  {gid}  joining  seen {g['last_seen_s']}s ago")
+            continue
         lines.append(
-            f"  {gid}  {g.get('state')}  v{g.get('loaded_version')}  idle {g.get('idle_frac')}"
-            f"  groups {g.get('groups')}  seen {g['last_seen_s']}s ago"
+            f"  {gid}  {_get(g, 'state')}  v{_get(g, 'loaded_version')}  idle "
+            f"{_get(g, 'idle_frac')}  groups {_get(g, 'groups')}  seen {g['last_seen_s']}s ago"
         )
     for gid, g in list(s.get("gone", {}).items())[:10]:
         lines.append(f"  {gid}  gone  last read {g['idle_s']}s ago  holding {g['pending']}")
@@ -226,7 +262,8 @@ def show_status(cfg: Config, as_json: bool) -> None:
     for name, st in s["streams"].items():
         groups = (
             ", ".join(
-                f"{g['group']}: pending={g['pending']} lag={g['lag']} consumers={g['consumers']}"
+                f"{g['group']}: pending={g['pending']} {lag_text(g, lr.get('state'))} "
+                f"consumers={g['consumers']}"
                 for g in st["groups"]
             )
             or "no groups"
@@ -237,22 +274,33 @@ def show_status(cfg: Config, as_json: bool) -> None:
     for line in gone_lines(s["gone"]):
         print(line)
     for gid, g in s["generators"].items():
-        print(
-            f"generator {gid}: {g.get('state')} loaded=v{g.get('loaded_version')} "
-            f"reloads={g.get('reloads', 0)} refused={g.get('reload_refused', 0)} "
-            f"groups={g.get('groups')} samples={g.get('samples')} "
-            f"redis_lost={g.get('redis_lost', 0)} idle={g.get('idle_frac')} "
-            + (
-                f"mean_batch={g['mean_batch']} restarted={g.get('restarted', 0)} "
-                if "mean_batch" in g
-                else ""
-            )  # continuous batching
-            + (
-                "agent: "
-                + " ".join(f"{k[6:]}={g[k]}" for k in sorted(g) if k.startswith("agent_"))
-                + " "
-                if "agent_episodes" in g
-                else ""
-            )  # rollout.agent (generators/agent_episode.py)
-            + f"last_seen={g['last_seen_s']}s ago"
+        print(generator_line(gid, g))
+
+
+def generator_line(gid: str, g: dict) -> str:
+    """One live generator in `rollctl status`: a joining one says so, without the counters it
+    has not written yet."""
+    if joining(g):
+        return (
+            f"generator {gid}: joining (asked to join, no version loaded yet) "
+            f"last_seen={g['last_seen_s']}s ago"
         )
+    return (
+        f"generator {gid}: {_get(g, 'state')} loaded=v{_get(g, 'loaded_version')} "
+        f"reloads={g.get('reloads', 0)} refused={g.get('reload_refused', 0)} "
+        f"groups={g.get('groups', 0)} samples={g.get('samples', 0)} "
+        f"redis_lost={g.get('redis_lost', 0)} idle={_get(g, 'idle_frac')} "
+        + (
+            f"mean_batch={g['mean_batch']} restarted={g.get('restarted', 0)} "
+            if "mean_batch" in g
+            else ""
+        )  # continuous batching
+        + (
+            "agent: "
+            + " ".join(f"{k[6:]}={g[k]}" for k in sorted(g) if k.startswith("agent_"))
+            + " "
+            if "agent_episodes" in g
+            else ""
+        )  # rollout.agent (generators/agent_episode.py)
+        + f"last_seen={g['last_seen_s']}s ago"
+    )

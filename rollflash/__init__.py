@@ -5,12 +5,13 @@ The role folders stay at the repository's top level, because the layout is the a
 names cannot collide with other packages: setup.cfg's `package_dir` maps `rollflash.broker` to
 `broker/`, `rollflash.learner` to `learner/`, and so on. Import them as `rollflash.broker`.
 
-`from rollflash import Run` is the Python API (rollctl/api.py): `Run(config, **sections).train()`.
+`from rollflash import Run` is the Python API (rollctl/api.py): `Run(config, dataset=rows,
+callbacks=[...], **sections).train()`, or `start()` / `stop()` / `status()` / `export()`.
 """
 
 __version__ = "0.1.0"
 
-__all__ = ["Run", "RunResult"]
+__all__ = ["Run", "RunFailed", "RunResult"]
 
 
 def __getattr__(name: str):

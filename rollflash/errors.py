@@ -25,3 +25,18 @@ class BadInput(RollflashError, ValueError):
 
 class RunDirInUse(RollflashError, FileExistsError):
     """A run directory holds what another run left there (weights without a checkpoint)."""
+
+
+class Stopped(BaseException):
+    """A process stopped on a signal (SIGTERM, SIGINT) and ended cleanly: `rollctl` prints its
+    message as one line and exits with 128 + the signal's number, as a shell reports a process a
+    signal ended (130 for SIGINT, 143 for SIGTERM). A BaseException, as KeyboardInterrupt is, so
+    that no `except Exception` of the code it interrupts catches it."""
+
+    def __init__(self, message: str, signum: int):
+        super().__init__(message)
+        self.signum = signum
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum

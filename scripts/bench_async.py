@@ -14,7 +14,11 @@ per pull, no interrupt, 16 prompts per 1.6 s step.
 Prints one JSON line: per ratio the wall time of steps 2..K (step 1 includes start-up), the
 speedup over a = 0, the mean generator idle fraction (nothing in flight) and mean batch
 (samples in flight while decoding), groups restarted as too stale, the learner's wait fraction,
-the largest staleness seen and the groups the learner dropped as stale.
+the largest staleness seen and the groups the learner dropped as stale; and, over every step, the
+length bias of the staleness bound (`length_bias`): the groups it cost (dropped by the learner or
+restarted by a generator) per group generated (`stale_frac`), the overdue groups trained
+(learner/intake/ready.py), and the mean response length of the trained samples against that of every
+completed sample (`trained_vs_completed_len`, 1.0 without bias; learner/metrics/lengths.py).
 
     .venv/bin/python scripts/bench_async.py [--steps 12] [--ratios 0,0.5,1,2] [--pulls]
                                             [--set key=value ...]
@@ -36,11 +40,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from rollflash.broker.config import load_config  # noqa: E402
-from rollflash.broker.connection import connect  # noqa: E402
-from rollflash.broker.redis_io import RunRedis  # noqa: E402
-from rollflash.broker.redis_server import EmbeddedRedis  # noqa: E402
-from rollflash.broker.registry import RunRegistry  # noqa: E402
+from rollflash.broker.channels.registry import RunRegistry  # noqa: E402
+from rollflash.broker.config.config import load_config  # noqa: E402
+from rollflash.broker.connect.connection import connect  # noqa: E402
+from rollflash.broker.connect.redis_io import RunRedis  # noqa: E402
+from rollflash.broker.connect.redis_server import EmbeddedRedis  # noqa: E402
 from rollflash.rollctl.local import run_local  # noqa: E402
 
 WORKLOAD = [
@@ -103,17 +107,46 @@ def run_one(ratio: float, steps: int, overrides: list[str], workdir: Path) -> di
         batch = [float(g.get("mean_batch", 0)) for g in gens]
         tokens_per_busy_s = [int(g["tokens"]) / float(g["busy_s"]) for g in gens]
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    restarted = sum(int(g.get("restarted", 0)) for g in gens)
     return {
+        **length_bias(metrics, cfg.rollout.num_return_sequences, restarted),
         "wall_s": round(sum(m["perf/step_s"] for m in metrics[1:]), 2),
         "gen_idle_frac": round(sum(idle) / len(idle), 3),
         "gen_mean_batch": round(sum(batch) / len(batch), 1),
         "gen_tokens_per_busy_s": round(sum(tokens_per_busy_s) / len(gens)),
-        "gen_restarted": sum(int(g.get("restarted", 0)) for g in gens),
+        "gen_restarted": restarted,
         "learner_wait_frac": round(
             sum(m["perf/wait_frac"] for m in metrics[1:]) / (len(metrics) - 1), 3
         ),
         "staleness_max": max(m["async/staleness_max"] for m in metrics),
         "dropped_stale": sum(m["async/dropped_stale"] for m in metrics),
+    }
+
+
+def length_bias(metrics: list[dict], n: int, restarted: int) -> dict:
+    """Over every step of a run: the groups lost to the staleness bound (dropped by the learner,
+    or started again by a generator) per group generated (completed, or started again), and the
+    mean response length of the trained samples against that of every completed sample
+    (learner/metrics/lengths.py)."""
+
+    def weighted(fate: str) -> tuple[float | None, int]:
+        rows = [m for m in metrics if m[f"length/{fate}_samples"]]
+        samples = sum(m[f"length/{fate}_samples"] for m in rows)
+        tokens = sum(m[f"length/{fate}_mean"] * m[f"length/{fate}_samples"] for m in rows)
+        return (round(tokens / samples, 1) if samples else None), samples
+
+    trained = sum(m["length/trained_mean"] for m in metrics) / len(metrics)  # B x n samples each
+    completed, completed_samples = weighted("completed")
+    dropped = sum(m["async/dropped_stale"] for m in metrics)
+    generated = completed_samples // n + restarted
+    return {
+        "groups_generated": generated,
+        "stale_frac": round((dropped + restarted) / max(generated, 1), 4),
+        "overdue_trained": sum(m["async/overdue"] for m in metrics),
+        "trained_len": round(trained, 1),
+        "completed_len": completed,
+        "stale_len": weighted("stale")[0],
+        "trained_vs_completed_len": round(trained / (completed or trained), 3),
     }
 
 

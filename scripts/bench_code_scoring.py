@@ -11,14 +11,13 @@ one after the other, so in the same run and on the same batches
 Their ratio is the number to read; absolute rates depend on the machine and its load. Needs the
 warm-started model (`make mixture-model`): a random model writes no programs worth running.
 
-Then the cost of one Python (assert-style) test, `--calls` times each, alternating, with the same
-limits: `new`, the verifier's harness (envs/code_verifier.py: the test compiled first, the program
-imported as a module, a nonce reported after the test) in a sandbox with this host's per-call
-bound (a cgroup per call where the host delegates one); `old`, the previous verifier: its
-harness (program and test in one namespace, passing on exit status 0, which a program's
-sys.exit(0) forged; kept below only for this comparison) in a sandbox without a cgroup per call;
-and `old_harness`, that harness with this host's bound, which separates the two costs. Prints one
-JSON line.
+Then the cost of a sample's tests, `--calls` samples of each kind, alternating, with the same
+limits (`reward.code` defaults), per test: `python`, two assert-style tests through the verifier
+(envs/code_judge.py: one judge's sandbox for the sample, a fresh program's sandbox per test, the
+calls relayed between them); `stdio`, two stdin/stdout tests through the verifier (one sandbox
+each); `one_process`, the same assert tests each run with the program in one sandboxed
+interpreter (what a harness that shares the program's interpreter costs, as the verifier's did
+before the judge moved out; it could be forged). Prints one JSON line.
 
     python scripts/bench_code_scoring.py [--model models/tiny-mixture] [--batches 6] [--calls 30]
 """
@@ -38,58 +37,52 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from rollflash.broker.config import load_config  # noqa: E402
-from rollflash.broker.schema import PromptWork  # noqa: E402
-from rollflash.envs import (  # noqa: E402
-    Item,
-    sandbox,  # noqa: E402
-    task_from_config,
+from rollflash.broker.config.config import load_config  # noqa: E402
+from rollflash.broker.wire.schema import PromptWork  # noqa: E402
+from rollflash.envs import Item, task_from_config  # noqa: E402
+from rollflash.envs.code_verifier import (  # noqa: E402
+    CodeLimits,
+    extract_program,
+    parse_tests,
+    run_tests,
 )
-from rollflash.envs._cgroup import CallBound, per_call_bound  # noqa: E402
-from rollflash.envs.code_verifier import CodeLimits, classify, extract_program, harness  # noqa: E402
 from rollflash.envs.sandbox import Sandbox  # noqa: E402
 from rollflash.generators.engine import make_engine  # noqa: E402
 from rollflash.generators.rollout import generate_limited  # noqa: E402
 from rollflash.generators.sampling import SamplingParams  # noqa: E402
 
 PROGRAM = "def add(a, b):\n    return a + b"
-TEST = "assert add(2, 3) == 5"
-
-
-def previous_harness(program: str, test: str) -> str:
-    """The harness the verifier used before the nonce, for the comparison only."""
-    return (
-        f"__program = compile({program!r}, '<program>', 'exec')\n__ns = {{'__name__': '__main__'}}\n"
-        f"exec(__program, __ns)\nexec(compile({test!r}, '<test>', 'exec'), __ns)\n"
-    )
+TESTS = ["assert add(2, 3) == 5", "assert add(-1, 1) == 0"]
+STDIO_PROGRAM = "a, b = map(int, input().split())\nprint(a + b)"
+STDIO = [{"input": "2 3\n", "output": "5\n"}, {"input": "-1 1\n", "output": "0\n"}]
 
 
 def verifier_cost(calls: int) -> dict[str, float]:
-    """Seconds per Python test of the current verifier and the previous one, alternating."""
+    """Milliseconds per test of each way to run a sample's two tests, alternating."""
     limits = CodeLimits()
-    host = per_call_bound()
-    without = CallBound("rlimits", why="the previous verifier's sandbox")
-    spent = {"new": 0.0, "old": 0.0, "old_harness": 0.0}
-    for k in range(calls + 1):  # call 0 of each warms up
-        for name in spent:
-            sandbox.per_call_bound = (lambda: without) if name == "old" else (lambda: host)
-            started = time.perf_counter()
+
+    def one_process() -> None:
+        for test in TESTS:
             box = Sandbox(limits.sandbox(limits.time_s))
-            if name == "new":
-                nonce = f"{k:032x}"
-                verdict = classify(box.run(harness(PROGRAM, TEST, nonce)), limits, nonce)
-            else:
-                verdict = "" if box.run(previous_harness(PROGRAM, TEST)).ok else "failed"
+            assert box.run(f"{PROGRAM}\n{test}\n").ok
             box.close()
-            assert verdict == "", (name, verdict)
+
+    runs = {
+        "python": lambda: run_tests(PROGRAM, parse_tests(TESTS), limits).passed == 2,
+        "stdio": lambda: run_tests(STDIO_PROGRAM, parse_tests(STDIO), limits).passed == 2,
+        "one_process": lambda: one_process() is None,
+    }
+    spent = dict.fromkeys(runs, 0.0)
+    for k in range(calls + 1):  # sample 0 of each warms up
+        for name, fn in runs.items():
+            started = time.perf_counter()
+            assert fn(), name
             if k:
                 spent[name] += time.perf_counter() - started
-    sandbox.per_call_bound = per_call_bound
+    per_test = {k: 1000 * v / (calls * len(TESTS)) for k, v in spent.items()}
     return {
-        "bound": host.kind,
-        **{f"assert_test_ms_{k}": round(1000 * v / calls, 1) for k, v in spent.items()},
-        "new_over_old": round(spent["new"] / spent["old"], 3),
-        "new_over_old_harness": round(spent["new"] / spent["old_harness"], 3),
+        **{f"test_ms_{k}": round(v, 1) for k, v in per_test.items()},
+        "python_over_one_process": round(per_test["python"] / per_test["one_process"], 3),
     }
 
 
@@ -98,7 +91,7 @@ def main() -> None:
     parser.add_argument("--model", default="models/tiny-mixture")
     parser.add_argument("--config", default=str(ROOT / "configs" / "mixture.yaml"))
     parser.add_argument("--batches", type=int, default=6, help="measured batches (after one)")
-    parser.add_argument("--calls", type=int, default=30, help="Python tests per harness")
+    parser.add_argument("--calls", type=int, default=30, help="samples of each kind of test")
     args = parser.parse_args()
     cfg = load_config(args.config, [f"model.path={args.model}"])
     torch.set_num_threads(cfg.run.torch_threads)

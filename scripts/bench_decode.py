@@ -1,5 +1,5 @@
 """Benchmark: the learner's decode of one step's trajectory entries, with and without the
-decoder's fast paths (broker/schema.py `_decode_sample`, broker/wire.py `array_from`).
+decoder's fast paths (broker/wire/schema.py `_decode_sample`, broker/wire/wire.py `array_from`).
 
 The entries are what generators write for the demo (configs/demo.yaml: 32 groups of 8 samples
 of up to 4 tokens) and for long answers (8 groups of 8 samples of 512 tokens), encoded by
@@ -27,9 +27,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from rollflash.broker import schema, wire  # noqa: E402
-from rollflash.broker.schema import Sample, Trajectory, decode_trajectory  # noqa: E402
-from rollflash.broker.wire import WireLimits  # noqa: E402
+from rollflash.broker.wire import schema, wire  # noqa: E402
+from rollflash.broker.wire.schema import Sample, Trajectory, decode_trajectory  # noqa: E402
+from rollflash.broker.wire.wire import WireLimits  # noqa: E402
 
 WORKLOADS = {"demo": (32, 8, 4), "long": (8, 8, 512)}  # groups, samples per group, tokens
 LIMITS = WireLimits(max_bytes=1 << 24, vocab_size=32_000, max_samples=8)

@@ -104,7 +104,7 @@ def paired_throughput(
 def reload_time(engine, versions: tuple[Path, list[tuple[int, str]]]) -> float:
     """Median seconds of a generator's reload (generators/fetch.py: the streamed, verified read
     of the store, then the engine's swap), the first excluded as warm-up."""
-    from rollflash.broker.weights import WeightStore
+    from rollflash.broker.weights.weights import WeightStore
     from rollflash.generators.fetch import Announced, SharedStoreSource
 
     run_dir, announced = versions
@@ -129,7 +129,7 @@ def publish_versions(
     their digests, and the parameter count."""
     from transformers import AutoModelForCausalLM
 
-    from rollflash.broker.weights import WeightStore
+    from rollflash.broker.weights.weights import WeightStore
 
     store = WeightStore(run_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir)

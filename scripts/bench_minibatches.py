@@ -31,7 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from rollflash.broker.config import load_config  # noqa: E402
+from rollflash.broker.config.config import load_config  # noqa: E402
 
 
 def one_run(m: int, seed: int, sets: list[str], root: Path, lr: float | None) -> dict:
@@ -68,10 +68,10 @@ def train_step_seconds(ms: list[int], rounds: int = 10) -> dict[int, float]:
     sys.path.insert(0, str(ROOT / "scripts"))
     from bench_pipeline import HFEngine, record_step
 
-    from rollflash.learner.build import load_policy
-    from rollflash.learner.device import adamw
-    from rollflash.learner.prepare import AlgoModels
-    from rollflash.learner.train import train_step
+    from rollflash.learner.models.policy import load_policy
+    from rollflash.learner.process.device import adamw
+    from rollflash.learner.step.prepare import AlgoModels
+    from rollflash.learner.step.train import train_step
 
     torch.set_num_threads(1)
     cfg = load_config(ROOT / "configs" / "demo.yaml", ["run.torch_threads=1"])

@@ -10,7 +10,7 @@ of `--repeats` after a warm-up:
 - `packed_<B>`: smaller budgets (`--budgets`);
 - `dense_<B>` (`--dense-budgets`): packing as transformers runs it by itself on an SDPA model
   (position ids only: it builds a dense block-diagonal [T, T] mask, and SDPA computes all T^2
-  scores of the row), instead of learner/packing.py's one causal SDPA call per sequence.
+  scores of the row), instead of learner/step/packing.py's one causal SDPA call per sequence.
 Every mode does the same work: the same real tokens, and the same policy loss (`loss_policy`,
 its largest difference from padding is printed). Throughput is real (non-padding) tokens per
 second of the process's CPU time (forward + backward + optimiser step), which another job on a
@@ -36,12 +36,12 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from rollflash.broker.config import config_from_dict  # noqa: E402
-from rollflash.broker.schema import Sample, Trajectory  # noqa: E402
-from rollflash.learner import packing  # noqa: E402
-from rollflash.learner.batch import pad_groups  # noqa: E402
-from rollflash.learner.prepare import AlgoModels  # noqa: E402
-from rollflash.learner.train import train_step  # noqa: E402
+from rollflash.broker.config.config import config_from_dict  # noqa: E402
+from rollflash.broker.wire.schema import Sample, Trajectory  # noqa: E402
+from rollflash.learner.step import packing  # noqa: E402
+from rollflash.learner.step.batch import pad_groups  # noqa: E402
+from rollflash.learner.step.prepare import AlgoModels  # noqa: E402
+from rollflash.learner.step.train import train_step  # noqa: E402
 
 
 def mixed_groups(

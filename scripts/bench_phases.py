@@ -26,26 +26,30 @@ from typing import Any
 
 import numpy as np
 
-from rollflash.broker.connection import connect
-from rollflash.broker.generator_side import GeneratorBroker
-from rollflash.broker.schema import Trajectory
+from rollflash.broker.connect.connection import connect
+from rollflash.broker.sides.generator_side import GeneratorBroker
+from rollflash.broker.wire.schema import Trajectory
 
 # (phase name, module or class path, attribute): each is timed around every call
 PHASES = [
-    ("collect", "rollflash.learner.collect:Collector", "collect"),
-    ("collect.issue_prompts", "rollflash.learner.admission:Admission", "top_up"),
-    ("collect.redis_read", "rollflash.broker.learner_side:LearnerBroker", "read_trajectories"),
-    ("collect.decode", "rollflash.broker.streams", "decode_trajectory"),
+    ("collect", "rollflash.learner.intake.collect:Collector", "collect"),
+    ("collect.issue_prompts", "rollflash.learner.intake.admission:Admission", "top_up"),
+    (
+        "collect.redis_read",
+        "rollflash.broker.sides.learner_side:LearnerBroker",
+        "read_trajectories",
+    ),
+    ("collect.decode", "rollflash.broker.channels.trajectories", "decode_trajectory"),
     ("train", "rollflash.learner.loop", "train"),
-    ("train.batch_building", "rollflash.learner.train", "prepare_batch"),
-    ("train.forward_backward", "rollflash.learner.train", "policy_update"),
-    ("train.metric_syncs", "rollflash.learner.train:_MetricMeans", "add"),
+    ("train.batch_building", "rollflash.learner.step.train", "prepare_batch"),
+    ("train.forward_backward", "rollflash.learner.step.train", "policy_update"),
+    ("train.metric_syncs", "rollflash.learner.metrics.metric_sums:MetricSums", "to_host"),
     ("publish", "rollflash.learner.loop", "publish"),
     ("record", "rollflash.learner.loop", "record"),
     ("checkpoint", "rollflash.learner.loop", "make_durable"),
     ("metrics", "rollflash.learner.loop", "merged_metrics"),
     ("report", "rollflash.learner.loop", "_report"),
-    ("ack", "rollflash.broker.learner_side:LearnerBroker", "ack_trajectories"),
+    ("ack", "rollflash.broker.sides.learner_side:LearnerBroker", "ack_trajectories"),
 ]
 
 
@@ -83,15 +87,19 @@ def timed(totals: dict[str, float]) -> Iterator[None]:
 
 class Replayer:
     """Answers the learner's prompts with the recorded groups, as a generator at the learner's
-    current version would (the groups' samples cycle; their rewards come with them)."""
+    current version would (the groups' samples cycle; their rewards come with them). Each answer
+    carries the prompt tokens the learner issued (its prompt encoder, as a generator's engine
+    encodes them), which the learner checks; the recorded samples answer other prompts, which
+    costs the timing nothing."""
 
     def __init__(self, cfg, groups: list[Trajectory], learner):
         self.groups, self.next = groups, 0
+        self.encode = learner.collector.admission.prompt_ids  # None: prompts are not checked
         self.broker = GeneratorBroker(
             connect(cfg.redis.url, 10), cfg.run.run_id, "replay", cfg.redis.max_payload_bytes
         )
         self.broker.ask_to_join({"state": "up"}, ttl_s=3600)
-        learner.broker.maintain_now()  # the learner admits it (broker/roster.py)
+        learner.broker.maintain_now()  # the learner admits it (broker/channels/roster.py)
         self.broker.wait_admitted(10)
 
     def answer_all(self, version: int) -> None:
@@ -105,7 +113,8 @@ class Replayer:
                     )
                     for s in g.samples
                 ]
-                traj = Trajectory.for_work(work, samples, g.prompt_ids, "replay", version)
+                prompt = g.prompt_ids if self.encode is None else self.encode(work.item["prompt"])
+                traj = Trajectory.for_work(work, samples, prompt, "replay", version)
                 self.broker.add_trajectory(traj, prompt_entry_id=entry_id)
 
 

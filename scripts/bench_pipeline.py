@@ -4,7 +4,7 @@ On the demo model and task (configs/demo.yaml, models/tiny) it measures in one r
   (a) the bare learner loop on a recorded batch: forward, log-prob gather, backward, AdamW step
       on the same micro-batches `train_step` builds (prepared once, outside the timing), with
       the learner's own optimiser (fused AdamW);
-  (b) the project's `train_step` (learner/train.py) on the same batch;
+  (b) the project's `train_step` (learner/step/train.py) on the same batch;
   (c) bare generation of one step's B x n samples with the HF engine, in pulls of
       `rollout.prompts_per_pull` prompts as a generator makes them;
   (d) the whole `rollctl run` (embedded Redis, learner, generators) at async ratio 0 and 1, in
@@ -47,23 +47,24 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from rollflash.broker.config import Config, load_config  # noqa: E402
-from rollflash.broker.redis_server import EmbeddedRedis  # noqa: E402
-from rollflash.broker.schema import (  # noqa: E402
+from rollflash.broker.config.config import Config, load_config  # noqa: E402
+from rollflash.broker.connect.redis_server import EmbeddedRedis  # noqa: E402
+from rollflash.broker.wire.schema import (  # noqa: E402
     PromptWork,
     Trajectory,
     decode_trajectory,
     encode_trajectory,
 )
-from rollflash.broker.wire import WireLimits  # noqa: E402
+from rollflash.broker.wire.wire import WireLimits  # noqa: E402
 from rollflash.envs import task_from_config  # noqa: E402
 from rollflash.generators.hf_engine import HFEngine  # noqa: E402
 from rollflash.generators.rollout import to_trajectory  # noqa: E402
 from rollflash.generators.sampling import SamplingParams  # noqa: E402
-from rollflash.learner.device import adamw  # noqa: E402
-from rollflash.learner.policy import load_policy  # noqa: E402
-from rollflash.learner.prepare import AlgoModels, prepare_batch  # noqa: E402
-from rollflash.learner.train import train_step  # noqa: E402
+from rollflash.learner.models.policy import load_policy  # noqa: E402
+from rollflash.learner.process.device import adamw  # noqa: E402
+from rollflash.learner.step.prepare import AlgoModels, prepare_batch  # noqa: E402
+from rollflash.learner.step.step_spec import StepSpec  # noqa: E402
+from rollflash.learner.step.train import train_step  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "scripts"))
 from bench_phases import learner_phases  # noqa: E402
@@ -121,9 +122,9 @@ def learner_loops(cfg: Config, groups: list[Trajectory], repeats: int) -> dict[s
     alternating."""
     base, _ = load_policy(cfg)
     models = {"a": base, "b": copy.deepcopy(base)}
-    t = cfg.trainer  # both with the learner's own optimiser (learner/device.py `adamw`)
+    t = cfg.trainer  # both with the learner's own optimiser (learner/process/device.py `adamw`)
     optims = {k: adamw(m.parameters(), t.actor_lr, t.weight_decay) for k, m in models.items()}
-    micro = prepare_batch(groups, cfg, AlgoModels()).micro_batches
+    micro = prepare_batch(groups, StepSpec.of(cfg), AlgoModels()).micro_batches
     times = collections.defaultdict(list)
     for i in range(repeats + 1):
         for key in ("a", "b"):

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from rollflash.broker.weights import MODEL_FILE, WeightStore
+from rollflash.broker.weights.weights import MODEL_FILE, WeightStore
 
 
 def state_dict(gb: float) -> dict[str, torch.Tensor]:

@@ -3,7 +3,7 @@
 A randomly initialised Qwen2 (`--hidden`, `--layers`, `--vocab`: speed and size only) is wrapped
 with LoRA adapters (`--rank`, every linear layer but the head), their B matrices set to random
 values. Each repetition publishes the policy twice through the learner's own path
-(`learner/lora.py` `published_weights` + `WeightStore.publish`): as a full version (the merged
+(`learner/models/lora.py` `published_weights` + `WeightStore.publish`): as a full version (the merged
 weights, what `trainer.publish: full` writes) and as an adapter version; then a generator's
 `WeightFollower` reloads each into an HF engine (the streamed, verified read, then `swap_weights`,
 or a verified private copy and `load_adapter`). Times are medians of `--repeats`; bytes are what
@@ -32,12 +32,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from rollflash.broker.config import config_from_dict  # noqa: E402
-from rollflash.broker.weights import WeightStore  # noqa: E402
+from rollflash.broker.config.config import config_from_dict  # noqa: E402
+from rollflash.broker.weights.weights import WeightStore  # noqa: E402
 from rollflash.generators.fetch import SharedStoreSource  # noqa: E402
 from rollflash.generators.hf_engine import HFEngine  # noqa: E402
 from rollflash.generators.reload import WeightFollower  # noqa: E402
-from rollflash.learner.lora import (  # noqa: E402
+from rollflash.learner.models.lora import (  # noqa: E402
     published_weights,
     trainable_parameters,
     with_adapters,

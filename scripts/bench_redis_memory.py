@@ -22,7 +22,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "faults")]
 
 from harness import start, stop_all, streams, write_config  # noqa: E402
 
-from rollflash.broker.redis_server import EmbeddedRedis  # noqa: E402
+from rollflash.broker.connect.redis_server import EmbeddedRedis  # noqa: E402
 
 
 def one_entry(tmp: Path, tokens: int) -> dict[bytes, bytes]:

@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from rollflash.envs import sandbox  # noqa: E402
+from rollflash.envs import _exchange  # noqa: E402
 from rollflash.envs._cgroup import CallBound, per_call_bound  # noqa: E402
 from rollflash.envs.sandbox import Sandbox  # noqa: E402
 
@@ -41,7 +41,7 @@ def main() -> None:
 
     def sandboxed(cgroup: bool) -> None:
         # what per_call_bound() answers on this host, and with ROLLFLASH_SANDBOX_CGROUP=off
-        sandbox.per_call_bound = (lambda: host) if cgroup else (lambda: without)
+        _exchange.per_call_bound = (lambda: host) if cgroup else (lambda: without)
         assert box.run(CODE).output == "332833500\n"
 
     def bare() -> None:

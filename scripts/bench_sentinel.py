@@ -1,5 +1,5 @@
 """What waiting for a replica costs: the same writes through a plain client and through the
-Sentinel client (broker/sentinel.py: WAIT 1 after each write), on one master with one replica
+Sentinel client (broker/connect/sentinel.py: WAIT 1 after each write), on one master with one replica
 and three Sentinels on loopback, measured in the same run.
 
 Writes: a generator's trajectory (XADD of a `payload_bytes` entry) and a small hash write (HSET,
@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from rollflash.broker.sentinel import master_client  # noqa: E402
+from rollflash.broker.connect.sentinel import master_client  # noqa: E402
 from tests.helpers.sentinel_cluster import SERVICE, SentinelCluster  # noqa: E402
 
 

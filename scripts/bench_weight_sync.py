@@ -17,7 +17,13 @@ The pause: one more process runs the hf engine on the same model (CPU), loads th
 its `WeightFollower` (median of `--repeats`), then times a bare `model.load_state_dict` of the same
 tensors already in memory (median of `--repeats`): `pause_vs_load_state_dict`.
 
+Deltas (`--deltas qwen05b,demo`; scripts/delta_bench.py): consecutive versions of real training
+runs published both as deltas and whole, in the same run: a version's delta bytes over its full
+bytes, the share of elements changed, the publishing time each way, and the hf engine's pause
+(and fetch) to load a version each way.
+
     python scripts/bench_weight_sync.py [--generators 1,2,4] [--layers 20] [--repeats 3]
+        [--deltas qwen05b,demo] [--delta-steps 6] [--demo-steps 12]
 
 Prints one JSON line (docs/BENCHMARKS.md, "Weight sync").
 """
@@ -52,16 +58,16 @@ def kib(field: str) -> int:
 def child(config: str, generator_id: str, version: int) -> None:
     """One generator's reload path: follow the `weights` hash until `version` is loaded, report,
     then keep relaying until the parent closes stdin."""
-    from rollflash.broker.config import load_config
-    from rollflash.broker.connection import connect
-    from rollflash.broker.generator_side import GeneratorBroker
-    from rollflash.generators.fetch import version_source
-    from rollflash.generators.reload import WeightFollower
+    from rollflash.broker.config.config import load_config
+    from rollflash.broker.connect.connection import connect
+    from rollflash.broker.sides.generator_side import GeneratorBroker
+    from rollflash.generators.reload import WeightFollower, version_source
     from rollflash.generators.sim_engine import SimEngine
 
     cfg = load_config(config)
     broker = GeneratorBroker(connect(cfg.redis.url, 10), cfg.run.run_id, generator_id, 1_000_000)
-    follower = WeightFollower(broker, version_source(cfg, generator_id), SimEngine(cfg.sim, 0))
+    source = version_source(cfg, generator_id, broker)
+    follower = WeightFollower(broker, source, SimEngine(cfg.sim, 0))
     time.sleep(1.0)  # the follower has read the hash and subscribed to the announcements
     print(json.dumps({"ready": True, "rss_kib": kib("VmRSS:")}), flush=True)
     while follower.loaded_version < version:
@@ -86,8 +92,8 @@ def pause_child(model_dir: str, run_dir: str, sha: str, repeats: int) -> None:
     """The hf engine's swap against a bare load_state_dict of the same tensors, one process."""
     import torch
 
-    from rollflash.broker.weight_stream import verified_tensors
-    from rollflash.broker.weights import WeightStore
+    from rollflash.broker.weights.weight_chain import verified_tensors
+    from rollflash.broker.weights.weights import WeightStore
     from rollflash.generators.fetch import SharedStoreSource
     from rollflash.generators.hf_engine import HFEngine
     from rollflash.generators.reload import WeightFollower
@@ -141,10 +147,12 @@ def bound(transport: str, src: Path, url: str, dests: list[Path]) -> float:
 
 
 def sync_run(ctx: dict, transport: str, n: int) -> dict:
-    """Announce v1 to `n` fresh generators; their times, pauses, RSS, and the learner's egress."""
-    from rollflash.broker.config import load_config
-    from rollflash.broker.connection import connect
-    from rollflash.broker.learner_side import LearnerBroker
+    """Announce a version to `n` fresh generators of a run of their own (its lease taken, its
+    learner's server started); their times, pauses, RSS, and the learner's egress."""
+    from rollflash.broker.config.config import load_config
+    from rollflash.broker.connect.connection import connect
+    from rollflash.broker.sides.learner_side import LearnerBroker
+    from rollflash.learner.durability.publish_process import serve_store
 
     tmp, run_id = ctx["tmp"], f"sync-{transport}-{n}"
     version = ctx["next"] = ctx["next"] + 1  # a version of its own: a fresh plan of relays
@@ -162,11 +170,22 @@ def sync_run(ctx: dict, transport: str, n: int) -> dict:
     config = tmp / f"{run_id}.yaml"
     cfg.save(config)
     broker = LearnerBroker(connect(ctx["redis_url"], 10), run_id, 1_000_000)
-    zmq, server = ctx["zmq"], ctx["server"]
-    broker.announce_weights(0, "", "", zmq.endpoint, server.url)  # v0: where to listen
+    broker.take_lease()  # every write the learner makes is fenced by it (broker/channels/lease.py)
+    server, zmq = serve_store(cfg, ctx["store"], broker), ctx["zmq"]
+    try:
+        broker.announce_weights(0, "", "", zmq.endpoint, server.url)  # v0: where to listen
+        run = {"config": config, "broker": broker, "server": server, "local": tmp / run_id}
+        return _sync(ctx, run, transport, n, version, info)
+    finally:
+        server.close()
+        broker.release()
+
+
+def _sync(ctx: dict, run: dict, transport: str, n: int, version: int, info) -> dict:
+    broker, server, zmq = run["broker"], run["server"], ctx["zmq"]
     gens = [
         subprocess.Popen(
-            [sys.executable, __file__, "--child", str(config), f"g{i}", str(version)],
+            [sys.executable, __file__, "--child", str(run["config"]), f"g{i}", str(version)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -183,7 +202,7 @@ def sync_run(ctx: dict, transport: str, n: int) -> dict:
         g.stdin.close()
         g.wait(timeout=120)
     model = Path(info.path, "model.safetensors")
-    dests = [tmp / run_id / f"bound-{i}" for i in range(n)]
+    dests = [run["local"] / f"bound-{i}" for i in range(n)]
     base = bound(transport, model, f"{server.url}/v/{version}/model.safetensors", dests)
     all_loaded = max(d["loaded_at"] for d in done) - announced
     return {
@@ -211,23 +230,20 @@ def same_bytes(store, info, version: int):
 
 
 def setup(tmp: Path, layers: int) -> dict:
-    """The model, its version in the learner's store, Redis, the learner's server and zmq."""
+    """The model, its version in the learner's store, Redis and zmq."""
     import torch
     from bench_publish_lora import build_model
     from transformers import AutoModelForCausalLM
 
-    from rollflash.broker.config import load_config
-    from rollflash.broker.notify import VersionPublisher
-    from rollflash.broker.redis_server import EmbeddedRedis
-    from rollflash.broker.weights import WeightStore
-    from rollflash.learner.publish_process import serve_store
+    from rollflash.broker.connect.redis_server import EmbeddedRedis
+    from rollflash.broker.weights.notify import VersionPublisher
+    from rollflash.broker.weights.weights import WeightStore
 
     build_model(tmp / "model", 1024, layers, 32000)
     store = WeightStore(tmp / "learner")
     with torch.no_grad():
         info = store.publish(AutoModelForCausalLM.from_pretrained(tmp / "model").state_dict(), 1, 1)
     redis = EmbeddedRedis(tmp / "redis").start()
-    http = load_config(None, ["weights.transport=http", f"run.run_dir={tmp / 'learner'}"])
     return {
         "tmp": tmp,
         "store": store,
@@ -235,13 +251,41 @@ def setup(tmp: Path, layers: int) -> dict:
         "next": 1,
         "redis": redis,
         "redis_url": redis.url,
-        "server": serve_store(http, store),
         "zmq": VersionPublisher(),
     }
 
 
 def measure(args: argparse.Namespace, tmp: Path) -> dict:
     os.environ["ROLLFLASH_WEIGHTS_TOKEN"] = TOKEN
+    out = sync(args, tmp) if args.generators else {"bench": "weight_sync"}
+    return out | deltas(args, tmp)
+
+
+def deltas(args: argparse.Namespace, tmp: Path) -> dict:
+    """The delta figures (scripts/delta_bench.py), each case in its own directory."""
+    import delta_bench as d
+
+    out: dict = {}
+    cases = [c for c in args.deltas.split(",") if c]
+    if "qwen05b" in cases:
+        model = tmp / "qwen05b-model"
+        d.qwen05b(model)
+        versions = d.trained_versions(model, args.delta_steps, lr=1e-6)
+        out |= d.measure("qwen05b", model, versions, tmp / "qwen05b", "bfloat16")
+        shutil.rmtree(tmp / "qwen05b", ignore_errors=True)
+    if "demo" in cases:
+        import torch
+
+        run = d.demo_run(tmp, args.demo_steps, Path(args.demo_model).resolve())
+        for case, dtype in (("demo", torch.float32), ("demo_bf16", torch.bfloat16)):
+            name = str(dtype).removeprefix("torch.")
+            out |= d.measure(
+                case, Path(args.demo_model), d.run_versions(run, dtype), tmp / case, name
+            )
+    return out
+
+
+def sync(args: argparse.Namespace, tmp: Path) -> dict:
     ctx = setup(tmp, args.layers)
     size = Path(ctx["info"].path, "model.safetensors").stat().st_size
     out: dict = {
@@ -267,7 +311,6 @@ def measure(args: argparse.Namespace, tmp: Path) -> dict:
             "hf_peak_rss_gib": round(p["peak_rss_kib"] / 2**20, 2),
         }
     finally:
-        ctx["server"].close()
         ctx["zmq"].close()
         ctx["redis"].stop()
     return out
@@ -278,11 +321,19 @@ def main() -> None:
         return child(sys.argv[2], sys.argv[3], int(sys.argv[4]))
     if sys.argv[1:2] == ["--pause"]:
         return pause_child(sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]))
+    if sys.argv[1:2] == ["--delta-pause"]:
+        from delta_bench import pause_child as delta_pause
+
+        return delta_pause(sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]))
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--generators", default="1,2,4")
+    parser.add_argument("--generators", default="1,2,4", help="empty: no full-version sync")
     parser.add_argument("--transports", default="shared_fs,http")
     parser.add_argument("--layers", type=int, default=20, help="20: about 1 GiB in float32")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--deltas", default="qwen05b,demo", help="cases of scripts/delta_bench.py")
+    parser.add_argument("--delta-steps", type=int, default=6, help="AdamW steps of the 0.5B")
+    parser.add_argument("--demo-steps", type=int, default=12)
+    parser.add_argument("--demo-model", default="models/tiny", help="make demo builds it")
     parser.add_argument("--workdir", default=None, help="where the temp dir goes (a real disk)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-weight-sync-", dir=args.workdir) as tmp:

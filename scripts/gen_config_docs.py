@@ -1,7 +1,8 @@
-"""Write docs/config.md from the config's pydantic models (broker/config_reference.py).
+"""Write docs/config.md from the config's pydantic models (broker/config/config_reference.py), and the
+recipe and rule tables of docs/algorithms.md from broker/config/config_recipes.py and config_rules.py.
 
-python scripts/gen_config_docs.py           # rewrite docs/config.md
-python scripts/gen_config_docs.py --check   # exit 1 if docs/config.md is stale
+python scripts/gen_config_docs.py           # rewrite them
+python scripts/gen_config_docs.py --check   # exit 1 if one is stale
 """
 
 from __future__ import annotations
@@ -10,23 +11,31 @@ import argparse
 import sys
 from pathlib import Path
 
-from rollflash.broker.config_reference import markdown
+from rollflash.broker.config.config_reference import markdown
+from rollflash.broker.config.config_rules import with_algorithms_block
 
-DOC = Path(__file__).resolve().parents[1] / "docs" / "config.md"
+DOCS = Path(__file__).resolve().parents[1] / "docs"
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="fail if the file is stale")
+    parser.add_argument("--check", action="store_true", help="fail if a file is stale")
     args = parser.parse_args()
-    text = markdown()
+    algorithms = DOCS / "algorithms.md"
+    wanted = {
+        DOCS / "config.md": markdown(),
+        algorithms: with_algorithms_block(algorithms.read_text()),
+    }
+    stale = [
+        path for path, text in wanted.items() if not path.is_file() or path.read_text() != text
+    ]
     if args.check:
-        if not DOC.is_file() or DOC.read_text() != text:
-            print(f"{DOC} is stale: run python scripts/gen_config_docs.py", file=sys.stderr)
-            return 1
-        return 0
-    DOC.write_text(text)
-    print(f"wrote {DOC}")
+        for path in stale:
+            print(f"{path} is stale: run python scripts/gen_config_docs.py", file=sys.stderr)
+        return 1 if stale else 0
+    for path in stale:
+        path.write_text(wanted[path])
+        print(f"wrote {path}")
     return 0
 
 

@@ -14,7 +14,7 @@ for the sequence lengths):
   and `mfu`: 6 x non-embedding parameters + 12 x layers x hidden x sequence FLOPs per token
   (PaLM, Chowdhery et al. 2022, appendix B), over the GPU's dense bf16 peak (PEAK_TFLOPS; null
   for a GPU not listed);
-- learner/memory.py's estimate of the same step (`estimate_gib`), to compare with the peak;
+- learner/models/memory.py's estimate of the same step (`estimate_gib`), to compare with the peak;
 and the seconds to publish a version at 0.5B (full_state_dict in bf16 + WeightStore.publish:
 cast, one copy to the host, write and hash) and to read it back verified into the model.
 """
@@ -35,13 +35,13 @@ from checkout import use_checkout  # noqa: E402
 
 use_checkout()
 
-from rollflash.broker.config import config_from_dict  # noqa: E402
-from rollflash.broker.weights import WeightStore  # noqa: E402
-from rollflash.learner.device import adamw, cuda_defaults, set_alloc_conf  # noqa: E402
-from rollflash.learner.dist import Dist, full_state_dict  # noqa: E402
-from rollflash.learner.memory import estimate  # noqa: E402
-from rollflash.learner.prepare import AlgoModels  # noqa: E402
-from rollflash.learner.train import train_step  # noqa: E402
+from rollflash.broker.config.config import config_from_dict  # noqa: E402
+from rollflash.broker.weights.weights import WeightStore  # noqa: E402
+from rollflash.learner.models.memory import estimate  # noqa: E402
+from rollflash.learner.process.device import adamw, cuda_defaults, set_alloc_conf  # noqa: E402
+from rollflash.learner.process.dist import Dist, full_state_dict  # noqa: E402
+from rollflash.learner.step.prepare import AlgoModels  # noqa: E402
+from rollflash.learner.step.train import train_step  # noqa: E402
 
 QWEN25_05B = dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
                   num_attention_heads=14, num_key_value_heads=2, vocab_size=151936)  # fmt: skip
@@ -63,7 +63,7 @@ def peak_flops(device: torch.device) -> float | None:
 def groups(vocab: int, prompt: int, response: int):
     import numpy as np
 
-    from rollflash.broker.schema import Sample, Trajectory
+    from rollflash.broker.wire.schema import Sample, Trajectory
 
     rng = np.random.default_rng(0)
     out = []
@@ -142,7 +142,7 @@ def publish_figures(model, work: Path) -> dict:
     """Seconds to publish a version of `model` in bf16, and to read it back verified (on the
     host) into the model on its device (the hf engine's own reload, straight onto its device,
     is the generate part's)."""
-    from rollflash.broker.weight_stream import verified_tensors
+    from rollflash.broker.weights.weight_chain import verified_tensors
 
     store = WeightStore(work / "store")
     device = next(model.parameters()).device
@@ -171,7 +171,7 @@ def main() -> None:
         p.error("--device cuda: torch sees no GPU; use --device cpu --tiny")
     from transformers import AutoModelForCausalLM, Qwen2Config
 
-    set_alloc_conf("expandable_segments:True")  # the learner's default (learner/device.py)
+    set_alloc_conf("expandable_segments:True")  # the learner's default (learner/process/device.py)
     device = torch.device(args.device)
     cuda_defaults(device, tf32=True)
     shape = TINY if args.tiny else QWEN25_05B

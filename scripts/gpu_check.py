@@ -24,7 +24,8 @@ killed and reported, and the next ones run):
   Qwen2.5-0.5B's shapes, with and without gradient checkpointing and packed, and publish /
   reload seconds at 0.5B;
 - generate (scripts/gpu_smoke_generate.py): the hf engine's tokens/s at batch 1 / 16 / 64,
-  reload seconds and its log-probs against the learner's.
+  reload seconds (a full version, and the next one as a delta applied to the held file, which
+  must leave the engine holding it bit for bit) and its log-probs against the learner's.
 The last line is the summary: `ok` when every part passed its own checks.
 """
 
@@ -96,12 +97,14 @@ PARTS: dict[str, tuple[float, list[str], list[str]]] = {
 }
 # every module the parts import (the env part imports them all: the check's import closure)
 MODULES = (
-    "rollflash.broker.config", "rollflash.broker.schema", "rollflash.broker.weights",
-    "rollflash.broker.weight_stream", "rollflash.generators.fetch",
-    "rollflash.learner.checkpoint_io", "rollflash.learner.device", "rollflash.learner.dist",
-    "rollflash.learner.logprobs", "rollflash.learner.memory", "rollflash.learner.policy",
-    "rollflash.learner.prepare", "rollflash.learner.train", "rollflash.generators.hf_engine",
-    "rollflash.generators.sampling", "make_tiny_model",
+    "rollflash.broker.config.config", "rollflash.broker.wire.schema",
+    "rollflash.broker.weights.weights", "rollflash.broker.weights.weight_stream",
+    "rollflash.generators.fetch", "rollflash.broker.weights.delta_write",
+    "rollflash.learner.durability.checkpoint_io", "rollflash.learner.process.device",
+    "rollflash.learner.process.dist", "rollflash.learner.step.logprobs",
+    "rollflash.learner.models.memory", "rollflash.learner.models.policy",
+    "rollflash.learner.step.prepare", "rollflash.learner.step.train",
+    "rollflash.generators.hf_engine", "rollflash.generators.sampling", "make_tiny_model",
 )  # fmt: skip
 
 

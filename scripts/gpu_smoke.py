@@ -7,7 +7,7 @@ scripts/gpu_check.py runs it). Prints one JSON line (rank 0).
     ... --stall 10    # 2 ranks: rank 1 stops itself, rank 0 must end within 10 s (plus a margin)
 
 Rank 0 saves a tiny random Qwen2 with a tied embedding and a tokenizer; every case builds it
-through learner/policy.py `load_policy` (with several ranks: on the meta device, broadcast from
+through learner/models/policy.py `load_policy` (with several ranks: on the meta device, broadcast from
 rank 0, wrapped for the strategy, the tie checked) and trains two steps of 4 groups, each 2 PPO
 mini-batches x 2 epochs, in `model.dtype: bfloat16` (float32 masters), checking that
 - parameters and gradients are float32 on the device (`masters_fp32`), the loss is finite, every
@@ -47,12 +47,13 @@ from checkout import use_checkout  # noqa: E402
 
 use_checkout()
 
-from rollflash.broker.config import config_from_dict  # noqa: E402
-from rollflash.broker.schema import Sample, Trajectory  # noqa: E402
-from rollflash.broker.weights import WeightStore  # noqa: E402
-from rollflash.learner.checkpoint_io import Trainables, load_dcp, save_dcp  # noqa: E402
-from rollflash.learner.device import adamw, process_group_backend  # noqa: E402
-from rollflash.learner.dist import (  # noqa: E402
+from rollflash.broker.config.config import config_from_dict  # noqa: E402
+from rollflash.broker.weights.weights import WeightStore  # noqa: E402
+from rollflash.broker.wire.schema import Sample, Trajectory  # noqa: E402
+from rollflash.learner.durability.checkpoint_io import Trainables, load_dcp, save_dcp  # noqa: E402
+from rollflash.learner.models.policy import load_policy  # noqa: E402
+from rollflash.learner.process.device import adamw, process_group_backend  # noqa: E402
+from rollflash.learner.process.dist import (  # noqa: E402
     CollectiveTimeout,
     Dist,
     compute_context,
@@ -60,10 +61,9 @@ from rollflash.learner.dist import (  # noqa: E402
     shard,
     split_quotas,
 )
-from rollflash.learner.logprobs import token_logprobs  # noqa: E402
-from rollflash.learner.policy import load_policy  # noqa: E402
-from rollflash.learner.prepare import AlgoModels  # noqa: E402
-from rollflash.learner.train import train_step  # noqa: E402
+from rollflash.learner.step.logprobs import token_logprobs  # noqa: E402
+from rollflash.learner.step.prepare import AlgoModels  # noqa: E402
+from rollflash.learner.step.train import train_step  # noqa: E402
 
 LOGP_TOL = 0.1  # bf16 compute vs float32 on CPU, per token log-prob (8 mantissa bits)
 PACK_TOL = 1e-4  # packed vs padded, float32 compute
@@ -167,7 +167,7 @@ def config(model_dir: Path, strategy: str, packing: bool, dtype: str, device: to
 
 def build(cfg, strategy: str, dist: Dist):
     """The policy as `rollctl start-learner` builds it (one rank in a group: wrapped here, as
-    learner/dist.py `wrap_model` wraps several) and its AdamW."""
+    learner/process/dist.py `wrap_model` wraps several) and its AdamW."""
     model, _ = load_policy(cfg, dist if dist.world_size > 1 else Dist(device=dist.device))
     if dist.world_size == 1 and strategy == "ddp":
         ids = [dist.device.index] if dist.device.type == "cuda" else None
@@ -199,7 +199,7 @@ def publish_reload(model, model_dir: Path, work: Path, dist: Dist) -> bool | Non
     """Publish in bf16, reload the verified bytes, compare greedy continuations (rank 0)."""
     from transformers import AutoModelForCausalLM
 
-    from rollflash.broker.weight_stream import verified_tensors
+    from rollflash.broker.weights.weight_chain import verified_tensors
 
     weights = full_state_dict(model, torch.bfloat16)  # collective with FSDP
     if not dist.is_main:

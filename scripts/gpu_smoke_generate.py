@@ -7,6 +7,10 @@ initialised model of Qwen2-0.5B's shape (hidden 896, 24 layers, 14 heads / 2 KV 
 - reload time: a version published to a weight store, then what a generator does (the streamed,
   verified read into tensors on the engine's device, generators/fetch.py; then the swap,
   `engine.swap_weights`);
+- delta reload: the next version, 1% of its elements changed, published as a delta
+  (broker/weights/delta_write.py) and applied by the generator to the full file of the version it holds
+  (generators/held.py) into tensors on the device: its fetch and swap seconds, the bytes it read
+  over the full version's, and whether the engine then holds that version bit for bit;
 - log-probability match: the engine's behaviour log-probabilities of its samples against the
   learner's recomputation (`learner.logprobs.token_logprobs` over the same tokens, same model and
   dtype), max and mean |difference| over response tokens.
@@ -92,7 +96,7 @@ def tokens_per_s(engine, batch: int, max_new_tokens: int) -> tuple[float, list]:
 
 def logprob_match(engine, samples: list) -> dict[str, float]:
     """Engine behaviour log-probabilities vs the learner's recomputation, over response tokens."""
-    from rollflash.learner.logprobs import token_logprobs
+    from rollflash.learner.step.logprobs import token_logprobs
 
     rows = [s.prompt_ids + s.response_ids for s in samples]
     width = max(len(r) for r in rows)
@@ -113,7 +117,7 @@ def logprob_match(engine, samples: list) -> dict[str, float]:
 
 def reload_time(engine, work: Path) -> dict[str, float]:
     """Publish the engine's weights as v1, then fetch, verify and swap them as a generator does."""
-    from rollflash.broker.weights import WeightStore
+    from rollflash.broker.weights.weights import WeightStore
     from rollflash.generators.fetch import Announced, SharedStoreSource
 
     store = WeightStore(work / "run")
@@ -128,6 +132,39 @@ def reload_time(engine, work: Path) -> dict[str, float]:
     sync(engine.device)
     done = time.perf_counter()
     return {"reload_s": done - started, "verify_s": verified - started, "swap_s": done - verified}
+
+
+def delta_reload(engine, work: Path) -> dict[str, float]:
+    """Publish the engine's weights as v1 and v1 with 1% of its elements changed as v2 (a delta);
+    stage and swap both as a generator does, holding v1's file (generators/held.py); v2's
+    fetch and swap seconds (no WeightFollower: the machine has no pyzmq)."""
+    from rollflash.broker.weights.delta_write import VersionChain
+    from rollflash.broker.weights.weights import WeightStore, unique_tensors
+    from rollflash.generators.fetch import Announced, SharedStoreSource
+    from rollflash.generators.held import HeldCopy
+
+    store, chain = WeightStore(work / "run"), VersionChain(work / "chain", 100)
+    v1 = {n: t.clone() for n, t in unique_tensors(engine.model.state_dict()).items()}
+    v2 = {n: torch.where(torch.rand(t.shape) < 0.01, t * 1.5, t) for n, t in v1.items()}
+    source = SharedStoreSource(store, work / "copies", HeldCopy(work / "held"))
+    for version, state in ((1, v1), (2, v2)):
+        info = store.publish(state, version, version, chain=chain)
+        started = time.perf_counter()
+        staged = source.fetch(Announced(version, info.sha256), engine, set())
+        sync(engine.device)
+        verified = time.perf_counter()
+        engine.swap_weights(staged.tensors, version)
+        sync(engine.device)
+        done = time.perf_counter()
+        staged.loaded()
+    served = engine.model.state_dict()
+    return {
+        "delta_fetch_s": verified - started,
+        "delta_swap_s": done - verified,
+        "delta_bytes_ratio": staged.fetched / store.manifest(1).form_size("full"),
+        "delta_kind_is_delta": float(store.manifest(2).kind == "delta"),
+        "delta_bit_exact": float(all(torch.equal(served[n].cpu(), t) for n, t in v2.items())),
+    }
 
 
 def measure(name: str, shape: dict, args: argparse.Namespace, work: Path) -> dict[str, Any]:
@@ -149,6 +186,7 @@ def measure(name: str, shape: dict, args: argparse.Namespace, work: Path) -> dic
         out["tok_s"][str(batch)] = round(rate, 1)
     out.update({k: round(v, 6) for k, v in logprob_match(engine, samples[:16]).items()})
     out.update({k: round(v, 3) for k, v in reload_time(engine, work / f"{name}-store").items()})
+    out.update({k: round(v, 4) for k, v in delta_reload(engine, work / f"{name}-delta").items()})
     del engine
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -180,6 +218,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         for name, shape in models.items():
             result["models"][name] = measure(name, shape, args, Path(tmp))
+    result["ok"] = all(m["delta_bit_exact"] == 1.0 for m in result["models"].values())
     print(json.dumps(result), flush=True)
     return result
 

@@ -59,7 +59,7 @@ from sft_cli import (  # noqa: E402
 from rollflash.envs import Item, Task, make_task
 from rollflash.envs.chat import PromptFormatter, format_task
 from rollflash.envs.verifiers import final_answer
-from rollflash.learner.schedule import warmup_decay
+from rollflash.learner.models.schedule import warmup_decay
 
 logger = logging.getLogger(__name__)
 
@@ -187,7 +187,7 @@ def sft_items(
 
 def warmup_cosine(steps: int) -> Callable[[int], float]:
     """lr multiplier: linear warmup over min(50, steps // 10) steps, then cosine from 1 to 0.1
-    (learner/schedule.py)."""
+    (learner/models/schedule.py)."""
     return warmup_decay(max(1, min(50, steps // 10)), steps, "cosine", floor=0.1)
 
 

@@ -12,7 +12,6 @@ from setup.cfg's `[mypy]` section. Prints mypy's messages and exits 1 if there a
 
 from __future__ import annotations
 
-import configparser
 import os
 import sys
 from pathlib import Path
@@ -22,30 +21,13 @@ from mypy.main import process_options
 from mypy.modulefinder import BuildSource
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGE = "rollflash"
-
-
-def package_dirs(setup_cfg: Path) -> dict[str, Path]:
-    """`rollflash.<folder>` -> its folder, as setup.cfg's `package_dir` maps them."""
-    cfg = configparser.ConfigParser()
-    cfg.read(setup_cfg)
-    dirs = {PACKAGE: ROOT / PACKAGE}
-    for line in cfg["options"]["package_dir"].strip().splitlines():
-        module, _, folder = (part.strip() for part in line.partition("="))
-        dirs[module] = ROOT / folder
-    return dirs
+sys.path.insert(0, str(ROOT))  # run as a script: scripts/import_graph.py reads the same mapping
+from scripts.import_graph import PACKAGE, modules, package_dirs  # noqa: E402
 
 
 def sources(dirs: dict[str, Path]) -> list[BuildSource]:
     """Every .py file below each mapped folder, with its installed module name."""
-    found = []
-    for package, folder in dirs.items():
-        for path in sorted(folder.rglob("*.py")):
-            parts = list(path.relative_to(folder).with_suffix("").parts)
-            if parts[-1] == "__init__":
-                parts.pop()
-            found.append(BuildSource(str(path.relative_to(ROOT)), ".".join([package, *parts])))
-    return found
+    return [BuildSource(str(path.relative_to(ROOT)), name) for name, path in modules(dirs).items()]
 
 
 def main() -> int:

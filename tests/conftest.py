@@ -26,10 +26,43 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="session")
 def redis_url():
-    from rollflash.broker.redis_server import EmbeddedRedis
+    from rollflash.broker.connect.redis_server import EmbeddedRedis
 
     with EmbeddedRedis() as server:
         yield server.url
+
+
+_FLAGGED: set[tuple[str, str]] = set()  # (roster key, generator) quarantined for its weights
+
+
+@pytest.fixture(autouse=True)
+def _honest_generators_are_never_flagged(request):
+    """Proof of serving (broker/channels/serving.py) must never flag an honest generator: after
+    every test that used the session's redis-server, each run's roster on it is read, and a
+    generator newly quarantined for its weights fails the test, unless the test is marked
+    `serves_wrong_weights` (a generator that skips updates on purpose)."""
+    if "redis_url" not in request.fixturenames:
+        yield
+        return
+    url = request.getfixturevalue("redis_url")
+    yield
+    import redis
+
+    client = redis.Redis.from_url(url, decode_responses=True)
+    try:
+        flagged = {
+            (key, gid): status
+            for key in client.scan_iter("rl:*:generators", count=1000)
+            if client.type(key) == "hash"
+            for gid, status in client.hgetall(key).items()
+            if status.startswith("quarantined weights")
+        }
+    finally:
+        client.close()
+    new = {k: v for k, v in flagged.items() if k not in _FLAGGED}
+    _FLAGGED.update(new)
+    if new and request.node.get_closest_marker("serves_wrong_weights") is None:
+        pytest.fail(f"an honest generator was quarantined for its weights: {new}")
 
 
 @pytest.fixture
@@ -41,9 +74,9 @@ def run_id() -> str:
 def learner_broker(redis_url, run_id):
     """A learner's broker holding the run's lease, with the run created and registered, and
     admitting generators (what rank 0 does)."""
-    from rollflash.broker.config import load_config
-    from rollflash.broker.connection import connect
-    from rollflash.broker.learner_side import LearnerBroker
+    from rollflash.broker.config.config import load_config
+    from rollflash.broker.connect.connection import connect
+    from rollflash.broker.sides.learner_side import LearnerBroker
 
     b = LearnerBroker(connect(redis_url, 5.0), run_id, max_payload_bytes=1_000_000)
     b.take_lease()
@@ -62,6 +95,23 @@ def generator_broker(redis_url, run_id, learner_broker):
     g = generator(redis_url, run_id)
     admit(learner_broker, g)
     return g
+
+
+@pytest.fixture
+def weights_token(monkeypatch) -> str:
+    """`weights.transport: http`'s token, where every process of a run reads it from."""
+    from tests.helpers.weight_hosts import TOKEN
+
+    monkeypatch.setenv("ROLLFLASH_WEIGHTS_TOKEN", TOKEN)
+    return TOKEN
+
+
+@pytest.fixture
+def brokers(redis_url, run_id):
+    """Generator id -> that generator's `GeneratorBroker` on the run (not admitted)."""
+    from tests.helpers.brokers import generator
+
+    return lambda generator_id: generator(redis_url, run_id, generator_id)
 
 
 def build_model(
@@ -107,7 +157,7 @@ def tiny_model_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def warm_model_dir(tmp_path_factory) -> Path:
-    """The demo's warm start: two-digit addition, SFT on a teacher that is off by one 60% of the
+    """The demo's warm start: addition of numbers 0-99, SFT on a teacher that is off by one 60% of the
     time, where RL has room to improve (the same recipe as the Makefile's demo model)."""
     return build_model(
         tmp_path_factory,

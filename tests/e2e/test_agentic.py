@@ -87,4 +87,4 @@ def test_gridworld_success_rate_improves(tmp_path, redis_url, agent_model_dir, r
     # and the staleness of a loaded machine left 0.797), so the bound is a collapse, not a rise
     assert summary["heldout_acc_after"] >= summary["heldout_acc_before"] - 0.3, summary
     # episodes are multi-turn: a response holds several actions and the observations between them
-    assert min(m["response/length_mean"] for m in metrics) > 3 * 2, metrics[0]
+    assert min(m["length/trained_mean"] for m in metrics) > 3 * 2, metrics[0]

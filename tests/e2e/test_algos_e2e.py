@@ -3,7 +3,7 @@
 greedy accuracy in a short CPU run.
 
 Real processes: `rollctl run` starts its own redis-server, a learner and two generators. The model is
-the demo's warm start (`warm_model_dir` in tests/conftest.py: two-digit addition, teacher-error
+the demo's warm start (`warm_model_dir` in tests/conftest.py: addition of numbers 0-99, teacher-error
 SFT), where RL has room to improve. Longer runs of the same configs are recorded in
 docs/algorithms.md, "Measured runs".
 """

@@ -12,7 +12,7 @@ import redis
 import yaml
 from safetensors.torch import load_file
 
-from rollflash.broker.keys import LEARNER_GROUP
+from rollflash.broker.connect.keys import LEARNER_GROUP
 from tests.helpers.held import held_at_end
 
 STEPS, B, N = 4, 4, 2
@@ -77,7 +77,7 @@ def test_two_learner_ranks_share_every_step_and_ack_what_they_trained(
     per_step = {}
     for rows in ledgers.values():
         for row in rows:
-            if row.get("event") is None:  # a step's trained row (learner/ledger.py)
+            if row.get("event") is None:  # a step's trained row (learner/durability/ledger.py)
                 per_step.setdefault(row["step"], []).extend(row["trained"])
     assert sorted(per_step) == list(range(1, STEPS + 1))
     assert all(len(ids) == B for ids in per_step.values())  # the ranks agree on the step size

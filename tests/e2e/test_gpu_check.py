@@ -84,13 +84,16 @@ def test_the_check_runs_with_the_machines_packages_and_the_carried_wheels(machin
     assert tiny["logprob_abs_diff_max"] < 1e-4  # same model and dtype: float32 noise at most
     assert set(tiny["tok_s"]) == {"1", "4"} and tiny["reload_s"] >= tiny["verify_s"] >= 0
     assert tiny["swap_s"] >= 0
+    # the next version as a delta: 1% of the elements, applied to the held file, bit for bit
+    assert tiny["delta_bit_exact"] == 1.0 and tiny["delta_kind_is_delta"] == 1.0
+    assert tiny["delta_bytes_ratio"] < 0.1
 
 
 def test_without_the_wheels_the_env_part_names_what_is_missing(machine, tmp_path):
     python, _ = machine
     env, summary = _check(python, tmp_path / "out", "env", tmp_path / "no-wheels")
     assert not env["ok"] and not summary["ok"] and env["wheels"] == []
-    assert env["import_failures"]["rollflash.broker.config"] == (
+    assert env["import_failures"]["rollflash.broker.config.config"] == (
         "ModuleNotFoundError: No module named 'pydantic'"
     )
 

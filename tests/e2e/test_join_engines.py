@@ -1,5 +1,5 @@
 """A generator with another engine joins a run configured for `hf`, and one whose config differs
-where processes must agree is refused with one line naming the key (broker/fingerprint.py):
+where processes must agree is refused with one line naming the key (broker/config/fingerprint.py):
 real learner and generator processes on a real Redis."""
 
 import subprocess

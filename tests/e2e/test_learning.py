@@ -49,7 +49,9 @@ def _train(tmp_path, redis_url, warm_model_dir, run_id, ratio) -> dict:
 def test_async_grpo_improves_and_matches_sync(tmp_path, redis_url, warm_model_dir, run_id):
     sync = _train(tmp_path, redis_url, warm_model_dir, run_id, 0)
     async_ = _train(tmp_path, redis_url, warm_model_dir, run_id, 1)
-    assert sync["max_staleness"] == 0 and async_["max_staleness"] <= 1
+    # a = 1: ceil(a) = 1, or 1 + trainer.overdue_steps (4) for a group still being generated
+    # when it turned one step old (learner/intake/ready.py)
+    assert sync["max_staleness"] == 0 and async_["max_staleness"] <= 1 + 4
     for s in (sync, async_):
         assert s["heldout_acc_after"] >= s["heldout_acc_before"] + 0.08, s
         assert s["reward_last10"] > s["reward_first10"], s

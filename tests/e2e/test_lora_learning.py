@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from rollflash.broker.weights import WeightStore
+from rollflash.broker.weights.weights import WeightStore
 
 ROOT = Path(__file__).resolve().parents[2]
 

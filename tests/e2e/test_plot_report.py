@@ -49,10 +49,11 @@ def test_plot_renders_a_report_from_a_short_run(tmp_path, tiny_model_dir, redis_
     assert [r["pick"] for r in rows[:3]] == ["best", "worst", "random"]
     assert rows[0]["reward"] >= rows[2]["reward"] >= rows[1]["reward"]
     assert all(r["prompt"] and r["staleness"] >= 0 for r in rows)
-    # greedy evaluation of the 8 held-out items before training, at steps 2 and 4 (eval.every),
-    # and after training (step 4 again): each generation with its reward and verdict
+    # greedy evaluation of the 8 held-out items before training and at steps 2 and 4
+    # (eval.every); the final version is the step-4 one, evaluated once: each generation with its
+    # reward and verdict
     evals = [json.loads(x) for x in (run_dir / "eval_generations.jsonl").read_text().splitlines()]
-    assert Counter(r["step"] for r in evals) == {0: 8, 2: 8, 4: 16}
+    assert Counter(r["step"] for r in evals) == {0: 8, 2: 8, 4: 8}
     assert all(r["eval"] == "greedy" and r["pass"] == (r["reward"] >= 1.0) for r in evals)
 
     out = _rollctl("plot", str(run_dir))
@@ -66,3 +67,6 @@ def test_plot_renders_a_report_from_a_short_run(tmp_path, tiny_model_dir, redis_
     report = render([run_dir, other], tmp_path / "compare.png")
     assert Path(report.path).stat().st_size > 10_000
     assert report.empty_panels == []  # the real learner logs something for every panel
+    # its length metrics (the stale mean only in steps that drop a group as stale)
+    drawn = set(report.legends["length"])
+    assert {f"{run_dir.name} length/{fate}_mean" for fate in ("trained", "completed")} <= drawn

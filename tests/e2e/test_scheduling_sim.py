@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import redis
 
-from rollflash.broker.weight_stream import verified_tensors
-from rollflash.broker.weights import WeightStore
+from rollflash.broker.weights.weight_chain import verified_tensors
+from rollflash.broker.weights.weights import WeightStore
 
 N = 4
 
@@ -201,9 +201,15 @@ def test_continuous_batching_at_ratio_0_is_on_policy(tmp_path, redis_url, run_id
         assert weights["weight"].tolist() == [float(v)] * 4
 
 
-def test_continuous_batching_restarts_groups_too_stale_to_be_trained(tmp_path, redis_url, run_id):
-    """Long samples, a fast learner, a = 1, interrupt: groups that started more than one version
-    before the weights a generator just loaded are started again rather than finished."""
+@pytest.mark.parametrize("overdue_steps", [0, 4])
+def test_continuous_batching_bounds_the_age_of_long_groups(
+    tmp_path, redis_url, run_id, overdue_steps
+):
+    """Long samples, a fast learner, a = 1, interrupt. With `trainer.overdue_steps: 0` a group
+    that started more than one version before the weights a generator just loaded is started
+    again rather than finished, and nothing older than one step is trained. With 4 (the
+    default), a group still being generated when it turns one step old is finished and trained,
+    counted as overdue, up to 1 + 4 steps old; only older ones are started again."""
     # versions advance every 4 short groups, while a long one (up to 1000 tokens, 2 s) spans
     # several of them; with a 400-token cap a run without any restart was seen
     entries, ledger = _run(
@@ -217,11 +223,11 @@ def test_continuous_batching_restarts_groups_too_stale_to_be_trained(tmp_path, r
         "rollout.max_new_tokens=1000",
         "sim.learner_step_s=0.05",
         "trainer.async_ratio=1",
+        f"trainer.overdue_steps={overdue_steps}",
         steps=8,
     )
     r = redis.Redis.from_url(redis_url, decode_responses=True)
     restarted = sum(int(r.hget(k, "restarted") or 0) for k in r.keys(f"rl:{run_id}:gen:*"))
-    assert restarted > 0
     text = subprocess.run(
         [
             sys.executable,
@@ -242,7 +248,12 @@ def test_continuous_batching_restarts_groups_too_stale_to_be_trained(tmp_path, r
     trained = _trained_entries(entries, ledger)
     assert len(trained) == 8 * 4
     metrics = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert max(m["async/staleness_max"] for m in metrics) <= 1
+    oldest = max(m["async/staleness_max"] for m in metrics)
+    overdue = sum(m["async/overdue"] for m in metrics)
+    if overdue_steps == 0:
+        assert restarted > 0 and oldest <= 1 and overdue == 0
+    else:
+        assert 1 < oldest <= 1 + overdue_steps and overdue > 0
 
 
 def test_a_run_over_http_gives_every_generator_its_versions_through_its_own_store(

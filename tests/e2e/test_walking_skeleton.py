@@ -10,7 +10,7 @@ import pytest
 import redis
 import yaml
 
-from rollflash.broker.keys import GEN_GROUP, LEARNER_GROUP
+from rollflash.broker.connect.keys import GEN_GROUP, LEARNER_GROUP
 from tests.helpers.held import held_at_end
 
 STEPS, B, N = 6, 4, 4

@@ -11,8 +11,10 @@ import numpy as np
 import redis
 from harness import start, status_text, write_config
 
-from rollflash.broker.keys import RunKeys
-from rollflash.broker.schema import Sample, Trajectory, encode_trajectory
+from rollflash.broker.config.config import SimConfig
+from rollflash.broker.connect.keys import RunKeys
+from rollflash.broker.wire.schema import Sample, Trajectory, decode_prompt, encode_trajectory
+from rollflash.envs.chat import prompt_encoder
 from rollflash.rollctl.acl import acl_users
 
 
@@ -77,9 +79,26 @@ def steal_prompt(attacker: redis.Redis, keys: RunKeys, gid: str, timeout_s: floa
     raise AssertionError("no prompt to steal")
 
 
-def answer(fields: dict, gid: str, version: int = 0, text: str = "x", n: int = 2, **over) -> dict:
+def issued_prompt_ids(fields: dict) -> list[int]:
+    """The prompt ids the learner derived for the prompt entry `fields` and signed: the
+    harness's runs have no model directory, so one id per character (envs/chat.py
+    `prompt_encoder`, as the simulated engine and learner do)."""
+    item = decode_prompt(fields, 1 << 20).item
+    return prompt_encoder(None, False, SimConfig().vocab_size)(item["prompt"])
+
+
+def answer(
+    fields: dict,
+    gid: str,
+    version: int = 0,
+    text: str = "x",
+    n: int = 2,
+    prompt: list[int] | None = None,
+    **over,
+) -> dict:
     """A trajectory entry answering the prompt entry `fields` as generator `gid` would, with the
-    prompt's MAC; `over` replaces readable fields (a forgery)."""
+    prompt's MAC and tokens (`prompt`: other tokens); `over` replaces readable fields (a
+    forgery)."""
     s = Sample(
         np.array([5, 6], np.int32),
         np.array([-0.5, -1.0], np.float32),
@@ -90,8 +109,9 @@ def answer(fields: dict, gid: str, version: int = 0, text: str = "x", n: int = 2
     )
     group = fields[b"group_id"].decode()
     issued = int(fields[b"issued_version"])
-    t = Trajectory(group, fields[b"prompt_id"].decode(), group, gid, version, issued,
-                   np.array([1, 2], np.int32), [s] * n, mac=fields[b"mac"].decode())  # fmt: skip
+    ids = np.array(issued_prompt_ids(fields) if prompt is None else prompt, np.int32)
+    t = Trajectory(group, fields[b"prompt_id"].decode(), group, gid, version, issued, ids,
+                   [s] * n, mac=fields[b"mac"].decode())  # fmt: skip
     return {**encode_trajectory(t), **over}
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import redis
 import yaml
 
-from rollflash.learner import ledger
+from tests.helpers import ledger_files as ledger
 
 
 def write_config(
@@ -30,6 +30,8 @@ def write_config(
 ) -> Path:
     cfg = {
         "run": {"run_id": run_id, "run_dir": str(tmp_path / "run"), "torch_threads": 1},
+        # no model directory: the simulated engine and learner give prompts one id per character
+        "model": {"path": str(tmp_path / "no-model")},
         "redis": {"url": redis_url, "connect_timeout_s": 20},
         "eval": {"size": 1},
         "rollout": {
@@ -81,7 +83,7 @@ def start(
     wrapper: Path | None = None,
 ) -> Child:
     """`rollctl <role> --config <config> <extra>`; `wrapper`: a script that installs a test's
-    hooks in the process, then runs rollctl (tests/faults/learner_pause.py)."""
+    hooks in the process, then runs rollctl (tests/faults/relay_pause.py)."""
     fd, log_path = tempfile.mkstemp(prefix=f"{role}-", suffix=".stderr", dir=config.parent)
     os.close(fd)
     cli = [str(wrapper)] if wrapper is not None else ["-m", "rollflash.rollctl.cli"]
@@ -89,6 +91,17 @@ def start(
         [sys.executable, *cli, role, "--config", str(config), *extra],
         Path(log_path),
         {**os.environ, **(env or {})},
+    )
+
+
+def rollctl_run(config: Path, generators: int = 1) -> subprocess.CompletedProcess:
+    """`rollctl run --config CONFIG --generators N` to its end, its output captured."""
+    return subprocess.run(
+        [sys.executable, "-m", "rollflash.rollctl.cli", "run", "--config", str(config)]
+        + ["--generators", str(generators)],
+        capture_output=True,
+        text=True,
+        timeout=900,  # bounds a hang: the command ends by itself
     )
 
 
@@ -119,7 +132,7 @@ def stop_all(procs: list[subprocess.Popen]) -> None:
 
 
 def ledgers(run_dir: Path) -> list[list[dict]]:
-    """Every rank's ledger rows (learner/ledger.py)."""
+    """Every rank's ledger rows (learner/durability/ledger.py)."""
     return [ledger.read([p]) for p in sorted(run_dir.glob("ledger*.jsonl"))]
 
 
@@ -224,7 +237,7 @@ def learner_lag(r: redis.Redis, run_id: str) -> int | None:
 
 def looks_for_two_watches(streams: int) -> int:
     """How many XINFO STREAM calls to wait for so that the learner's rank 0 has looked at every
-    trajectories stream twice. Its watch (broker/learner_side.py `maintain`) makes at most
+    trajectories stream twice. Its watch (broker/sides/learner_side.py `maintain`) makes at most
     3 * streams + 1 of them (the loss auditor's look at each stream, the check of each stream
     inside its function, the lost-prompt snapshot's, and one on the prompts stream), so any
     3 * (3 * streams + 1) consecutive calls hold two whole watches. Two, because the second

@@ -1,36 +1,32 @@
-"""Run `rollctl` with a hook at the learner's pause points (learner/pause.py; the harness's seam:
-the product reads nothing of it): the first time the learner passes point P at step S or a later
-one, with $LEARNER_PAUSE_AT = "P:S", the process stops itself with SIGSTOP, so the test can
-kill -9 it inside that exact window.
-
-    python tests/faults/learner_pause.py start-learner --config ...
-"""
+"""The fault tests' hook at the learner's fault points (learner/process/hooks.py): a learner started with
+$ROLLFLASH_LEARNER_HOOK = "learner_pause:stop_once" (and this folder on its PYTHONPATH) and
+$LEARNER_PAUSE_AT = "P:S" stops itself with SIGSTOP the first time it passes point P at step S or
+a later one, so the test can kill -9 it inside that exact window (`env`)."""
 
 from __future__ import annotations
 
 import logging
 import os
 import signal
-import sys
+from pathlib import Path
 
-from rollflash.learner.pause import on_pause_point
-
-POINT, _, AT = os.environ["LEARNER_PAUSE_AT"].partition(":")
 _paused = False
 
 
-def _stop_once(name: str, step: int) -> None:
+def env(window: str) -> dict[str, str]:
+    """The environment that installs the hook, stopping at `window` ("point:step")."""
+    path = os.pathsep.join(filter(None, [str(Path(__file__).parent), os.environ.get("PYTHONPATH")]))
+    return {
+        "ROLLFLASH_LEARNER_HOOK": "learner_pause:stop_once",
+        "LEARNER_PAUSE_AT": window,
+        "PYTHONPATH": path,
+    }
+
+
+def stop_once(point: str, step: int) -> None:
     global _paused
-    if not _paused and name == POINT and step >= int(AT):
+    name, _, at = os.environ["LEARNER_PAUSE_AT"].partition(":")
+    if not _paused and point == name and step >= int(at):
         _paused = True
-        logging.getLogger(__name__).warning("pausing at %s of step %d", name, step)
+        logging.getLogger(__name__).warning("pausing at %s of step %d", point, step)
         os.kill(os.getpid(), signal.SIGSTOP)
-
-
-on_pause_point(_stop_once)
-
-if __name__ == "__main__":
-    from rollflash.rollctl.cli import main
-
-    sys.argv = ["rollctl", *sys.argv[1:]]
-    main()

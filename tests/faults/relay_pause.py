@@ -12,7 +12,7 @@ import os
 import signal
 import sys
 
-from rollflash.broker import weight_server
+from rollflash.broker.weights import weight_server
 
 PAUSE_FROM = int(os.environ["RELAY_PAUSE_FROM"])
 _serve_file = weight_server.WeightServer._file

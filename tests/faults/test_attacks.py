@@ -6,7 +6,7 @@ running and nothing lost: every step completes, no trajectory is trained twice, 
 the learner acknowledged has exactly one ledger record.
 
 An attacker is a redis-py client holding one generator's password: it can do exactly what that
-generator's user may (broker/acl.py), nothing the code of rollflash would refuse to send.
+generator's user may (broker/connect/acl.py), nothing the code of rollflash would refuse to send.
 """
 
 import signal
@@ -171,7 +171,7 @@ def _join(r: AclRun, gid: str) -> redis.Redis:
 
 def _flood(r: AclRun, pid: int) -> tuple[tuple[int, int], tuple[int, int]]:
     """gen-3 joins and floods its stream (see above) until it is quarantined and its stream
-    kept at 10 entries (broker/roster.py `contain`): the learner's RSS and Redis's used_memory
+    kept at 10 entries (broker/channels/roster.py `contain`): the learner's RSS and Redis's used_memory
     before and after."""
     evil, stream = _join(r, "gen-3"), r.keys.trajectories("gen-3")
     rss, used = [rss_bytes(pid)], [r.admin.info("memory")["used_memory"]]
@@ -228,7 +228,7 @@ def test_forged_entries_are_dead_lettered_and_nothing_is_lost(run):
     cannot match), gen-2 with a 100 kB text; each then drops the prompt. Each entry goes to the
     dlq with its reason; the first two are forgeries, so their generators are quarantined. With
     async_ratio 0 a step needs every prompt it issued: the learner finishes only because it
-    issues the three dropped ones again (broker/inflight.py)."""
+    issues the three dropped ones again (broker/channels/inflight.py)."""
     r = run(gens=4, trainer={"async_ratio": 0, "rollout_batch_size": 3})
     learner = r.learner()
     gens = []
@@ -246,4 +246,43 @@ def test_forged_entries_are_dead_lettered_and_nothing_is_lost(run):
         False, False, True, True,  # a long text is no forgery
     ]  # fmt: skip
     assert int(r.run_hash()["reissued"]) >= 3  # the three dropped prompts came back
+    _nothing_lost(r, batch=3)
+
+
+def test_a_generator_that_answers_with_other_prompt_tokens_is_quarantined_and_none_trained(run):
+    """gen-0's password claims all three prompts of the first step (async_ratio 0) before any
+    generator runs and answers each with 40 copies of one token as its prompt, under the
+    prompt's genuine MAC (copied, as an honest generator does), in one transaction, then
+    acknowledges the prompts. The learner derived and signed the prompt tokens it issued
+    (broker/channels/provenance.py), so all three are dead-lettered as `wrong_prompt` (their fields'
+    tag matched: not `not_issued`), gen-0 is quarantined, none of its entries is trained, and
+    the three prompts are issued again and trained from gen-1 and gen-2, whose own prompt
+    tokens pass."""
+    r = run(gens=3, trainer={"async_ratio": 0, "rollout_batch_size": 3})
+    learner = r.learner()
+    gens = []
+    try:
+        evil, k = _join(r, "gen-0"), r.keys
+        stolen = [steal_prompt(evil, k, "gen-0") for _ in range(3)]
+        with evil.pipeline(transaction=True) as tx:
+            for _, fields in stolen:
+                tx.xadd(k.trajectories("gen-0"), answer(fields, "gen-0", prompt=[7] * 40))
+            tx.xack(k.prompts, "gen", *[entry_id for entry_id, _ in stolen])
+            tx.execute()
+        gens = [r.generator(f"gen-{i}") for i in (1, 2)]
+        assert learner.wait(timeout=300) == 0, learner.stderr_text()[-3000:]
+    finally:
+        stop_all([learner, *gens])
+    groups = {f[b"group_id"].decode() for _, f in stolen}
+    dead = [f for _, f in r.admin.xrange(r.keys.dlq)]
+    assert sorted(f[b"orig_group_id"].decode() for f in dead) == sorted(groups)
+    assert {f[b"code"].decode() for f in dead} == {"wrong_prompt"}
+    assert all(f[b"source"].decode().endswith(":traj:gen-0") for f in dead)
+    assert (r.generator_status("gen-0") or "").startswith("quarantined wrong_prompt")
+    assert [r.generator_status(g) for g in ("gen-1", "gen-2")] == ["active", "active"]
+    rows = [row for row in ledgers(r.run_dir)[0] if row.get("event") is None]
+    trained_refs = [ref for row in rows for ref in row["refs"]]
+    assert not [ref for ref in trained_refs if ref.startswith("gen-0/")]  # 0 forged trained
+    assert groups <= set(trained_ids(r.run_dir))  # issued again, answered honestly, trained
+    assert int(r.run_hash()["reissued"]) >= 3
     _nothing_lost(r, batch=3)

@@ -25,7 +25,7 @@ from harness import (
     write_config,
 )
 
-from rollflash.broker.redis_server import EmbeddedRedis
+from rollflash.broker.connect.redis_server import EmbeddedRedis
 
 STEPS, B, RATIO = 8, 4, 1
 

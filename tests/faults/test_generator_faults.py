@@ -119,9 +119,9 @@ def test_a_killed_generator_is_gone_from_status_once_its_heartbeat_expires(
     """kill -9 of a real generator: `rollctl status` shows it alive before, and gone (not alive)
     at most `heartbeat_ttl_s` + 1 s after: its last beat came before the kill, so its hash
     expires within the TTL of the kill, and Redis no longer returns a key once its TTL passed."""
-    from rollflash.broker.config import load_config
-    from rollflash.broker.connection import connect
-    from rollflash.broker.learner_side import LearnerBroker
+    from rollflash.broker.config.config import load_config
+    from rollflash.broker.connect.connection import connect
+    from rollflash.broker.sides.learner_side import LearnerBroker
     from rollflash.rollctl.status import collect_status, compact_lines
 
     ttl = 2.0

@@ -2,8 +2,9 @@
 chosen window and started again (`--take-over`: the test knows the holder of the run's lease is
 dead) while the generators keep running.
 
-The learner stops itself with SIGSTOP at the window (a hook at learner/pause.py's pause points,
-installed by tests/faults/learner_pause.py), and the test sends the SIGKILL, so every run hits
+The learner stops itself with SIGSTOP at the window (a hook at learner/process/hooks.py's fault points,
+installed through its environment by tests/faults/learner_pause.py), and the test sends the
+SIGKILL, so every run hits
 exactly the window it names:
 - after_read: step 5's groups were read but neither trained nor acknowledged;
 - after_update: step 5 was trained and published, but its checkpoint (every 3 steps) not written;
@@ -22,17 +23,18 @@ import subprocess
 import sys
 from pathlib import Path
 
+import learner_pause
 import pytest
 import redis
 import torch
 import torch.distributed.checkpoint as dcp
 from harness import ledger_audit, ledgers, start, stop_all, wait_until, write_config
 
-from rollflash.learner import ledger as ledger_rows
+from rollflash.broker.weights.weights import WeightStore
+from tests.helpers import ledger_files as ledger_rows
 from tests.helpers.held import held_at_end
 
 STEPS, B, EVERY = 10, 4, 3
-PAUSE_HOOK = Path(__file__).parent / "learner_pause.py"  # rollctl with the learner's pause hook
 SIM = {"per_token_s": 0.001, "length_median": 16, "length_sigma": 0.5}  # sim generators
 
 
@@ -52,15 +54,13 @@ def checkpoint_weight(step_dir: Path) -> torch.Tensor:
 
 
 def trained_rows(ledger: list[dict]) -> list[dict]:
-    """The trained rows of the final lineage (learner/ledger.py `surviving`)."""
+    """The trained rows of the final lineage (tests/helpers/ledger_files.py `surviving`)."""
     return [row for row in ledger_rows.surviving(ledger) if row.get("event") is None]
 
 
 def _kill_at(config, window: str, *extra: str):
     """Start a learner that stops itself at `window` ("point:step"), and SIGKILL it there."""
-    learner = start(
-        "start-learner", config, *extra, env={"LEARNER_PAUSE_AT": window}, wrapper=PAUSE_HOOK
-    )
+    learner = start("start-learner", config, *extra, env=learner_pause.env(window))
     wait_until(
         lambda: _stopped(learner.pid) or learner.poll() is not None,
         120,
@@ -144,7 +144,7 @@ def test_lora_learner_killed_after_an_update_resumes_exactly_once(
     checkpointed) with a real LoRA learner on the tiny model: the checkpoint holds only the
     adapters, the resumed learner trains every trajectory once, and the optimiser state holds
     exactly its total_steps updates of the adapters and nothing else."""
-    from rollflash.broker.weights import WeightStore
+    from rollflash.broker.weights.weights import WeightStore
 
     steps = 6  # checkpoints at 3 and 6; the kill after 5 rolls back to 3
     run_dir = tmp_path / "run"
@@ -186,6 +186,21 @@ def test_lora_learner_killed_after_an_update_resumes_exactly_once(
     assert store.manifest(store.latest()).kind == "adapter"
 
 
+def _replicated(tmp_path, redis_url, run_id, steps: int, batch: int, every: int):
+    """A run of replicated prompts with one redundant sample: every group leaves a late sample
+    to drop (and record) in most steps, so `before_ack` is reached."""
+    return write_config(
+        tmp_path,
+        redis_url,
+        run_id,
+        steps,
+        batch,
+        sim=SIM,
+        rollout={"replicate_prompts": True, "redundant_samples": 1},
+        trainer={"checkpoint_every": every},
+    )
+
+
 def test_three_kill_9s_leave_one_ledger_record_per_acknowledged_entry(
     tmp_path, redis_url, run_id, fault_report
 ):
@@ -193,16 +208,7 @@ def test_three_kill_9s_leave_one_ledger_record_per_acknowledged_entry(
     of dropped entries and their acknowledgement. Prompts are replicated with one redundant
     sample, so every group leaves a late sample to drop (and record) in every step."""
     steps, run_dir = 8, tmp_path / "run"
-    config = write_config(
-        tmp_path,
-        redis_url,
-        run_id,
-        steps,
-        B,
-        sim=SIM,
-        rollout={"replicate_prompts": True, "redundant_samples": 1},
-        trainer={"checkpoint_every": EVERY},
-    )
+    config = _replicated(tmp_path, redis_url, run_id, steps, B, EVERY)
     gens = [start("start-generator", config, "--id", f"gen-{i}") for i in range(2)]
     try:
         _kill_at(config, "after_read:5")  # resumes from the checkpoint of step 3
@@ -224,6 +230,65 @@ def test_three_kill_9s_leave_one_ledger_record_per_acknowledged_entry(
         injected=3,
         lost=0,
         recovered=3,
+        duplicated=audit["trained_twice"],
+        unrecorded=audit["unrecorded"],
+    )
+
+
+def test_kill_9_at_every_point_before_the_first_checkpoint_then_the_run_completes(
+    tmp_path, redis_url, run_id, fault_report
+):
+    """A learner killed after it published v0 and before its first checkpoint made nothing
+    durable: its successor starts again from the initial weights at step 0 (learner/build.py
+    `resume_point`), with the prompts and counters Redis recorded. Seven kill -9s in a row, one
+    at each fault point from the start to the first checkpoint (step 5, the last): the lease
+    taken (nothing published: the next learner starts afresh), v0 handed to the publishing
+    process, and each point of steps 1 and 3, the last after steps 1-3 were trained and 1-2
+    logged. Prompts are
+    replicated with one redundant sample, so a step drops late samples (`before_ack`). The
+    eighth learner completes the run: every step trained once in the final lineage, every
+    acknowledged entry recorded once, versions only increasing, each step once in
+    metrics.jsonl."""
+    steps, b, run_dir = 5, 2, tmp_path / "run"
+    config = _replicated(tmp_path, redis_url, run_id, steps, b, every=steps)
+    windows = ["after_lease:0", "after_start:0", "after_read:1", "before_ack:1",
+               "after_update:1", "after_read:3", "after_update:3"]  # fmt: skip
+    published = []  # whether weights existed after each kill
+    gens = [start("start-generator", config, "--id", f"gen-{i}") for i in range(2)]
+    try:
+        for n, window in enumerate(windows):
+            extra = ("--take-over",) if n else ()  # the killed learner's lease is still live
+            _kill_at(config, window, *extra)
+            assert not (run_dir / "checkpoints" / "LATEST").exists()
+            published.append(bool(WeightStore(run_dir).versions()))
+        last = start("start-learner", config, "--take-over")
+        assert last.wait(timeout=180) == 0, last.stderr_text()[-3000:]
+    finally:
+        stop_all(gens)
+    (ledger,) = ledgers(run_dir)
+    # after_lease: nothing published; after_start: v0 handed to the publishing process, on
+    # disk or not (it may need the stopped learner to pass it the weights); from after_read:1
+    # on, v0 is out (generators answered prompts of v0). Every learner that found weights
+    # resumed, from step 0; the others started afresh
+    assert published[0] is False and all(published[2:])
+    assert [row["step"] for row in ledger if row.get("event") == "resume"] == [0] * sum(published)
+    rows = trained_rows(ledger)
+    assert [row["step"] for row in rows] == list(range(1, steps + 1))
+    trained = [t for row in rows for t in row["trained"]]
+    assert len(trained) == len(set(trained)) == steps * b  # nothing trained twice
+    audit = _audit(redis.Redis.from_url(redis_url), run_id, run_dir)
+    versions = [row["version"] for row in ledger if "version" in row]
+    assert versions == sorted(versions) and len(set(versions)) == len(versions)
+    logged = [json.loads(x)["step"] for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert logged == list(range(1, steps + 1))  # each step once, in order
+    final = json.loads((run_dir / "summary.json").read_text())
+    assert final["steps"] == final["steps_this_process"] == steps
+    assert checkpoint_weight(run_dir / "checkpoints" / f"step{steps:08d}").tolist() == [5.0] * 4
+    fault_report(
+        "learner kill -9 x7 before its first checkpoint",
+        injected=len(windows),
+        lost=0,
+        recovered=len(windows),
         duplicated=audit["trained_twice"],
         unrecorded=audit["unrecorded"],
     )

@@ -20,7 +20,7 @@ from harness import (
     write_config,
 )
 
-from rollflash.broker.schema import Sample, Trajectory, encode_trajectory
+from rollflash.broker.wire.schema import Sample, Trajectory, encode_trajectory
 
 STEPS, B, LIMIT = 6, 4, 20_000
 

@@ -48,8 +48,8 @@ from harness import (
     xadds,
 )
 
-from rollflash.broker.audit import WATCH_INTERVAL_S
-from rollflash.broker.redis_server import EmbeddedRedis
+from rollflash.broker.channels.audit import WATCH_INTERVAL_S
+from rollflash.broker.connect.redis_server import EmbeddedRedis
 
 STEPS, B = 10, 4
 

@@ -2,7 +2,7 @@
 generators (simulated engine) as processes, a master, its replicas and three Sentinels
 (tests/helpers/sentinel_cluster.py), all started by the test.
 
-- one replica: the Sentinels promote it; writes then wait (WAIT 1, broker/sentinel.py) until a
+- one replica: the Sentinels promote it; writes then wait (WAIT 1, broker/connect/sentinel.py) until a
   replica is back, here the killed node restarted as a supervisor would, which the Sentinels turn
   into a replica of the new master. Training finishes, nothing acknowledged is lost, nothing is
   trained twice.

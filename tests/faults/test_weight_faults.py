@@ -20,14 +20,14 @@ from pathlib import Path
 import redis
 from harness import start, stop_all, trained_ids, wait_until, write_config
 
-from rollflash.broker.weight_stream import verified_tensors
-from rollflash.broker.weights import WeightStore
+from rollflash.broker.weights.weight_chain import verified_tensors
+from rollflash.broker.weights.weights import WeightStore
 
 PUBLISHER = textwrap.dedent("""
     import sys, torch
-    from rollflash.broker.config import load_config
-    from rollflash.learner.publish import Publisher
-    from rollflash.learner.publish_process import NewVersion
+    from rollflash.broker.config.config import load_config
+    from rollflash.learner.durability.publish import Publisher
+    from rollflash.learner.durability.publish_process import NewVersion
 
     class Broker:  # the weights hash: one line per announcement, in the order made
         def announce_weights(self, version, path, sha256, zmq_endpoint, http_url=""):
@@ -38,7 +38,10 @@ PUBLISHER = textwrap.dedent("""
         def check_lease(self):  # the run's lease: this process is the only publisher
             pass
 
-    overrides = ["trainer.background_publish=false", "trainer.keep_versions=1000"]
+    # bare tensors, no probe: this broker has no Redis side to judge generators' reports with
+    overrides = [
+        "trainer.background_publish=false", "trainer.keep_versions=1000", "weights.probe=false"
+    ]
     cfg = load_config(None, [f"run.run_dir={sys.argv[1]}", *overrides])
     publisher = Publisher(cfg, Broker(), resuming=True)  # removes a killed run's temp dirs
     v = max(publisher.store.versions(), default=0)

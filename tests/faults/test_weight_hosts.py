@@ -138,6 +138,7 @@ def _config(hosts: Hosts, host: str, password: str) -> None:
     )
     cfg = yaml.safe_load(path.read_text())
     cfg["run"]["run_dir"] = str(hosts.mnt / "run")
+    cfg["model"]["path"] = str(hosts.mnt / "no-model")  # the same on every host, as the run's keys
     cfg["weights"] = {"transport": "http", "listen": f"{hosts.net.address(host)}:0"}
     path.write_text(yaml.safe_dump(cfg))
 

@@ -1,5 +1,5 @@
 """Generators for broker-level tests: a `GeneratorBroker` as `rollctl start-generator` builds
-it, and its admission by the learner's rank 0 (broker/roster.py), done step by step so that a
+it, and its admission by the learner's rank 0 (broker/channels/roster.py), done step by step so that a
 single-threaded test can drive both sides; and a whole `Generator` joining a learner's broker
 built for its config (`joined`)."""
 
@@ -10,9 +10,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from rollflash.broker.connection import connect
-from rollflash.broker.generator_side import GeneratorBroker
-from rollflash.broker.learner_side import LearnerBroker
+from rollflash.broker.connect.connection import connect
+from rollflash.broker.sides.generator_side import GeneratorBroker
+from rollflash.broker.sides.learner_side import LearnerBroker
 
 
 def generator(url: str, run_id: str, generator_id: str = "gen-0") -> GeneratorBroker:

@@ -3,7 +3,7 @@
 An XREADGROUP's COUNT applies to each stream: a read for the k groups a step still needs may take
 up to k from every generator. What the step does not take stays ready (unacknowledged) for the
 next one, and the last step's leftovers stay pending when the run ends. A run extended from the
-final checkpoint re-reads and trains them (learner/checkpoint.py `resume_after`), so the
+final checkpoint re-reads and trains them (learner/rank.py `resume_after`), so the
 guarantee for each of them is: never trained, no ledger record, and not among the ids the final
 checkpoint counts as consumed.
 """
@@ -15,9 +15,9 @@ from pathlib import Path
 
 import redis
 
-from rollflash.broker.keys import LEARNER_GROUP
-from rollflash.learner import ledger
-from rollflash.learner.checkpoint import STATE, CheckpointStore
+from rollflash.broker.connect.keys import LEARNER_GROUP
+from rollflash.learner.durability.checkpoint import STATE, CheckpointStore
+from tests.helpers import ledger_files as ledger
 
 
 def held_at_end(r: redis.Redis, run_id: str, run_dir: Path) -> list[str]:

@@ -2,13 +2,19 @@
 (Debian's slurm-wlm and munge; no systemd), on loopback ports, with everything in one
 directory: proctrack/linuxproc, task/none, no accounting, the node's CPUs oversubscribed so that
 a learner, generators and Redis fit as job steps on a 2-core machine. `SlurmCluster.env` is the
-environment for sbatch, squeue and scancel (SLURM_CONF)."""
+environment for sbatch, squeue and scancel (SLURM_CONF).
+
+`gpus=N` declares N GPUs on the node (GresTypes=gpu, gres.conf with AutoDetect=off) backed by
+character device files of the test's own (major 195, NVIDIA's, made with mknod): slurmd only
+checks that they exist, and nothing opens them. Slurm then accepts `--gpus-per-node` and sets
+SLURM_GPUS_PER_NODE and CUDA_VISIBLE_DEVICES in the job and its steps, as on a GPU cluster."""
 
 from __future__ import annotations
 
 import os
 import shutil
 import socket
+import stat
 import subprocess
 import time
 from pathlib import Path
@@ -33,7 +39,7 @@ def _port() -> int:
 
 
 class SlurmCluster:
-    def __init__(self, directory: Path):
+    def __init__(self, directory: Path, gpus: int = 0):
         self.dir = directory
         self.host = socket.gethostname().split(".")[0]
         self.procs: list[subprocess.Popen] = []
@@ -44,6 +50,7 @@ class SlurmCluster:
         self.socket = munge / "munge.sock"
         self.conf = directory / "slurm.conf"
         d = directory
+        gres = self._fake_gpus(gpus)
         self.conf.write_text(
             f"""ClusterName=rollflash-test
 SlurmctldHost={self.host}(127.0.0.1)
@@ -69,11 +76,26 @@ JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
 SlurmdParameters=config_overrides
 ReturnToService=2
-NodeName={self.host} NodeAddr=127.0.0.1 CPUs=16 RealMemory=8000 State=UNKNOWN
+{"GresTypes=gpu" if gpus else ""}
+NodeName={self.host} NodeAddr=127.0.0.1 CPUs=16 RealMemory=8000 {gres}State=UNKNOWN
 PartitionName=test Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:8
 """
         )
         self.env = {**os.environ, "SLURM_CONF": str(self.conf)}
+
+    def _fake_gpus(self, n: int) -> str:
+        """The node's `Gres=` for n device files of its own (module docstring); "" for none."""
+        if not n:
+            return ""
+        dev = self.dir / "dev"
+        dev.mkdir()
+        for i in range(n):
+            os.mknod(dev / f"nvidia{i}", 0o600 | stat.S_IFCHR, os.makedev(195, i))
+        files = f"{dev}/nvidia[0-{n - 1}]" if n > 1 else f"{dev}/nvidia0"
+        (self.dir / "gres.conf").write_text(
+            f"AutoDetect=off\nNodeName={self.host} Name=gpu File={files}\n"
+        )
+        return f"Gres=gpu:{n} "
 
     def _run(self, *args: str) -> subprocess.CompletedProcess:
         return subprocess.run(args, env=self.env, capture_output=True, text=True, timeout=60)

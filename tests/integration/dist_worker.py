@@ -4,17 +4,19 @@ the builders `rollctl start-learner` uses (learner/build.py `build_models`, `bui
 STEPS `train_step`s on this rank's share of fixed groups. Rank r trains a contiguous slice of the
 groups, so the ranks' groups in rank order are the one rank's batch. After the steps every rank
 checks that a tied model is still tied, and rank 0 saves what a weight version would hold
-(learner/lora.py `published_weights`: the whole model with a tied tensor once, or a LoRA
+(learner/models/lora.py `published_weights`: the whole model with a tied tensor once, or a LoRA
 adapter).
 
     python -m torch.distributed.run --standalone --nproc-per-node 2 dist_worker.py MODEL OUT GROUPS \
         STAGES_JSON
 
 STAGES_JSON: a list of {"strategy": ddp|fsdp, "trainer": {...}, "algo": {...}, "lora": {...}|null};
-stage i saves to OUT + ".stage{i}" (several stages share one launch). With several ranks, rank 0
+stage i saves to OUT + ".stage{i}" (several stages share one launch) and each step's metrics, as
+`train_step` returns them (over every rank), to OUT + ".stage{i}.metrics.json"; every rank
+checks that it returned the same ones as rank 0. With several ranks, rank 0
 also writes OUT + ".stage{i}.grads.json": for every micro-batch's policy loss, in order, whether
 all of the policy's parameters held a gradient when its forward pass began (a spy around
-learner/train.py's `policy_loss`), which tells when FSDP reduce-scattered.
+learner/step/train.py's `policy_loss`), which tells when FSDP reduce-scattered.
 """
 
 import json
@@ -25,13 +27,13 @@ import numpy as np
 import torch
 from safetensors.torch import save_file
 
-from rollflash.broker.config import config_from_dict
-from rollflash.broker.schema import Sample, Trajectory
-from rollflash.learner import train as train_module
+from rollflash.broker.config.config import config_from_dict
+from rollflash.broker.wire.schema import Sample, Trajectory
 from rollflash.learner.build import build_models, build_optim
-from rollflash.learner.dist import init_dist, split_quotas
-from rollflash.learner.lora import peft_model, published_weights
-from rollflash.learner.train import train_step
+from rollflash.learner.models.lora import peft_model, published_weights
+from rollflash.learner.process.dist import init_dist, split_quotas
+from rollflash.learner.step import train as train_module
+from rollflash.learner.step.train import train_step
 
 STEPS = 2
 
@@ -102,14 +104,19 @@ def train(dist, model_dir: str, out: str, count: int, stage: dict) -> None:
         return policy_loss(model, mb, cfg)
 
     train_module.policy_loss = spy
+    steps = []
     try:
         for _ in range(STEPS):
             stats = train_step(models.model, optim.optimizer, mine, cfg, models.algo, dist)
             assert stats["optim/skipped"] == 0.0
             assert stats["optim/updates"] == cfg.trainer.updates_per_step
+            assert dist.gather(stats)[0] == stats, f"rank {dist.rank}: not rank 0's metrics"
+            steps.append(stats)
             optim.scheduler.step()
     finally:
         train_module.policy_loss = policy_loss
+    if dist.is_main:
+        Path(f"{out}.metrics.json").write_text(json.dumps(steps))
     if dist.is_main and dist.world_size > 1:
         Path(f"{out}.grads.json").write_text(json.dumps(had_grads))
     assert tied(models.model), f"rank {dist.rank}: lm_head is no longer embed_tokens"

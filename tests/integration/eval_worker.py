@@ -12,12 +12,12 @@ import json
 import sys
 from pathlib import Path
 
-from rollflash.broker.config import config_from_dict
+from rollflash.broker.config.config import config_from_dict
 from rollflash.envs import task_from_config
 from rollflash.envs.chat import PromptFormatter, format_task
 from rollflash.learner.build import build_models
-from rollflash.learner.dist import Dist, init_dist
-from rollflash.learner.evaluate import heldout_accuracy
+from rollflash.learner.evaluation.eval_generate import heldout_accuracy
+from rollflash.learner.process.dist import Dist, init_dist
 
 BATCH = 2
 

@@ -22,16 +22,15 @@ import torch
 from safetensors.torch import save_file
 from transformers import AutoTokenizer
 
-from rollflash.broker.config import config_from_dict
-from rollflash.learner.batch import pad_groups
+from rollflash.broker.config.config import config_from_dict
 from rollflash.learner.build import build_models, build_optim
-from rollflash.learner.checkpoint_io import Trainables, load_dcp, save_dcp
-from rollflash.learner.dist import Dist, full_state_dict, init_dist
-from rollflash.learner.filters import group_scores
-from rollflash.learner.global_stats import global_std
-from rollflash.learner.guards import score_std
-from rollflash.learner.prepare import AlgoModels, _advantages
-from rollflash.learner.train import train_step
+from rollflash.learner.durability.checkpoint_io import Trainables, load_dcp, save_dcp
+from rollflash.learner.metrics.guards import score_std
+from rollflash.learner.process.dist import Dist, full_state_dict, init_dist
+from rollflash.learner.step.global_stats import global_std
+from rollflash.learner.step.prepare import AlgoModels, prepare_batch
+from rollflash.learner.step.step_spec import StepSpec
+from rollflash.learner.step.train import train_step
 from tests.integration.dist_worker import make_groups
 
 
@@ -54,10 +53,7 @@ def _cfg(model_dir: str, dtype: str = "float32", **algo):
 
 
 def _advantages_of(groups, cfg, models, dist):
-    full = pad_groups(groups)
-    scores = torch.stack([group_scores(g, cfg) for g in groups])
-    _advantages(full, scores, cfg, models, groups, dist)
-    return full.advantages
+    return prepare_batch(groups, StepSpec.of(cfg), models, dist).step.advantages
 
 
 def check_global_stats(model_dir: str, tok, dist: Dist) -> None:

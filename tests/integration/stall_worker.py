@@ -15,10 +15,10 @@ import signal
 import sys
 import time
 
-from rollflash.broker.config import config_from_dict
+from rollflash.broker.config.config import config_from_dict
 from rollflash.learner.build import build_models, build_optim
-from rollflash.learner.dist import init_dist
-from rollflash.learner.train import train_step
+from rollflash.learner.process.dist import init_dist
+from rollflash.learner.step.train import train_step
 from tests.integration.dist_worker import make_groups
 
 

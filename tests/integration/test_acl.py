@@ -8,14 +8,14 @@ import numpy as np
 import pytest
 import redis
 
-from rollflash.broker import functions
-from rollflash.broker.acl import generator_acl, generator_user, learner_acl, learner_user
-from rollflash.broker.config import load_config
-from rollflash.broker.connection import connect
-from rollflash.broker.generator_side import GeneratorBroker
-from rollflash.broker.keys import RunKeys
-from rollflash.broker.learner_side import LearnerBroker
-from rollflash.broker.schema import PromptWork, Sample, Trajectory
+from rollflash.broker.config.config import load_config
+from rollflash.broker.connect import functions
+from rollflash.broker.connect.acl import generator_acl, generator_user, learner_acl, learner_user
+from rollflash.broker.connect.connection import connect
+from rollflash.broker.connect.keys import RunKeys
+from rollflash.broker.sides.generator_side import GeneratorBroker
+from rollflash.broker.sides.learner_side import LearnerBroker
+from rollflash.broker.wire.schema import PromptWork, Sample, Trajectory
 
 
 @pytest.fixture

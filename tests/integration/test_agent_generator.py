@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import redis
 
-from rollflash.broker.config import config_from_dict
-from rollflash.broker.keys import GEN_GROUP, RunKeys
-from rollflash.broker.schema import PromptWork
+from rollflash.broker.config.config import config_from_dict
+from rollflash.broker.connect.keys import GEN_GROUP, RunKeys
+from rollflash.broker.wire.schema import PromptWork
 from rollflash.rollctl.status import show_status
 from tests.helpers.brokers import joined
 

@@ -11,10 +11,11 @@ import time
 import numpy as np
 import pytest
 
-from rollflash.broker.schema import Sample, Trajectory
+from rollflash.broker.config.config import load_config
+from rollflash.broker.wire.schema import Sample, Trajectory
 from rollflash.envs import Item
-from rollflash.learner.admission import Admission
-from rollflash.learner.collect import Collector
+from rollflash.learner.intake.admission import Admission
+from rollflash.learner.intake.collect import Collector
 
 B, N, STEPS = 4, 2, 10
 
@@ -76,16 +77,28 @@ class SimGenerators(threading.Thread):
 
 @pytest.mark.parametrize("ratio", [0, 0.5, 1, 2])
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_staleness_and_admission_bounds_hold(learner_broker, generator_broker, ratio, seed):
+@pytest.mark.parametrize("overdue_steps", [0, 2])
+def test_staleness_and_admission_bounds_hold(
+    learner_broker, generator_broker, ratio, seed, overdue_steps
+):
     rng = random.Random(seed)
     admission = Admission(_items(), B, ratio, N)
     published = [0]
     gens = SimGenerators(generator_broker, published, rng, slow_frac=0.3)
     gens.start()
-    bound = math.ceil(ratio)
-    trained, stale = [], []
+    trainer = load_config(
+        None, [f"trainer.async_ratio={ratio}", f"trainer.overdue_steps={overdue_steps}"]
+    ).trainer
+    bound, overdue_bound = math.ceil(ratio), trainer.max_overdue_staleness
+    trained, stale, overdue, trained_overdue = [], [], 0, 0
     collector = Collector(
-        learner_broker, admission, N, vocab_size=10, max_staleness=bound, timeout_s=10
+        learner_broker,
+        admission,
+        N,
+        vocab_size=10,
+        max_staleness=bound,
+        timeout_s=10,
+        max_overdue=overdue_bound,
     )
     try:
         for version in range(STEPS):
@@ -96,12 +109,15 @@ def test_staleness_and_admission_bounds_hold(learner_broker, generator_broker, r
             )
             # The staleness filter checked against the versions the generators really used
             # (recorded on their side, not read back from what the learner kept): every trained
-            # group is at most ceil(a) versions old and every dropped one is older, so a filter
-            # off by one either way, or one that trusts the wrong field, fails here.
-            for g in got.groups:
-                age = version - gens.answered[g.group_id]
-                assert 0 <= age <= bound, (version, g.group_id, age)
+            # group is at most ceil(a) versions old, or at most the overdue bound and counted as
+            # overdue, and every dropped one is older than ceil(a), so a filter off by one
+            # either way, or one that trusts the wrong field, fails here.
+            ages = [version - gens.answered[g.group_id] for g in got.groups]
+            for g, age in zip(got.groups, ages, strict=True):
+                assert 0 <= age <= overdue_bound, (version, g.group_id, age)
                 assert version - int(min(s.token_versions.min() for s in g.samples)) == age
+            overdue += got.overdue
+            trained_overdue += sum(age > bound for age in ages)
             for group_id in got.stale_ids:
                 assert version - gens.answered[group_id] > bound, (version, group_id)
             if ratio == 0:
@@ -120,6 +136,8 @@ def test_staleness_and_admission_bounds_hold(learner_broker, generator_broker, r
     assert set(trained).isdisjoint(stale)
     # each stale group was replaced by a fresh prompt
     assert learner_broker.replaced_groups() == len(stale)
+    # an overdue group is trained in the step it arrives in (or dropped: more were due than B)
+    assert trained_overdue <= overdue and (overdue_bound > bound or overdue == 0)
 
 
 def test_a_group_with_any_old_token_is_stale(learner_broker, generator_broker):

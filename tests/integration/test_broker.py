@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 import redis
 
-from rollflash.broker.config import load_config
-from rollflash.broker.connection import BrokerUnavailable, connect
-from rollflash.broker.keys import GEN_GROUP, LEARNER_GROUP, RunKeys
-from rollflash.broker.learner_side import LearnerBroker
-from rollflash.broker.redis_io import RunMismatch, RunRedis
-from rollflash.broker.registry import RunRegistry
-from rollflash.broker.schema import PromptWork, Sample, Trajectory
+from rollflash.broker.channels.registry import RunRegistry
+from rollflash.broker.config.config import load_config
+from rollflash.broker.connect.connection import BrokerUnavailable, connect
+from rollflash.broker.connect.keys import GEN_GROUP, LEARNER_GROUP, RunKeys
+from rollflash.broker.connect.redis_io import RunMismatch, RunRedis
+from rollflash.broker.sides.learner_side import LearnerBroker
+from rollflash.broker.wire.schema import PromptWork, Sample, Trajectory
 from tests.faults.harness import wait_until
 from tests.helpers.brokers import admit, generator
 
@@ -85,7 +85,7 @@ def test_prompt_to_trajectory_round_trip(learner_broker, generator_broker, raw, 
     _, fields = r.xrange(stream, count=1)[0]
     assert fields[b"traj_id"] == b"g000000000" and fields[b"reward_mean"] == b"1.0000"
     assert fields[b"behavior_version"] == b"0" and fields[b"schema"] == b"2"
-    assert len(fields[b"mac"]) == 32 and fields[b"generator"] == b"gen-0"
+    assert len(fields[b"mac"]) == 64 and fields[b"generator"] == b"gen-0"  # two 128-bit tags
 
 
 def test_unacked_prompts_are_redelivered_to_the_same_consumer(learner_broker, generator_broker):
@@ -237,7 +237,7 @@ def test_a_redis_missing_at_start_up_is_reported_after_the_first_contacts_timeou
 
 
 def test_after_the_first_contact_the_whole_timeout_is_waited_out(tmp_path):
-    from rollflash.broker.redis_server import EmbeddedRedis
+    from rollflash.broker.connect.redis_server import EmbeddedRedis
 
     server = EmbeddedRedis(tmp_path / "redis").start()
     client = connect(server.url, timeout_s=2.5)
@@ -250,7 +250,7 @@ def test_after_the_first_contact_the_whole_timeout_is_waited_out(tmp_path):
 
 def test_embedded_redis_with_a_relative_directory(tmp_path, monkeypatch):
     """`rollctl run` with run_dir "runs/demo" passes a relative path (redis-server chdirs first)."""
-    from rollflash.broker.redis_server import EmbeddedRedis
+    from rollflash.broker.connect.redis_server import EmbeddedRedis
 
     monkeypatch.chdir(tmp_path)
     with EmbeddedRedis("runs/demo/redis") as server:

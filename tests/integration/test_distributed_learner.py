@@ -2,7 +2,9 @@
 with DDP (full and LoRA) and with FSDP2, PPO mini-batches and epochs included: the loss shares are
 of the whole mini-batch, gradients are averaged over the ranks, a rank with less (or no) data this
 update still takes part in every collective, and the tiny model's tied embedding stays tied on
-every rank. Runs tests/integration/dist_worker.py as real processes, which builds the learner
+every rank. The step's metrics are the one rank's too (learner/metrics/metric_sums.py): the ranks hold
+unequal tokens, and a token mean, a loss and a maximum over both is what one rank computes
+over all. Runs tests/integration/dist_worker.py as real processes, which builds the learner
 through learner/build.py as `rollctl start-learner` does."""
 
 import json
@@ -23,6 +25,26 @@ LORA = {"rank": 4, "target_modules": ["q_proj", "v_proj"]}
 def _train(model_dir, out, groups, nproc, stages):
     run_ranks(nproc, WORKER, str(model_dir), str(out), str(groups), json.dumps(stages))
     return [load_file(f"{out}.stage{i}") for i in range(len(stages))]
+
+
+# a ratio of variances per micro-batch: its token-weighted mean depends on the split
+SPLIT_DEPENDENT = {"critic/explained_var"}
+
+
+def _metrics_match(one: Path, two: Path) -> None:
+    """Every step's metrics of two ranks equal one rank's within 1e-6: the losses, clip
+    fractions, entropy, KL, mismatch and off-policy metrics (means over the ranks' unequal
+    tokens), the maxima and the counts. Relative above 1: the ranks' forward passes pad their
+    micro-batches differently, so log-probs differ in float32's last digit (a ratio of e^1.85
+    = 6.366 by 2e-6, 3 parts in 10^7)."""
+    steps_one, steps_two = json.loads(one.read_text()), json.loads(two.read_text())
+    assert len(steps_one) == len(steps_two) == STEPS
+    for a, b in zip(steps_one, steps_two):
+        assert a.keys() == b.keys()
+        for key in ("loss/policy", "policy/clip_frac", "policy/entropy", "mismatch/kl"):
+            assert key in a
+        for key in a.keys() - SPLIT_DEPENDENT:
+            assert b[key] == pytest.approx(a[key], abs=1e-6, rel=1e-6), key
 
 
 def _full_matches(one: dict, two: dict, start: dict) -> None:
@@ -80,6 +102,9 @@ def test_two_gloo_ranks_match_one_rank(tiny_model_dir, tmp_path, case):
     two = _train(tiny_model_dir, tmp_path / "two", groups, 2, stages)
     start = load_file(str(tiny_model_dir / "model.safetensors"))
     for i, (stage, a, b) in enumerate(zip(stages, one, two)):
+        _metrics_match(
+            tmp_path / f"one.stage{i}.metrics.json", tmp_path / f"two.stage{i}.metrics.json"
+        )
         if stage.get("lora"):
             _lora_matches(a, b)
         else:

@@ -5,7 +5,7 @@ calls finish, and their accuracy and records equal one process's over the same i
 import json
 from pathlib import Path
 
-from rollflash.learner.dist import Dist
+from rollflash.learner.process.dist import Dist
 from tests.helpers.ranks import run_ranks
 from tests.integration.eval_worker import evaluate
 

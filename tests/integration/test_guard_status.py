@@ -1,7 +1,7 @@
 """Guard warnings reach `rollctl status` through the run hash on a real redis-server."""
 
-from rollflash.broker.config import config_from_dict
-from rollflash.learner.guards import GuardMonitor
+from rollflash.broker.config.config import config_from_dict
+from rollflash.learner.metrics.guards import GuardMonitor
 from rollflash.rollctl.status import collect_status, guard_line
 
 

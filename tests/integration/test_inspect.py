@@ -9,9 +9,9 @@ import numpy as np
 import redis
 from transformers import AutoTokenizer
 
-from rollflash.broker.config import config_from_dict
-from rollflash.broker.keys import RunKeys
-from rollflash.broker.schema import Sample, Trajectory, encode_trajectory
+from rollflash.broker.config.config import config_from_dict
+from rollflash.broker.connect.keys import RunKeys
+from rollflash.broker.wire.schema import Sample, Trajectory, encode_trajectory
 from rollflash.rollctl.inspect import show_entries
 
 

@@ -1,4 +1,4 @@
-"""The run's lease on a real redis-server (broker/lease.py): one holder, named to whoever else
+"""The run's lease on a real redis-server (broker/channels/lease.py): one holder, named to whoever else
 tries; its fenced writes stop once it is taken over or expired; renewal outlives a full Redis."""
 
 import time
@@ -6,10 +6,10 @@ import time
 import pytest
 import redis
 
-from rollflash.broker.connection import connect
-from rollflash.broker.keys import RunKeys
-from rollflash.broker.learner_side import LearnerBroker
-from rollflash.broker.lease import LeaseHeld, LeaseLost
+from rollflash.broker.channels.lease import LeaseHeld, LeaseLost
+from rollflash.broker.connect.connection import connect
+from rollflash.broker.connect.keys import RunKeys
+from rollflash.broker.sides.learner_side import LearnerBroker
 
 
 def _broker(url, run_id, ttl_s=30.0) -> LearnerBroker:
@@ -55,7 +55,7 @@ def test_an_expired_lease_is_lost_and_free(redis_url, run_id):
 
 
 def test_renewal_works_while_redis_refuses_writes_at_maxmemory(tmp_path, run_id):
-    from rollflash.broker.redis_server import EmbeddedRedis
+    from rollflash.broker.connect.redis_server import EmbeddedRedis
 
     with EmbeddedRedis(tmp_path / "r", extra_args=["--maxmemory-policy", "noeviction"]) as s:
         b = _broker(s.url, run_id, ttl_s=600)

@@ -1,4 +1,4 @@
-"""learner/publish_process.py (`trainer.background_publish: process`) with a real helper process
+"""learner/durability/publish_process.py (`trainer.background_publish: process`) with a real helper process
 and a real redis-server:
 
 - each version holds the weights of the step that published it, although the parameters change
@@ -16,10 +16,10 @@ import signal
 import pytest
 import torch
 
-from rollflash.broker.config import load_config
-from rollflash.broker.weights import MODEL_FILE, WeightStore
-from rollflash.learner.publish import Publisher
-from rollflash.learner.publish_process import NewVersion, PublishFailed
+from rollflash.broker.config.config import load_config
+from rollflash.broker.weights.weights import MODEL_FILE, WeightStore
+from rollflash.learner.durability.publish import Publisher
+from rollflash.learner.durability.publish_process import NewVersion, PublishFailed
 
 
 def _publisher(tmp_path, redis_url, run_id, broker, mode) -> Publisher:
@@ -115,7 +115,7 @@ def test_the_step_copies_the_weights_once_straight_into_the_helpers_shared_memor
     """`publish` hands `published_weights` the helper's buffers: every tensor is cast and copied
     into shared memory in one copy (float32 parameters, bfloat16 buffers), and `submit` sends
     them on as they are; the version holds the step's weights."""
-    from rollflash.learner.lora import published_weights
+    from rollflash.learner.models.lora import published_weights
 
     publisher = _publisher(tmp_path, redis_url, run_id, learner_broker, "process")
     model = torch.nn.Linear(3, 2)
@@ -130,7 +130,7 @@ def test_the_step_copies_the_weights_once_straight_into_the_helpers_shared_memor
         publisher.wait()
     finally:
         publisher.close()
-    from rollflash.broker.weight_stream import verified_tensors
+    from rollflash.broker.weights.weight_chain import verified_tensors
 
     got = verified_tensors(WeightStore(tmp_path), 1)
     for name, p in model.state_dict().items():
@@ -142,9 +142,9 @@ def test_the_helpers_own_errors_reach_the_learner_as_themselves():
     prints it as `rollctl: error: ...`, exit 2); any other failure arrives as its text."""
     import multiprocessing
 
-    from rollflash.broker.lease import LeaseLost
-    from rollflash.broker.redis_io import RunLost
-    from rollflash.learner.publish_process import _send_failure
+    from rollflash.broker.channels.lease import LeaseLost
+    from rollflash.broker.connect.redis_io import RunLost
+    from rollflash.learner.durability.publish_process import _send_failure
 
     class Unpicklable(RunLost):
         def __init__(self, what, extra):

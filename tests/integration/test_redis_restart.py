@@ -18,14 +18,14 @@ import numpy as np
 import pytest
 import redis
 
-from rollflash.broker.config import load_config
-from rollflash.broker.connection import BrokerUnavailable, connect
-from rollflash.broker.generator_side import GeneratorBroker
-from rollflash.broker.keys import GEN_GROUP, RunKeys
-from rollflash.broker.learner_side import LearnerBroker
-from rollflash.broker.redis_io import RunLost
-from rollflash.broker.redis_server import EmbeddedRedis
-from rollflash.broker.schema import PromptWork, Sample, Trajectory
+from rollflash.broker.config.config import load_config
+from rollflash.broker.connect.connection import BrokerUnavailable, connect
+from rollflash.broker.connect.keys import GEN_GROUP, RunKeys
+from rollflash.broker.connect.redis_io import RunLost
+from rollflash.broker.connect.redis_server import EmbeddedRedis
+from rollflash.broker.sides.generator_side import GeneratorBroker
+from rollflash.broker.sides.learner_side import LearnerBroker
+from rollflash.broker.wire.schema import PromptWork, Sample, Trajectory
 from tests.faults.harness import wait_until
 
 FP = load_config(None).fingerprint()
@@ -313,7 +313,7 @@ def test_everysec_forgotten_trajectories_of_a_dead_writer_are_counted_by_the_lea
         good, _ = learner.read_trajectories("rank0", 10, 100, CHECK)
         assert sorted(t.traj_id for _, t in good) == [f"g{i:09d}" for i in range(6)]
         # every prompt delivered again says so, g4 included: the learner, which never saw g4's
-        # first trajectory, counts it as retried (learner/collect.py), so no loss goes uncounted
+        # first trajectory, counts it as retried (learner/intake/collect.py), so no loss goes uncounted
         assert sorted(t.traj_id for _, t in good if t.retried) == [
             "g000000002",
             "g000000003",

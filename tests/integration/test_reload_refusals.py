@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import time
 
-from rollflash.broker.config import config_from_dict
-from rollflash.broker.weights import WeightStore
+from rollflash.broker.config.config import config_from_dict
+from rollflash.broker.weights.weights import WeightStore
 from rollflash.generators import sim_engine
 from rollflash.rollctl.status import show_status
 from tests.helpers.brokers import joined

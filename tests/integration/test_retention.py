@@ -1,5 +1,5 @@
-"""Redis stays flat: what the learner trims, on a real redis-server (broker/retention.py,
-broker/roster.py). Each retention key is shown to act: `redis.keep_acknowledged_s` (acknowledged
+"""Redis stays flat: what the learner trims, on a real redis-server (broker/channels/retention.py,
+broker/channels/roster.py). Each retention key is shown to act: `redis.keep_acknowledged_s` (acknowledged
 trajectories readable for that long, then trimmed), `redis.dlq_max_entries` and
 `redis.dlq_max_age_s` (the dead letters' own retention)."""
 
@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 import redis
 
-from rollflash.broker.config import load_config
-from rollflash.broker.connection import connect
-from rollflash.broker.keys import RunKeys
-from rollflash.broker.learner_side import LearnerBroker
-from rollflash.broker.schema import PromptWork, Sample, Trajectory
-from rollflash.broker.streams import Rejected
+from rollflash.broker.channels.streams import Rejected
+from rollflash.broker.config.config import load_config
+from rollflash.broker.connect.connection import connect
+from rollflash.broker.connect.keys import RunKeys
+from rollflash.broker.sides.learner_side import LearnerBroker
+from rollflash.broker.wire.schema import PromptWork, Sample, Trajectory
 from tests.helpers.brokers import admit, generator
 
 CHECK = (10, 1, 0)
@@ -73,7 +73,7 @@ def test_acknowledged_entries_are_trimmed_once_older_than_keep_acknowledged(
     assert r.xinfo_stream(k.trajectories("gen-0"))["entries-added"] == 10
     # the prompts are done with too: none in flight, all claimed, so only the last claimed stays
     assert r.hlen(k.inflight) == 0 and r.xlen(k.prompts) == 1
-    # the learner's count of what it trimmed keeps the stream check exact (broker/roster.py)
+    # the learner's count of what it trimmed keeps the stream check exact (broker/channels/roster.py)
     assert r.hget(k.generators, "gen-0:trimmed") == str(10 - kept).encode()
     assert r.hget(k.generators, "gen-0") == b"active"
     learner.release()

@@ -1,11 +1,11 @@
-"""The embedded Redis of `rollctl run` across a stop (broker/redis_server.py `snapshot`): a clean
+"""The embedded Redis of `rollctl run` across a stop (broker/connect/redis_server.py `snapshot`): a clean
 stop keeps the data for the next start and for `rollctl status` / `inspect` / `redis-cli`, which
 read it through a server of their own (rollctl/find.py); a crash leaves no stale snapshot."""
 
 import redis
 
-from rollflash.broker.config import config_from_dict
-from rollflash.broker.redis_server import EmbeddedRedis
+from rollflash.broker.config.config import config_from_dict
+from rollflash.broker.connect.redis_server import EmbeddedRedis
 from rollflash.rollctl.find import record_embedded, run_redis
 
 

@@ -24,8 +24,8 @@ import pytest
 import redis
 import torch
 
-from rollflash.broker.acl import generator_acl, learner_acl
-from rollflash.broker.connection import BrokerUnavailable, connect
+from rollflash.broker.connect.acl import generator_acl, learner_acl
+from rollflash.broker.connect.connection import BrokerUnavailable, connect
 from tests.helpers.certs import make_certs
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -179,7 +179,7 @@ def _socket_inodes(pid: int) -> set[str]:
 
 
 def test_embedded_redis_listens_on_a_private_unix_socket_only():
-    from rollflash.broker.redis_server import EmbeddedRedis
+    from rollflash.broker.connect.redis_server import EmbeddedRedis
 
     with EmbeddedRedis() as server:
         inodes = _socket_inodes(server.proc.pid)
@@ -195,8 +195,10 @@ def test_embedded_redis_listens_on_a_private_unix_socket_only():
 
 
 def test_nothing_on_the_wire_or_in_weights_reaches_pickle(tmp_path, monkeypatch):
-    from rollflash.broker.notify import VersionPublisher, VersionSubscriber  # noqa: F401 (imports work)
-    from rollflash.broker.schema import (
+    from rollflash.broker.weights.notify import VersionPublisher, VersionSubscriber  # noqa: F401 (imports work)
+    from rollflash.broker.weights.weight_chain import verified_tensors
+    from rollflash.broker.weights.weights import CorruptWeights, WeightStore
+    from rollflash.broker.wire.schema import (
         PromptWork,
         Sample,
         Trajectory,
@@ -205,9 +207,7 @@ def test_nothing_on_the_wire_or_in_weights_reaches_pickle(tmp_path, monkeypatch)
         encode_prompt,
         encode_trajectory,
     )
-    from rollflash.broker.weight_stream import verified_tensors
-    from rollflash.broker.weights import CorruptWeights, WeightStore
-    from rollflash.broker.wire import WireLimits
+    from rollflash.broker.wire.wire import WireLimits
     from rollflash.generators.sim_engine import SimEngine  # noqa: F401
 
     calls = []
@@ -251,7 +251,7 @@ def test_nothing_on_the_wire_or_in_weights_reaches_pickle(tmp_path, monkeypatch)
     torch.save({"w": torch.ones(3)}, model)
     import json
 
-    from rollflash.broker.digest import file_digest
+    from rollflash.broker.weights.digest import file_digest
 
     manifest = json.loads((model.parent / "manifest.json").read_text())
     manifest["files"]["model.safetensors"] = file_digest(model.read_bytes()).manifest_entry()

@@ -1,4 +1,4 @@
-"""Redis behind Sentinel (broker/sentinel.py) against a real master, replica and three Sentinels
+"""Redis behind Sentinel (broker/connect/sentinel.py) against a real master, replica and three Sentinels
 (tests/helpers/sentinel_cluster.py): the config's `redis.sentinel` switches where the client
 goes and how many replicas a write waits for; a failover is waited out; the lease survives it
 and still fences a stale learner; `rollctl acl --apply` reaches every node."""
@@ -8,10 +8,10 @@ from __future__ import annotations
 import pytest
 import redis
 
-from rollflash.broker.config import load_config
-from rollflash.broker.connection import BrokerUnavailable, connect
-from rollflash.broker.lease import LeaseLost, RunLease
-from rollflash.broker.redis_io import RunRedis
+from rollflash.broker.channels.lease import LeaseLost, RunLease
+from rollflash.broker.config.config import load_config
+from rollflash.broker.connect.connection import BrokerUnavailable, connect
+from rollflash.broker.connect.redis_io import RunRedis
 from rollflash.rollctl.acl import acl_users, apply_users
 from tests.helpers.sentinel_cluster import SERVICE, SentinelCluster
 

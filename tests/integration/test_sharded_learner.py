@@ -9,12 +9,12 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoTokenizer
 
-from rollflash.broker.config import config_from_dict
+from rollflash.broker.config.config import config_from_dict
 from rollflash.learner.build import build_models, build_optim
-from rollflash.learner.checkpoint_io import Trainables, load_dcp, save_dcp
-from rollflash.learner.dist import Dist
-from rollflash.learner.prepare import AlgoModels
-from rollflash.learner.train import train_step
+from rollflash.learner.durability.checkpoint_io import Trainables, load_dcp, save_dcp
+from rollflash.learner.process.dist import Dist
+from rollflash.learner.step.prepare import AlgoModels
+from rollflash.learner.step.train import train_step
 from tests.helpers.ranks import run_ranks
 from tests.integration.dist_worker import make_groups
 

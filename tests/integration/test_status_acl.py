@@ -9,10 +9,10 @@ import sys
 import pytest
 import redis
 
-from rollflash.broker.acl import generator_acl, generator_user, learner_acl, learner_user
-from rollflash.broker.config import load_config
-from rollflash.broker.connection import connect
-from rollflash.broker.learner_side import LearnerBroker
+from rollflash.broker.config.config import load_config
+from rollflash.broker.connect.acl import generator_acl, generator_user, learner_acl, learner_user
+from rollflash.broker.connect.connection import connect
+from rollflash.broker.sides.learner_side import LearnerBroker
 
 
 def _status(url: str, run_id: str) -> subprocess.CompletedProcess:

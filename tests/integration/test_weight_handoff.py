@@ -5,8 +5,8 @@ import multiprocessing as mp
 
 import torch
 
-from rollflash.broker.weight_stream import verified_tensors
-from rollflash.broker.weights import WeightStore
+from rollflash.broker.weights.weight_chain import verified_tensors
+from rollflash.broker.weights.weights import WeightStore
 
 VERSIONS = 12
 

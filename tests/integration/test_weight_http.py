@@ -18,40 +18,13 @@ from contextlib import contextmanager
 import pytest
 import torch
 
-from rollflash.broker.config import load_config
-from rollflash.broker.digest import CHUNK_BYTES
-from rollflash.broker.manifest import MODEL_FILE
-from rollflash.generators.fetch import Announced, HttpSource
-from rollflash.generators.sim_engine import SimEngine
-from rollflash.learner.publish_process import NewVersion, VersionWriter
+from rollflash.broker.weights.digest import CHUNK_BYTES
+from rollflash.broker.weights.manifest import MODEL_FILE
+from rollflash.learner.durability.publish_process import VersionWriter
 from tests.helpers.certs import make_certs
+from tests.helpers.weight_hosts import ROWS, TOKEN, fetch, host_cfg, learner, source
 
-TOKEN = "t0ken-for-the-test"
-ROWS = (CHUNK_BYTES + CHUNK_BYTES // 2) // 4096  # 48 MiB of float32 rows of 1024: 2 chunks
-
-
-class _HostTensors(SimEngine):
-    """The sim engine, but keeping what it is given on the host (to compare it)."""
-
-    def new_weights(self, layout):
-        return {name: torch.empty(shape, dtype=dtype) for name, shape, dtype in layout}
-
-
-@pytest.fixture
-def env(monkeypatch):
-    monkeypatch.setenv("ROLLFLASH_WEIGHTS_TOKEN", TOKEN)
-
-
-def _cfg(tmp_path, host: str, *extra: str):
-    return load_config(None, [f"run.run_dir={tmp_path / host}", "weights.transport=http", *extra])
-
-
-def _learner(tmp_path, learner_broker, *extra: str):
-    writer = VersionWriter(_cfg(tmp_path, "learner", *extra), learner_broker)
-    info = writer.write({"w": torch.arange(ROWS * 1024.0).view(ROWS, 1024)}, NewVersion(1, 1))
-    announced = learner_broker._registry.weights()
-    assert announced["http_url"] == writer.http_url and announced["version"] == "1"
-    return writer, Announced(1, info.sha256, writer.http_url)
+_cfg, _source, _learner, _fetch = host_cfg, source, learner, fetch
 
 
 def _served(writer: VersionWriter) -> int:
@@ -59,17 +32,11 @@ def _served(writer: VersionWriter) -> int:
     return writer.server.served[1]
 
 
-def _fetch(source: HttpSource, announced: Announced) -> torch.Tensor:
-    staged = source.fetch(announced, _HostTensors(load_config(None).sim, 0), set())
-    assert staged.tensors is not None
-    return staged.tensors["w"]
-
-
 @contextmanager
-def _hosts(tmp_path, learner_broker, n: int, *extra: str):
+def _hosts(tmp_path, learner_broker, brokers, n: int, *extra: str):
     """The learner's writer with v1 announced, and `n` generators' sources; all closed after."""
     writer, announced = _learner(tmp_path, learner_broker)
-    sources = [HttpSource(_cfg(tmp_path, f"g{i}", *extra), f"g{i}") for i in range(n)]
+    sources = [_source(_cfg(tmp_path, f"g{i}", *extra), brokers, f"g{i}") for i in range(n)]
     try:
         yield writer, announced, sources
     finally:
@@ -83,10 +50,10 @@ def _size(writer: VersionWriter) -> int:
 
 
 def test_two_generators_fetch_a_version_and_the_learner_sends_it_once(
-    env, tmp_path, learner_broker
+    weights_token, tmp_path, learner_broker, brokers
 ):
     got: dict[int, torch.Tensor] = {}
-    with _hosts(tmp_path, learner_broker, 2) as (writer, announced, sources):
+    with _hosts(tmp_path, learner_broker, brokers, 2) as (writer, announced, sources):
         threads = [
             threading.Thread(target=lambda i=i: got.update({i: _fetch(sources[i], announced)}))
             for i in range(2)
@@ -105,16 +72,24 @@ def test_two_generators_fetch_a_version_and_the_learner_sends_it_once(
         assert sum(s.server.served[1] for s in sources) == _size(writer)
 
 
-def test_with_relay_off_every_generator_fetches_from_the_learner(env, tmp_path, learner_broker):
-    with _hosts(tmp_path, learner_broker, 2, "weights.relay=false") as (writer, announced, gens):
+def test_with_relay_off_every_generator_fetches_from_the_learner(
+    weights_token, tmp_path, learner_broker, brokers
+):
+    with _hosts(tmp_path, learner_broker, brokers, 2, "weights.relay=false") as (
+        writer,
+        announced,
+        gens,
+    ):
         for s in gens:
             assert s.server is None
             _fetch(s, announced)
         assert _served(writer) == 2 * _size(writer)
 
 
-def test_a_relay_that_is_gone_is_replaced_by_the_learner(env, tmp_path, learner_broker):
-    with _hosts(tmp_path, learner_broker, 2) as (writer, announced, (first, second)):
+def test_a_relay_that_is_gone_is_replaced_by_the_learner(
+    weights_token, tmp_path, learner_broker, brokers
+):
+    with _hosts(tmp_path, learner_broker, brokers, 2) as (writer, announced, (first, second)):
         _fetch(first, announced)
         first.server.close()  # the relay's host went away
         torch.testing.assert_close(
@@ -123,8 +98,10 @@ def test_a_relay_that_is_gone_is_replaced_by_the_learner(env, tmp_path, learner_
         assert _served(writer) == 2 * _size(writer)  # the second copy came from the learner
 
 
-def test_a_relay_serving_other_bytes_is_caught_and_replaced(env, tmp_path, learner_broker):
-    with _hosts(tmp_path, learner_broker, 2) as (writer, announced, (first, second)):
+def test_a_relay_serving_other_bytes_is_caught_and_replaced(
+    weights_token, tmp_path, learner_broker, brokers
+):
+    with _hosts(tmp_path, learner_broker, brokers, 2) as (writer, announced, (first, second)):
         _fetch(first, announced)
         kept = first.store.version_dir(1) / MODEL_FILE
         raw = bytearray(kept.read_bytes())
@@ -145,7 +122,7 @@ def _get(url: str, token: str | None, context=None) -> int:
         return e.code
 
 
-def test_nothing_is_served_without_the_token(env, tmp_path, learner_broker):
+def test_nothing_is_served_without_the_token(weights_token, tmp_path, learner_broker, brokers):
     writer, announced = _learner(tmp_path, learner_broker)
     try:
         manifest = f"{writer.http_url}/v/1/manifest.json"
@@ -159,7 +136,9 @@ def test_nothing_is_served_without_the_token(env, tmp_path, learner_broker):
         writer.close()
 
 
-def test_tls_with_the_weights_certificates_or_the_ca_of_redis_url(env, tmp_path, learner_broker):
+def test_tls_with_the_weights_certificates_or_the_ca_of_redis_url(
+    weights_token, tmp_path, learner_broker, brokers
+):
     if shutil.which("openssl") is None:
         pytest.skip("openssl is not installed: cannot make test certificates")
     certs = tmp_path / "certs"
@@ -182,10 +161,10 @@ def test_tls_with_the_weights_certificates_or_the_ca_of_redis_url(env, tmp_path,
     ]
     try:
         for i, cfg in enumerate(trusting):
-            source = HttpSource(cfg, f"g{i}")
+            source = _source(cfg, brokers, f"g{i}")
             _fetch(source, announced)
             source.close()
-        untrusting = HttpSource(_cfg(tmp_path, "c", "weights.relay=false"), "g2")
+        untrusting = _source(_cfg(tmp_path, "c", "weights.relay=false"), brokers, "g2")
         with pytest.raises(Exception, match="(?i)certificate"):
             _fetch(untrusting, announced)
         untrusting.close()
@@ -205,7 +184,7 @@ def test_tls_with_the_weights_certificates_or_the_ca_of_redis_url(env, tmp_path,
 
 @pytest.mark.parametrize("fanout, served", [(1, [1, 1, 0]), (2, [2, 0, 0])])
 def test_fanout_shapes_the_tree_and_local_dir_holds_each_generators_store(
-    env, tmp_path, learner_broker, fanout, served
+    weights_token, tmp_path, learner_broker, brokers, fanout, served
 ):
     """Three generators fetch one after another: with fanout 1 they form a chain (g1 from g0,
     g2 from g1), with 2 a star under g0; the learner sends one copy either way. Each keeps its
@@ -213,7 +192,8 @@ def test_fanout_shapes_the_tree_and_local_dir_holds_each_generators_store(
     writer, announced = _learner(tmp_path, learner_broker, f"weights.fanout={fanout}")
     local = tmp_path / "elsewhere"
     sources = [
-        HttpSource(_cfg(tmp_path, f"g{i}", f"weights.local_dir={local}"), f"g{i}") for i in range(3)
+        _source(_cfg(tmp_path, f"g{i}", f"weights.local_dir={local}"), brokers, f"g{i}")
+        for i in range(3)
     ]
     try:
         for s in sources:
@@ -228,21 +208,21 @@ def test_fanout_shapes_the_tree_and_local_dir_holds_each_generators_store(
 
 
 def test_the_token_comes_from_token_file_else_the_environment(
-    tmp_path, learner_broker, monkeypatch
+    tmp_path, learner_broker, brokers, monkeypatch
 ):
-    from rollflash.broker.config import ConfigError
+    from rollflash.broker.config.config import ConfigError
 
     monkeypatch.delenv("ROLLFLASH_WEIGHTS_TOKEN", raising=False)
     with pytest.raises(ConfigError, match="weights.token_file: .*ROLLFLASH_WEIGHTS_TOKEN"):
-        HttpSource(_cfg(tmp_path, "none"), "g0")
+        _source(_cfg(tmp_path, "none"), brokers, "g0")
     token_file = tmp_path / "token"
     token_file.write_text(f"{TOKEN}\n")
     writer, announced = _learner(tmp_path, learner_broker, f"weights.token_file={token_file}")
-    source = HttpSource(_cfg(tmp_path, "g", f"weights.token_file={token_file}"), "g0")
+    source = _source(_cfg(tmp_path, "g", f"weights.token_file={token_file}"), brokers, "g0")
     try:
         _fetch(source, announced)
         monkeypatch.setenv("ROLLFLASH_WEIGHTS_TOKEN", "another")  # a generator with another token
-        wrong = HttpSource(_cfg(tmp_path, "w", "weights.relay=false"), "g1")
+        wrong = _source(_cfg(tmp_path, "w", "weights.relay=false"), brokers, "g1")
         with pytest.raises(Exception, match="401"):
             _fetch(wrong, announced)
         wrong.close()

@@ -1,4 +1,4 @@
-"""The Redis password never reaches the disk or a log (broker/secrets.py).
+"""The Redis password never reaches the disk or a log (broker/connect/secrets.py).
 
 A real password-protected redis-server and real `rollctl` processes: the password may come from the
 URL, a file or the environment; the saved config holds none and is private (0600 in a 0700
@@ -17,8 +17,15 @@ import pytest
 import redis
 import yaml
 
-from rollflash.broker.config import ConfigError, load_config
-from rollflash.broker.secrets import PASSWORD_ENV, redact, with_password
+from rollflash.broker.config.config import ConfigError, load_config
+from rollflash.broker.connect.secrets import (
+    PASSWORD_ENV,
+    make_private_dir,
+    private_subdir,
+    redact,
+    with_password,
+)
+from rollflash.errors import BadInput
 
 PASSWORD = "S3cret-pw/with:odd@chars"
 
@@ -116,12 +123,11 @@ def test_an_unreachable_redis_error_shows_no_password():
     assert "user:***@127.0.0.1" in out.stderr
 
 
-def test_rollctl_run_with_a_password_saves_and_logs_none(tmp_path, protected_socket):
-    run_dir = tmp_path / "run"
-    url = with_password(f"unix://{protected_socket}", PASSWORD)
-    sets = [
+def _sim_run(run_dir, run_id: str, *sets: str) -> list[str]:
+    """`--set` options of a short `rollctl run` with the simulated engine."""
+    sets += (
         f"run.run_dir={run_dir}",
-        "run.run_id=secret",
+        f"run.run_id={run_id}",
         "rollout.engine=sim",
         "rollout.num_return_sequences=2",
         "rollout.max_new_tokens=8",
@@ -132,10 +138,14 @@ def test_rollctl_run_with_a_password_saves_and_logs_none(tmp_path, protected_soc
         "trainer.total_steps=2",
         "trainer.wait_timeout_s=60",
         "eval.size=1",
-    ]
-    args = ["run", "--redis-url", url, "--generators", "1"]
-    for s in sets:
-        args += ["--set", s]
+    )
+    return [f"--set={s}" for s in sets]
+
+
+def test_rollctl_run_with_a_password_saves_and_logs_none(tmp_path, protected_socket):
+    run_dir = tmp_path / "run"
+    url = with_password(f"unix://{protected_socket}", PASSWORD)
+    args = ["run", "--redis-url", url, "--generators", "1", *_sim_run(run_dir, "secret")]
     out = _cli(*args, env={PASSWORD_ENV: ""}, timeout=300)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     assert (run_dir / "summary.json").is_file()  # the children connected with the password
@@ -143,3 +153,34 @@ def test_rollctl_run_with_a_password_saves_and_logs_none(tmp_path, protected_soc
     for path in [*run_dir.rglob("*.yaml"), *run_dir.rglob("*.log"), *run_dir.rglob("*.jsonl")]:
         assert PASSWORD not in path.read_text(errors="replace"), path
     assert PASSWORD not in out.stdout + out.stderr
+
+
+def test_a_shared_run_directory_keeps_its_mode_and_the_private_files_their_own(tmp_path):
+    """`run.run_dir` naming a directory others share (here one of mode 1777, as /tmp): rollflash
+    never changes its mode, and keeps what must stay private in directories it creates, 0700."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o1777)
+    sets = _sim_run(shared, "shared", "trainer.checkpoint_every=1")
+    out = _cli("run", "--generators", "1", *sets, timeout=300)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    assert _mode(shared) == 0o1777  # sticky bit and all, as it was
+    for private in ("weights", "checkpoints", "redis", "logs"):
+        assert _mode(shared / private) == 0o700, private
+    assert _mode(shared / "config.yaml") == _mode(shared / "run.yaml") == 0o600
+
+
+def test_private_directories_are_made_0700_and_ones_others_can_write_refused(tmp_path):
+    made = make_private_dir(tmp_path / "a" / "b" / "c")
+    assert [_mode(tmp_path / p) for p in ("a", "a/b", "a/b/c")] == [0o700] * 3
+    os.chmod(tmp_path / "a", 0o755)
+    assert make_private_dir(tmp_path / "a") == tmp_path / "a" and _mode(tmp_path / "a") == 0o755
+    assert private_subdir(made) == made
+    os.chmod(made, 0o777)
+    with pytest.raises(BadInput) as e:
+        private_subdir(made)
+    assert str(e.value) == (
+        f"{made}: holds the run's private files but is owned by uid {os.geteuid()} with mode "
+        "0777, which others can write or own; remove it, or choose another run.run_dir"
+    )
+    assert _mode(made) == 0o777  # refused, not changed

@@ -7,13 +7,18 @@ import numpy as np
 import pytest
 from sandbox_harness import SKIP_SANDBOX
 
-from rollflash.broker.schema import PromptWork, Trajectory, decode_trajectory, encode_trajectory
-from rollflash.broker.wire import WireLimits
+from rollflash.broker.wire.schema import (
+    PromptWork,
+    Trajectory,
+    decode_trajectory,
+    encode_trajectory,
+)
+from rollflash.broker.wire.wire import WireLimits
 from rollflash.envs.episode import Episode
 from rollflash.envs.multiturn import StepResult, TurnLimit
 from rollflash.envs.sandbox import SandboxError
 from rollflash.generators.episodes import episodes_to_trajectory
-from rollflash.learner.metrics import merge_rank_metrics
+from rollflash.learner.metrics.metrics import merge_rank_metrics
 
 
 @SKIP_SANDBOX
@@ -131,7 +136,7 @@ def test_env_errors_reach_the_learner_metric():
     assert isinstance(decoded, Trajectory) and [s.env_errors for s in decoded.samples] == [1, 0]
     assert np.array_equal(decoded.samples[0].response_ids, trajectory.samples[0].response_ids)
 
-    from rollflash.learner.collect import Collected
+    from rollflash.learner.intake.collected import Collected
 
     collected = Collected(groups=[decoded])  # the collector's own record, its defaults
     wall = {"step_s": 1.0, "train_s": 0.5, "publish_s": 0.0, "checkpoint_s": 0.0}

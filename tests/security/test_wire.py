@@ -1,4 +1,4 @@
-"""Hostile trajectory and prompt entries against the decoders (broker/schema.py, broker/wire.py).
+"""Hostile trajectory and prompt entries against the decoders (broker/wire/schema.py, broker/wire/wire.py).
 
 The attacker controls every byte a generator writes. Whatever it writes, decoding either returns a
 valid entry or raises `WireError` (which readers dead-letter), and memory stays bounded."""
@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rollflash.broker.schema import (
+from rollflash.broker.wire.schema import (
     PromptWork,
     Sample,
     Trajectory,
@@ -22,7 +22,7 @@ from rollflash.broker.schema import (
     encode_prompt,
     encode_trajectory,
 )
-from rollflash.broker.wire import WireError, WireLimits
+from rollflash.broker.wire.wire import WireError, WireLimits
 
 VOCAB = 50
 LIMITS = WireLimits(max_bytes=8_000_000, vocab_size=VOCAB, max_samples=4, max_abs_reward=100.0)
@@ -191,7 +191,7 @@ def test_an_unknown_key_is_refused_before_its_value_is_decoded():
 
 
 def test_a_bomb_under_an_unknown_sample_key_stops_at_the_object_cap():
-    """A sample's fields are decoded whole before their keys are checked (broker/wire.py
+    """A sample's fields are decoded whole before their keys are checked (broker/wire/wire.py
     `mapping`), so this bomb is decoded until the object cap stops it, not refused before: the
     cap, not the key check, bounds its memory."""
     prefix = msgpack.packb({"prompt_ids": _array("<i4", [2], np.ones(2, "<i4").tobytes())})

@@ -6,8 +6,8 @@ import msgpack
 import numpy as np
 import redis
 
-from rollflash.broker.keys import LEARNER_GROUP, RunKeys
-from rollflash.broker.schema import Sample, Trajectory, encode_trajectory
+from rollflash.broker.connect.keys import LEARNER_GROUP, RunKeys
+from rollflash.broker.wire.schema import Sample, Trajectory, encode_trajectory
 
 
 def _crafted() -> dict:
@@ -32,7 +32,7 @@ def test_a_crafted_entry_is_dead_lettered_once_and_never_pending(
     good, bad = broker.read_trajectories("rank0", 10, 100, check)
     assert good == [] and [b.ref for b in bad] == [f"gen-0/{entry_id}"]
     assert "shape" in bad[0].reason
-    broker.dead_letter(bad)  # once the caller recorded it (learner/collect.py)
+    broker.dead_letter(bad)  # once the caller recorded it (learner/intake/collect.py)
     ((_, dead),) = r.xrange(keys.dlq)
     assert dead[b"original_id"].decode() == entry_id and dead[b"code"] == b"bad_shape"
     again, rejected = broker.read_trajectories("rank0", 10, None, check, after={})

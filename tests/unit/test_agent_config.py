@@ -2,7 +2,7 @@
 
 import pytest
 
-from rollflash.broker.config import ConfigError, config_from_dict
+from rollflash.broker.config.config import ConfigError, config_from_dict
 
 AGENT = {"agent": "examples.guess_sum:run_episode"}
 

@@ -9,8 +9,8 @@ import numpy as np
 import openai
 import pytest
 
-from rollflash.broker.schema import PromptWork, decode_trajectory, encode_trajectory
-from rollflash.broker.wire import WireLimits
+from rollflash.broker.wire.schema import PromptWork, decode_trajectory, encode_trajectory
+from rollflash.broker.wire.wire import WireLimits
 from rollflash.envs import Item
 from rollflash.envs.agent import Agent, AgentLoadError, Codec, load_agent
 from rollflash.envs.agent_host import AgentHost

@@ -1,4 +1,5 @@
-"""KL estimators k1/k2/k3, the KL loss, token entropy from logits and the entropy bonus."""
+"""KL estimators k1/k2/k3 (k3 clamped at 10 in value and gradient, as verl's low_var_kl), the KL
+loss, the direction of the k3 metrics, token entropy from logits and the entropy bonus."""
 
 import math
 
@@ -6,7 +7,8 @@ import pytest
 import torch
 
 from rollflash.algos.entropy import entropy_bonus, entropy_from_logits
-from rollflash.algos.kl import KL_ESTIMATORS, kl_loss, kl_penalty
+from rollflash.algos.kl import KL_ESTIMATORS, approx_kl, kl_loss, kl_penalty
+from rollflash.algos.rewards import kl_reward_penalty
 
 T_, F_ = True, False
 
@@ -109,3 +111,54 @@ def test_entropy_bonus_sign_and_mask():
     torch.testing.assert_close(out.metrics["policy/entropy"], torch.tensor(1.5))
     out.loss.backward()
     torch.testing.assert_close(ent.grad, torch.tensor([[-0.5, -0.5, 0.0]]))
+
+
+def test_k3_is_clamped_at_log_ratio_minus_15_in_value_and_gradient():
+    # token 0: log pi - log ref = -16 - (-1) = -15 -> k3 = e^15 - 1 - 15 = 3269001.4, clamped to 10,
+    #   and its gradient is 0 (the clamp holds it: the token stops pulling)
+    # token 1: log ratio -1 -> k3 = e^1 - 1 - 1 = 0.71828, d k3 / d logp = 1 - e^1 = -1.71828
+    # token-mean over both: loss = (10 + 0.71828) / 2 = 5.35914; grads [0, -1.71828 / 2 = -0.85914]
+    logp = torch.tensor([[-16.0, -2.0]], requires_grad=True)
+    ref = torch.tensor([[-1.0, -1.0]])
+    out = kl_loss(logp, ref, torch.ones(1, 2, dtype=torch.bool), "k3")
+    out.loss.backward()
+    torch.testing.assert_close(out.loss, torch.tensor(5.35914), atol=1e-5, rtol=0)
+    torch.testing.assert_close(logp.grad, torch.tensor([[0.0, -0.85914]]), atol=1e-5, rtol=0)
+    assert out.metrics["kl/clamped_frac"] == 0.5  # one token of two
+    # the raw k3 the clamp removes: a single token would otherwise weigh 3.3e6
+    assert math.exp(15) - 16 > 3.2e6
+    # at +15 the other side: k3 = e^-15 - 1 + 15 = 14.0 -> 10 as well
+    up = kl_penalty(torch.tensor([[-1.0]]), torch.tensor([[-16.0]]), "k3")
+    torch.testing.assert_close(up, torch.tensor([[10.0]]))
+
+
+def test_k3_reward_penalty_is_clamped_too():
+    # behaviour 15 nats below the reference on one token: -kl_coef * min(k3, 10) = -0.1 * 10 = -1.0
+    out = kl_reward_penalty(
+        torch.tensor([[-16.0]]),
+        torch.tensor([[-1.0]]),
+        torch.ones(1, 1, dtype=torch.bool),
+        0.1,
+        "k3",
+    )
+    torch.testing.assert_close(out, torch.tensor([[-1.0]]))
+
+
+@pytest.mark.parametrize("kind", ["k1", "k2"])
+def test_only_k3_is_clamped(kind):
+    # k1 = -15, k2 = 112.5: never clamped, and kl/clamped_frac stays 0
+    out = kl_loss(
+        torch.tensor([[-16.0]]), torch.tensor([[-1.0]]), torch.ones(1, 1, dtype=torch.bool), kind
+    )
+    assert out.metrics["kl/clamped_frac"] == 0.0
+    assert abs(out.loss.item()) == pytest.approx({"k1": 15.0, "k2": 112.5}[kind])
+
+
+def test_approx_kl_direction_hand_worked():
+    # the sampler drew the token with log p = -1; the other policy gives it log q = -2.
+    # KL(sampler || other) per token: d = log q - log p = -1, e^d - 1 - d = 0.36788 - 1 + 1 = 0.36788
+    # (the reversed form e^-d - 1 + d = e - 2 = 0.71828 is what a swapped call would give)
+    got = approx_kl(
+        torch.tensor([[-1.0]]), torch.tensor([[-2.0]]), torch.ones(1, 1, dtype=torch.bool)
+    )
+    torch.testing.assert_close(got, torch.tensor(0.36788), atol=1e-5, rtol=0)

@@ -1,9 +1,9 @@
-"""The `algo:` section's rules (broker/config_algo.py and the cross-section ones on Config): a valid
+"""The `algo:` section's rules (broker/config/config_algo.py and the cross-section ones on Config): a valid
 choice loads with exactly the values given, every error is one line naming its key."""
 
 import pytest
 
-from rollflash.broker.config import ConfigError, config_from_dict
+from rollflash.broker.config.config import ConfigError, config_from_dict
 
 
 @pytest.mark.parametrize(
@@ -11,7 +11,17 @@ from rollflash.broker.config import ConfigError, config_from_dict
     [
         ({}, {}),
         (dict(adv_estimator="gae", critic=True, clip_range_value=0.2, gamma=0.99, lam=0.95), {}),
-        (dict(policy_loss="gspo", clip_low=3e-4, clip_high=4e-4, is_level="sequence"), {}),
+        (
+            dict(
+                policy_loss="gspo",
+                clip_low=3e-4,
+                clip_high=4e-4,
+                dual_clip_c=None,
+                loss_agg_mode="seq-mean-token-mean",
+                is_level="sequence",
+            ),
+            {},
+        ),
         (
             dict(is_mode="mask", tis_cap=5.0, is_low=0.5, dynamic_sampling=True),
             dict(num_return_sequences=8),
@@ -56,13 +66,14 @@ AGG = "['token-mean', 'seq-mean-token-mean', 'seq-mean-token-sum', 'seq-mean-tok
         (
             dict(adv_estimator="gae"),
             {},
-            "algo.adv_estimator: 'gae' needs a critic (set algo.critic: true)",
+            "algo.critic: algo.adv_estimator gae needs true, got false (GAE's baseline is a "
+            "learned value model; Schulman et al. 2016)",
         ),
         (
             dict(critic=True),
             {},
-            "algo.critic: true but algo.adv_estimator 'grpo' does not use a critic "
-            "(use one of gae, or set algo.critic: false)",
+            "algo.adv_estimator: algo.critic true needs gae, got grpo (no other estimator "
+            "reads the value model)",
         ),
         (dict(adv_estimator="gpro"), {}, f"algo.adv_estimator: must be one of {ADV}, got 'gpro'"),
         (
@@ -88,15 +99,16 @@ AGG = "['token-mean', 'seq-mean-token-mean', 'seq-mean-token-sum', 'seq-mean-tok
             {},
             "algo.reward_norm: must be one of ['none', 'batch', 'group', 'running'], got 'zscore'",
         ),
-        (dict(clip_low=1.5), {}, "algo.clip_low: must be in (0, 1), got 1.5"),
-        (dict(clip_low=0.0), {}, "algo.clip_low: must be in (0, 1), got 0.0"),
+        (dict(clip_low=1.5), {}, "algo.clip_low: must be in (0, 1], got 1.5"),
+        (dict(clip_low=0.0), {}, "algo.clip_low: must be in (0, 1], got 0.0"),
         (dict(clip_high=-0.1), {}, "algo.clip_high: must be > 0, got -0.1"),
         (dict(dual_clip_c=1.0), {}, "algo.dual_clip_c: must be > 1 or null, got 1.0"),
         (dict(tis_cap=0.5), {}, "algo.tis_cap: must be >= 1 or null, got 0.5"),
         (
             dict(is_low=0.5),
             {},
-            "algo.is_low: is only used with algo.is_mode: mask, got is_mode 'truncate'",
+            "algo.is_mode: algo.is_low 0.5 needs mask, got truncate (is_low is the lower edge "
+            "of the interval mask mode keeps)",
         ),
         (dict(is_mode="mask", is_low=1.5), {}, "algo.is_low: must be in [0, 1] or null, got 1.5"),
         (dict(kl_coef=-0.1), {}, "algo.kl_coef: must be >= 0, got -0.1"),
@@ -121,14 +133,14 @@ AGG = "['token-mean', 'seq-mean-token-mean', 'seq-mean-token-sum', 'seq-mean-tok
         (
             {},
             dict(num_return_sequences=1),
-            "rollout.num_return_sequences: algo.adv_estimator 'grpo' and "
-            "algo.dynamic_sampling need groups of at least 2 samples, got 1",
+            "rollout.num_return_sequences: algo.adv_estimator grpo needs >= 2, got 1 (the "
+            "baseline is the other samples of the prompt's group)",
         ),
         (
             dict(adv_estimator="reinforce++", dynamic_sampling=True),
             dict(num_return_sequences=1),
-            "rollout.num_return_sequences: algo.adv_estimator 'reinforce++' and "
-            "algo.dynamic_sampling need groups of at least 2 samples, got 1",
+            "rollout.num_return_sequences: algo.dynamic_sampling true needs >= 2, got 1 (a "
+            "group of one always has equal scores and would always be dropped)",
         ),
         (dict(gamma=float("inf")), {}, "algo.gamma: must be finite, got inf"),
         (dict(kl_coef=True), {}, "algo.kl_coef: expected a number, got True"),
@@ -136,8 +148,8 @@ AGG = "['token-mean', 'seq-mean-token-mean', 'seq-mean-token-sum', 'seq-mean-tok
         (
             dict(kl_target=0.1),
             {},
-            "algo.kl_target: the adaptive controller needs a starting algo.kl_coef > 0 "
-            "(InstructGPT: 0.02)",
+            "algo.kl_coef: algo.kl_target 0.1 needs > 0.0, got 0.0 (the adaptive controller "
+            "starts from it; InstructGPT: 0.02)",
         ),
     ],
 )

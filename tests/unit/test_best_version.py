@@ -1,18 +1,20 @@
-"""`eval.keep_best` (learner/best.py): the version with the best held-out accuracy is kept under
+"""`eval.keep_best` (learner/evaluation/best.py): the version with the best held-out accuracy is kept under
 run_dir/best whatever weights/ retention deletes, a tie keeps the earlier one, a resumed learner
 continues from the record, and `rollctl export --best` exports it."""
 
 from __future__ import annotations
 
+import shutil
+
 import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
-from rollflash.broker.config import config_from_dict
-from rollflash.broker.weights import WeightStore
-from rollflash.learner.best import BestVersion
-from rollflash.learner.dist import full_state_dict
-from rollflash.learner.export import export_version
+from rollflash.broker.config.config import config_from_dict
+from rollflash.broker.weights.weights import WeightStore
+from rollflash.learner.evaluation.best import BestVersion
+from rollflash.learner.process.dist import full_state_dict
+from rollflash.learner.tools.export import export_version
 
 
 def _publish(store: WeightStore, version: int, value: float) -> None:
@@ -55,3 +57,20 @@ def test_export_best_writes_the_kept_version(tmp_path, tiny_model_dir):
     latest = export_version(cfg, None, tmp_path / "latest")
     moved = AutoModelForCausalLM.from_pretrained(latest).model.embed_tokens.weight
     assert not torch.equal(moved, weights["model.embed_tokens.weight"])
+
+
+def test_a_version_stored_as_a_delta_is_kept_whole(tmp_path):
+    from rollflash.broker.weights.delta_write import VersionChain
+    from rollflash.broker.weights.weight_chain import verified_tensors
+
+    store, best = WeightStore(tmp_path), BestVersion(tmp_path)
+    chain = VersionChain(tmp_path / "publishing", 10)
+    w = torch.zeros(1000)
+    store.publish({"w": w}, 0, step=0, chain=chain)
+    w[7] = 1.0  # one element: v1 is a delta against v0
+    store.publish({"w": w}, 1, step=1, chain=chain)
+    assert store.manifest(1).kind == "delta"
+    assert best.offer(store, 1, 1, 0.9)
+    shutil.rmtree(store.version_dir(0))  # what the delta stood on, gone: best/ holds v1 whole
+    assert best.store.manifest(1).kind == "full"
+    assert torch.equal(verified_tensors(best.store, 1)["w"], w)

@@ -12,10 +12,11 @@ from transformers import AutoTokenizer
 
 from rollflash.envs import Item, make_task
 from rollflash.envs.chat import PromptFormatter, encode_prompts, format_task
-from rollflash.envs.reward_functions import RewardFunctions, ScoredTask
+from rollflash.envs.reward_functions import RewardFunctions
+from rollflash.envs.scored_task import ScoredTask
 from rollflash.generators.hf_engine import HFEngine
 from rollflash.generators.sampling import SamplingParams
-from rollflash.learner.evaluate import heldout_accuracy
+from rollflash.learner.evaluation.eval_generate import heldout_accuracy
 from tests.helpers.chat_model import build_chat_model
 
 QUESTION = "Tom has 17 apples and buys 25 more. How many?"

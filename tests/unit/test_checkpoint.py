@@ -1,4 +1,4 @@
-"""Learner checkpoints (learner/checkpoint.py): a resumed model, optimiser and scheduler continue
+"""Learner checkpoints (learner/durability/checkpoint.py): a resumed model, optimiser and scheduler continue
 bit for bit where the uninterrupted run goes; the version -> step lineage after a resume; only
 complete checkpoints are used; retention."""
 
@@ -10,12 +10,17 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from rollflash.broker.config import config_from_dict
-from rollflash.learner.checkpoint import CheckpointStore, LearnerState, restore_rng, rng_state
-from rollflash.learner.checkpoint_io import Trainables
-from rollflash.learner.lineage import Lineage
-from rollflash.learner.prepare import build_algo_models
-from rollflash.learner.train import train_step
+from rollflash.broker.config.config import config_from_dict
+from rollflash.learner.durability.checkpoint import (
+    CheckpointStore,
+    LearnerState,
+    restore_rng,
+    rng_state,
+)
+from rollflash.learner.durability.checkpoint_io import Trainables
+from rollflash.learner.intake.lineage import Lineage
+from rollflash.learner.step.prepare import build_algo_models
+from rollflash.learner.step.train import train_step
 from tests.integration.dist_worker import make_groups
 
 

@@ -14,10 +14,10 @@ HEAVY = ("torch", "transformers", "vllm", "safetensors.torch", "rollflash.algos"
     "module",
     [
         "rollflash.rollctl.cli",
-        "rollflash.broker.config",
-        "rollflash.broker.config_reference",
+        "rollflash.broker.config.config",
+        "rollflash.broker.config.config_reference",
         "rollflash.rollctl.status",
-        "rollflash.broker.acl",
+        "rollflash.broker.connect.acl",
         "rollflash.rollctl.find",
         "rollflash.rollctl.operate",
     ],
@@ -33,7 +33,7 @@ def test_light_modules_pull_no_heavy_modules(module):
 
 def test_loading_every_shipped_config_pulls_no_heavy_modules():
     code = (
-        "import sys, pathlib; from rollflash.broker.config import load_config; "
+        "import sys, pathlib; from rollflash.broker.config.config import load_config; "
         "[load_config(p) for p in pathlib.Path('configs').glob('*.yaml')]; "
         f"print(','.join(m for m in {HEAVY!r} if m in sys.modules))"
     )

@@ -2,8 +2,8 @@
 
 import numpy as np
 
-from rollflash.broker.schema import Sample, Trajectory
-from rollflash.learner.completions import pick_completions
+from rollflash.broker.wire.schema import Sample, Trajectory
+from rollflash.learner.metrics.completions import pick_completions
 
 
 def _group(gid, rewards, behavior_version=3, generator="gen-0"):

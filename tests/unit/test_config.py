@@ -1,7 +1,8 @@
 import pytest
 import yaml
 
-from rollflash.broker.config import Config, ConfigError, config_from_dict, load_config
+from rollflash.broker.config.config import Config, ConfigError, config_from_dict, load_config
+from rollflash.broker.connect.keys import run_prefix
 
 ROOT = __import__("pathlib").Path(__file__).resolve().parents[2]
 
@@ -9,7 +10,7 @@ ROOT = __import__("pathlib").Path(__file__).resolve().parents[2]
 def test_defaults_are_valid():
     cfg = config_from_dict({})
     assert cfg.trainer.max_staleness == 1  # ceil(async_ratio = 1.0)
-    assert cfg.key_prefix == "rl:demo:"
+    assert run_prefix(cfg.run.run_id) == "rl:demo:"
 
 
 @pytest.mark.parametrize("path", sorted((ROOT / "configs").glob("*.yaml")), ids=lambda p: p.name)
@@ -35,7 +36,7 @@ def test_every_shipped_config_loads(path):
             "trainer.background_publish: true is not a mode; set process",
         ),
         ({"trainer": {"background_publish": 0}}, "trainer.background_publish: must be process"),
-        ({"algo": {"clip_low": 1.5}}, "algo.clip_low: must be in (0, 1)"),
+        ({"algo": {"clip_low": 1.5}}, "algo.clip_low: must be in (0, 1]"),
         ({"algo": {"tis_cap": 0.5}}, "algo.tis_cap: must be >= 1 or null"),
         ({"rollout": {"num_return_sequences": 1}}, "rollout.num_return_sequences"),
         ({"trainer": 3}, "trainer: expected a mapping"),
@@ -130,7 +131,7 @@ def test_logging_is_learner_local_and_left_out_of_the_fingerprint():
     assert other.fingerprint() == base.fingerprint()
 
 
-# Fingerprints of the shipped configs (broker/fingerprint.py): processes of one run compare
+# Fingerprints of the shipped configs (broker/config/fingerprint.py): processes of one run compare
 # them, so the config's representation may not change them. A new shared key or a new default
 # of one changes them on purpose (update the values then; model.dtype: auto was the last).
 @pytest.mark.parametrize(
@@ -198,7 +199,7 @@ def test_a_key_that_may_differ_leaves_the_fingerprint(override):
 
 @pytest.mark.parametrize("override, key", MUST_AGREE)
 def test_a_shared_key_is_named_where_it_differs(override, key):
-    from rollflash.broker.fingerprint import differences
+    from rollflash.broker.config.fingerprint import differences
 
     base, other = load_config(None).fingerprint(), load_config(None, [override]).fingerprint()
     assert other != base
@@ -221,18 +222,21 @@ def test_saved_yaml_has_every_section_and_key_in_declaration_order(tmp_path):
     # (functions, weights, timeout_s, dtype, the code and judge sections), rollout +4 (device, the
     # vllm section, agent, agent_timeout_s), trainer +8 (the learner's device and precision keys,
     # publish) and -1 (eval_every moved to eval.every) and +2 (ppo_mini_batches, ppo_epochs) and
-    # +4 (tf32, cuda_alloc_conf, dist_timeout_s, fsdp_reduce_scatter), task -1 (eval_size moved
-    # to eval.size), redis +4 (the lease's TTL, how long acknowledged trajectories stay, the dead
-    # letters' retention: count and age) +1 (the sentinel section), and eval (7), logging (8),
-    # placement (4) and weights (10)
+    # +4 (tf32, cuda_alloc_conf, dist_timeout_s, fsdp_reduce_scatter) +1 (overdue_steps)
+    # +1 (disable_dropout), task -1 (eval_size moved to eval.size), redis +4 (the lease's TTL,
+    # how long acknowledged trajectories stay, the dead letters' retention: count and age) +1
+    # (the sentinel section), algo +1 (recipe), guards +1 (max_mismatch_kl), and eval (7),
+    # logging (8), placement (4) and weights (10) +3 (its servers' request timeout and
+    # connection caps) +3 (anchor_every, probe, probe_tolerance)
     assert {name: len(section) for name, section in saved.items()} == {
-        "run": 4, "redis": 9, "model": 6, "task": 2, "rollout": 18, "trainer": 29, "algo": 29,
-        "sim": 6, "reward": 13, "eval": 7, "rm": 14, "guards": 11, "logging": 8, "placement": 4,
-        "weights": 10,
+        "run": 4, "redis": 9, "model": 6, "task": 2, "rollout": 18, "trainer": 31, "algo": 30,
+        "sim": 6, "reward": 13, "eval": 7, "rm": 14, "guards": 12, "logging": 8, "placement": 4,
+        "weights": 16,
     }  # fmt: skip
     assert len(saved["rollout"]["vllm"]) == 10
     assert (len(saved["reward"]["code"]), len(saved["reward"]["judge"])) == (6, 7)
     assert "max_staleness" not in saved["trainer"] and "key_prefix" not in saved
+    assert "max_overdue_staleness" not in saved["trainer"]
 
 
 @pytest.mark.parametrize(
@@ -254,6 +258,14 @@ def test_saved_yaml_has_every_section_and_key_in_declaration_order(tmp_path):
         (
             {"redis": {"connect_timeout_s": float("nan")}},
             "redis.connect_timeout_s: must be finite, got nan",
+        ),
+        (
+            {"rollout": {"temperature": float("nan")}},
+            "rollout.temperature: must be finite, got nan",
+        ),
+        (
+            {"rollout": {"temperature": float("inf")}},
+            "rollout.temperature: must be finite, got inf",
         ),
         (
             {"model": {"dtype": "fp16"}},
@@ -285,9 +297,9 @@ def test_saved_yaml_has_every_section_and_key_in_declaration_order(tmp_path):
         ),
         (
             {"guards": {"enabld": True}},
-            "guards.enabld: unknown key (known: enabled, kl_max_rise, kl_window, max_ngram_repeat, "
-            "max_truncated_frac, min_length, ngram_n, patience, score_std_drop, score_std_min, "
-            "stop_on_guard)",
+            "guards.enabld: unknown key (known: enabled, kl_max_rise, kl_window, max_mismatch_kl, "
+            "max_ngram_repeat, max_truncated_frac, min_length, ngram_n, patience, score_std_drop, "
+            "score_std_min, stop_on_guard)",
         ),
         (
             {"logging": {"backends": ["tensorboard"]}},

@@ -8,14 +8,15 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from rollflash.broker.config import Config, load_config
-from rollflash.broker.config_reference import (
+from rollflash.broker.config.config import Config, load_config
+from rollflash.broker.config.config_reference import (
     json_schema,
     markdown,
     reference,
     show_lines,
     type_text,
 )
+from rollflash.broker.config.config_rules import with_algorithms_block
 from rollflash.rollctl.cli import app
 
 ROOT = __import__("pathlib").Path(__file__).resolve().parents[2]
@@ -25,6 +26,13 @@ CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
 def test_docs_config_md_is_generated_from_the_models():
     committed = (ROOT / "docs" / "config.md").read_text()
     assert committed == markdown(), "docs/config.md is stale: run python scripts/gen_config_docs.py"
+
+
+def test_docs_algorithms_md_recipe_and_rule_tables_are_generated():
+    committed = (ROOT / "docs" / "algorithms.md").read_text()
+    assert committed == with_algorithms_block(committed), (
+        "docs/algorithms.md's recipe and rule tables are stale: run python scripts/gen_config_docs.py"
+    )
 
 
 def _leaves(model) -> int:

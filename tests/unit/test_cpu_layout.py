@@ -1,8 +1,8 @@
 """rollctl/cpu_layout.py: how `rollctl run` shares a CPU machine's cores."""
 
-from rollflash.broker.config import config_from_dict
+from rollflash.broker.config.config import config_from_dict
 from rollflash.rollctl.cpu_layout import SMALL_MODEL_BYTES, CpuLayout, cpu_layout, plan_cpu
-from rollflash.rollctl.local import child_env, plan_children
+from rollflash.rollctl.local import child_env, plan_run
 
 SMALL, LARGE = 3 * 2**20, SMALL_MODEL_BYTES
 
@@ -45,17 +45,17 @@ def test_rollctl_run_gives_each_child_the_layouts_threads(tmp_path, monkeypatch)
     monkeypatch.setattr("rollflash.rollctl.local.usable_cores", lambda: 4)
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     cfg = _config(tmp_path)
-    children = plan_children(cfg, tmp_path / "run.yaml")
+    children = plan_run(cfg, tmp_path / "run.yaml").children
     # 4 cores, small model, generators left open: learner + 3 generators, 1 thread each
     assert [c.name for c in children] == ["learner", "gen-0", "gen-1", "gen-2"]
     assert cfg.rollout.num_rollout_workers == 3
     assert {child_env({}, c)["OMP_NUM_THREADS"] for c in children} == {"1"}
     # an explicit count is kept (4 // (1 + 1) = 2 threads each); explicit threads are left alone
-    two = plan_children(_config(tmp_path, num_rollout_workers=1), tmp_path / "run.yaml")
+    two = plan_run(_config(tmp_path, num_rollout_workers=1), tmp_path / "run.yaml").children
     assert [child_env({}, c)["OMP_NUM_THREADS"] for c in two] == ["2", "2"]
     cfg = _config(tmp_path)
     cfg.run.torch_threads = 3
-    assert all("OMP_NUM_THREADS" not in child_env({}, c) for c in plan_children(cfg, tmp_path))
+    assert all("OMP_NUM_THREADS" not in child_env({}, c) for c in plan_run(cfg, tmp_path).children)
 
 
 def test_the_layout_leaves_other_engines_alone(tmp_path):

@@ -1,5 +1,5 @@
 """The learner's GPU-sized defaults, on CPU with the GPU's properties mocked: gradient
-checkpointing `auto` decides from learner/memory.py's estimate (hand-computed below for
+checkpointing `auto` decides from learner/models/memory.py's estimate (hand-computed below for
 Qwen2.5-0.5B's shapes), the allocator setting yields to the environment, and the start-up line
 shows what the rank resolved."""
 
@@ -9,10 +9,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, Qwen2Config
 
-from rollflash.broker.config import load_config
-from rollflash.learner import memory
-from rollflash.learner.device import set_alloc_conf, startup_line
-from rollflash.learner.policy import load_policy
+from rollflash.broker.config.config import load_config
+from rollflash.learner.models import memory
+from rollflash.learner.models.policy import load_policy
+from rollflash.learner.process.device import set_alloc_conf, startup_line
 
 GIB = 2**30
 QWEN05 = Qwen2Config(
@@ -84,7 +84,7 @@ def test_auto_warns_when_even_checkpointed_it_may_not_fit(monkeypatch, caplog):
     for gib, warned in ((16, True), (40, False)):  # 40: 22.34 <= 36, checkpointing suffices
         _gpu(monkeypatch, gib)
         caplog.clear()
-        with caplog.at_level("INFO", logger="rollflash.learner.memory"):
+        with caplog.at_level("INFO", logger="rollflash.learner.models.memory"):
             assert memory.use_checkpointing(cfg, _meta_qwen(), QWEN05, 1, CUDA)
         warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
         assert bool(warnings) is warned, (gib, warnings)

@@ -178,7 +178,7 @@ def test_generators_never_load_the_rows(tmp_path):
 def test_every_shipped_config_builds_its_task(path):
     """Beyond loading (tests/unit/test_config.py): task params are the constructor's, and the
     reward functions import. A dataset task reads no rows here (gsm8k_qwen.yaml needs the hub)."""
-    from rollflash.broker.config import load_config
+    from rollflash.broker.config.config import load_config
     from rollflash.envs import task_from_config
 
     cfg = load_config(path)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from rollflash.broker.config import config_from_dict
+from rollflash.broker.config.config import config_from_dict
 from rollflash.envs import task_from_config
 
 GOOD = [{"question": f"q{i}", "answer": f"#### {i}"} for i in range(8)]
@@ -145,3 +145,69 @@ def test_on_bad_row_skip_leaves_them_out_and_says_so_once(tmp_path, caplog):
     ids = {it.id for it in train}
     assert len(held) == 1 and len(ids) == 4
     assert not ids & {"train-0000001", "train-0000005", "train-0000006"}
+
+
+def _lines(path: Path, *rows: bytes) -> Path:
+    path.write_bytes(b"".join(row + b"\n" for row in rows))
+    return path
+
+
+def test_rows_no_reader_survives_are_refused_before_it_reads_them(tmp_path):
+    """20,000 nested lists crash the Arrow JSON reader (SIGSEGV, nothing said), invalid UTF-8
+    reaches it as a raw error, and a 100 MB row is read whole: each is one line naming the
+    file and the line, before the reader starts."""
+    good = [json.dumps(r).encode() for r in GOOD[:4]]
+    deep = b'{"question": "q", "answer": "1", "x": ' + b"[" * 20_000 + b"]" * 20_000 + b"}"
+    path = _lines(tmp_path / "deep.jsonl", *good, deep)
+    assert _error(path, tmp_path) == f"{path}:5: JSON nested deeper than 63 levels"
+    # the row's object and 62 lists: 63 levels, the most Arrow holds; brackets in strings are text
+    fine = {"question": "[" * 300, "answer": "1", "x": json.loads("[" * 62 + "]" * 62)}
+    path = _jsonl(tmp_path / "fine.jsonl", [*GOOD[:4], fine])
+    assert len(_task(path, tmp_path).heldout_items()) == 0
+    fine["x"] = [fine["x"]]  # 64 levels
+    path = _jsonl(tmp_path / "one_more.jsonl", [*GOOD[:4], fine])
+    assert _error(path, tmp_path) == f"{path}:5: JSON nested deeper than 63 levels"
+    path = _lines(tmp_path / "utf8.jsonl", *good[:2], b'{"question": "q\xff", "answer": "1"}')
+    assert _error(path, tmp_path) == f"{path}:3: not valid UTF-8 (byte 0xff at column 16)"
+    big = json.dumps({"question": "q" * (100 << 20), "answer": "1"}).encode()
+    path = _lines(tmp_path / "big.jsonl", *good, big, *good)
+    assert _error(path, tmp_path) == (
+        f"{path}:5: a row longer than 16777216 bytes (task.params.max_row_bytes)"
+    )
+
+
+def test_max_row_bytes_sets_the_longest_row(tmp_path):
+    rows = [dict(r) for r in GOOD]
+    rows[2]["question"] = "q" * 200
+    size = len(json.dumps(rows[2]))  # line 3's bytes, its newline not counted: 236
+    path = _jsonl(tmp_path / "train.jsonl", rows)
+    assert _error(path, tmp_path, max_row_bytes=size - 1) == (
+        f"{path}:3: a row longer than {size - 1} bytes (task.params.max_row_bytes)"
+    )
+    task = _task(path, tmp_path, max_row_bytes=size)
+    assert len(list(itertools.islice(task.train_items(0), 8))) == 8
+    with pytest.raises(ValueError, match=r"max_row_bytes: an integer > 0, got 0"):
+        _task(path, tmp_path, max_row_bytes=0)
+
+
+def test_a_json_list_is_measured_across_lines_and_csv_is_checked_too(tmp_path):
+    # one list, pretty-printed, one level per line: its nesting carries from line to line, and
+    # the list's own level is not a row's
+    rows = [{"question": "q", "answer": "1", "x": json.loads("[" * 62 + "]" * 62)}] * 2
+    listed = tmp_path / "train.json"
+    listed.write_text(json.dumps(rows, indent=1))
+    assert len(_task(listed, tmp_path).heldout_items()) == 0
+    rows[1] = {"question": "q", "answer": "1", "x": json.loads("[" * 70 + "]" * 70)}
+    listed.write_text(json.dumps(rows, indent=1))
+    # line 1 "["; row 1 is lines 2-128 ("{", 3 keys, 60 more opening lines, the innermost
+    # "[]", 61 closing lines, "},"); row 2's "{" is line 129 at level 1 (the list's own level is
+    # not a row's) and its '"x": [' line 132 at level 2, so level 64 is line 132 + 62
+    message = _error(listed, tmp_path)
+    assert message == f"{listed}:{132 + 62}: JSON nested deeper than 63 levels"
+    table = _lines(tmp_path / "train.csv", b"question,answer", b"q1,1", b"q\xc3(,2")
+    assert _error(table, tmp_path) == f"{table}:3: not valid UTF-8 (byte 0xc3 at column 2)"
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    _lines(folder / "part-0.jsonl", *[json.dumps(r).encode() for r in GOOD], b"[" * 500)
+    part = folder / "part-0.jsonl"
+    assert _error(folder, tmp_path) == f"{part}:9: JSON nested deeper than 63 levels"

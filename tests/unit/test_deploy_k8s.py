@@ -5,7 +5,8 @@ every object is checked against the Kubernetes API schemas of `kubernetes-valida
 an unknown field fails); and what the schemas cannot see: every Secret and ConfigMap a pod
 names exists with the keys it names, the run config in the ConfigMap loads, the Redis pods'
 configure script is valid sh, the learner's probes run `rollctl status --json`, generators and
-the learner request GPUs."""
+the learner request GPUs, and they read the model and the data from the inputs volume, which
+fetch-inputs.yaml (outside the kustomization: the one step that downloads) fills."""
 
 from __future__ import annotations
 
@@ -50,7 +51,7 @@ def test_every_object_matches_the_kubernetes_schema(objects):
 
     kinds = sorted(o["kind"] for o in objects)
     assert kinds == sorted(
-        ["ConfigMap"] * 2 + ["Secret", "Service", "Service", "PersistentVolumeClaim"]
+        ["ConfigMap"] * 2 + ["Secret", "Service", "Service"] + ["PersistentVolumeClaim"] * 2
         + ["Deployment", "StatefulSet", "Job", "Job"]
     )  # fmt: skip
     for o in objects:
@@ -90,7 +91,7 @@ def test_every_secret_and_configmap_a_pod_names_exists_with_its_keys(objects):
 
 
 def test_the_run_config_loads(objects, tmp_path):
-    from rollflash.broker.config import config_from_dict
+    from rollflash.broker.config.config import config_from_dict
 
     cfg_map = _by_kind(objects, "ConfigMap")["rollflash-run"]
     data = yaml.safe_load(cfg_map["data"]["run.yaml"])
@@ -114,3 +115,35 @@ def test_probes_ask_rollctl_status_and_gpus_are_requested(objects):
     (learner,) = specs["rollflash-learner"]["containers"]
     for probe in ("readinessProbe", "livenessProbe"):
         assert learner[probe]["exec"]["command"][:3] == ["rollctl", "status", "--json"]
+
+
+def test_the_model_and_data_come_from_the_inputs_volume_and_nothing_downloads(objects):
+    """No pod of the run downloads: the config names the model and the data by their paths on
+    the inputs volume, which the learner and every generator mount read-only, and the image is
+    offline (tests/unit/test_deploy_image.py). fetch-inputs.yaml writes those paths."""
+    import kubernetes_validate
+
+    cfg = yaml.safe_load(_by_kind(objects, "ConfigMap")["rollflash-run"]["data"]["run.yaml"])
+    assert cfg["model"]["path"].startswith("/inputs/")
+    assert cfg["task"]["name"] == "dataset" and cfg["task"]["params"]["path"].startswith("/inputs/")
+    assert cfg["reward"]["functions"] == ["math"]
+    assert "rollflash-inputs" in _by_kind(objects, "PersistentVolumeClaim")
+    specs = _pod_specs(objects)
+    for name in ("rollflash-learner", "rollflash-generator"):
+        spec = specs[name]
+        (volume,) = [v for v in spec["volumes"] if v["name"] == "inputs"]
+        assert volume["persistentVolumeClaim"] == {
+            "claimName": "rollflash-inputs",
+            "readOnly": True,
+        }
+        (c,) = spec["containers"]
+        (mount,) = [m for m in c["volumeMounts"] if m["name"] == "inputs"]
+        assert mount == {"name": "inputs", "mountPath": "/inputs", "readOnly": True}
+        assert spec["securityContext"]["runAsNonRoot"] is True  # the image runs as uid 1000
+        assert not any(e["name"].startswith("HF_") for e in c.get("env", []))  # stays offline
+    fetch = yaml.safe_load((ROOT / "deploy" / "k8s" / "fetch-inputs.yaml").read_text())
+    kubernetes_validate.validate(fetch, K8S_VERSION, strict=True)
+    assert fetch["metadata"]["name"] not in _pod_specs(objects)  # not applied with the run
+    script = " ".join(fetch["spec"]["template"]["spec"]["containers"][0]["args"])
+    assert f"--local-dir {cfg['model']['path']}" in script
+    assert f"save_to_disk('{cfg['task']['params']['path']}')" in script

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rollflash.broker.config import ConfigError, config_from_dict
+from rollflash.broker.config.config import ConfigError, config_from_dict
 from rollflash.envs import make_task
-from rollflash.generators import hf_engine, reward_model
+from rollflash.generators import hf_engine, rewarder
 from rollflash.generators.device import resolve_device, resolve_dtype
 
 
@@ -71,7 +71,7 @@ def test_reward_model_scorer_gets_its_own_dtype_and_the_rollout_device(
     built = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
     monkeypatch.setattr(
-        reward_model,
+        rewarder,
         "RewardModelScorer",
         lambda path, dtype, mbs, max_len, device: built.append((dtype, str(device))),
     )
@@ -81,7 +81,7 @@ def test_reward_model_scorer_gets_its_own_dtype_and_the_rollout_device(
             "reward": {"type": "model", "model_path": "rm", "dtype": reward_dtype},
         }
     )
-    reward_model.make_rewarder(cfg, make_task("arithmetic", {}))
+    rewarder.make_rewarder(cfg, make_task("arithmetic", {}))
     assert built == [expected]
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from rollflash.broker.config import ConfigError, config_from_dict
+from rollflash.broker.config.config import ConfigError, config_from_dict
 from rollflash.generators.engine import ENGINES, make_engine
 from rollflash.generators.sampling import SamplingParams
 from rollflash.generators.sim_engine import SimEngine
@@ -28,11 +28,12 @@ def test_every_engine_in_the_table_is_a_class_with_from_config(name):
 
 
 # what an engine may take from the generator package: the sampling types, and its own helpers
-# (device choice, vLLM's start-up arguments and adapter versions), which import nothing of the
-# package themselves
+# (device choice, vLLM's start-up arguments, adapter versions and prompt log-probs), which
+# import nothing of the package themselves
 ENGINE_HELPERS = {
     "rollflash.generators.device",
     "rollflash.generators.vllm_lora",
+    "rollflash.generators.vllm_probe",
     "rollflash.generators.vllm_setup",
 }
 

@@ -88,3 +88,25 @@ def test_token_budget_cuts_the_episode(tok):
     ep = _episode(tok, plain_encoder(tok), max_tokens=2 + 12 + 1)  # room for one turn only
     _act(ep, tok, "u")
     assert ep.done and ep.truncated and not ep.success
+
+
+def test_the_first_observation_is_the_issued_one_even_when_reset_fails(tok):
+    """The learner checks an episode's prompt tokens against the first observation it issued
+    (broker/channels/provenance.py), so the episode starts from that text: the same tokens as the
+    environment's own reset when it succeeds, and still those when reset raises here (the
+    episode then ends at its first action, with the error counted)."""
+    encode = plain_encoder(tok)
+    issued = "a../.../..g?"  # GridWorld(3, holes=0).reset(0), as the learner issued it
+    ep = Episode(GridWorld(size=3, holes=0, max_turns=4), 0, encode, 200, 2,
+                 first_observation=issued)  # fmt: skip
+    assert ep.prompt_ids == encode(issued, True) == _episode(tok, encode).prompt_ids
+
+    class FailingReset(GridWorld):
+        def reset(self, seed):
+            raise OSError("no sandbox here")
+
+    broken = Episode(FailingReset(size=3, holes=0, max_turns=4), 0, encode, 200, 2,
+                     first_observation=issued)  # fmt: skip
+    assert broken.prompt_ids == encode(issued, True) and broken.env_errors == 1
+    _act(broken, tok, "r")
+    assert broken.done and broken.truncated and broken.turn_rewards == [0.0]

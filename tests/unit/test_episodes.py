@@ -8,8 +8,8 @@ import threading
 import numpy as np
 import pytest
 
-from rollflash.broker.config import SimConfig
-from rollflash.broker.schema import PromptWork
+from rollflash.broker.config.config import SimConfig
+from rollflash.broker.wire.schema import PromptWork
 from rollflash.envs.multiturn import StepResult, TurnLimit
 from rollflash.generators.episodes import EpisodeRunner, GroupSpec, episodes_to_trajectory
 from rollflash.generators.sampling import SamplingParams

@@ -8,8 +8,8 @@ import json
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rollflash.envs import make_task
-from rollflash.learner.evaluate import heldout_accuracy, sampled_eval
-from rollflash.learner.metrics import MetricsSink
+from rollflash.learner.evaluation.eval_generate import heldout_accuracy, sampled_eval
+from rollflash.learner.metrics.metrics import MetricsSink
 
 
 class _Recorder:

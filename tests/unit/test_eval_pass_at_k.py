@@ -1,5 +1,5 @@
-"""pass@k (learner/evaluate.py): the unbiased estimator against brute force over every k-subset,
-hand-worked values, and the sampled evaluation on the tiny model."""
+"""pass@k (learner/evaluation/eval_generate.py): the unbiased estimator against brute force over
+every k-subset, hand-worked values, and the sampled evaluation on the tiny model."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rollflash.envs import make_task
-from rollflash.learner.evaluate import pass_at_k, sampled_eval
+from rollflash.learner.evaluation.eval_generate import pass_at_k, sampled_eval
 
 
 def brute_force(n: int, c: int, k: int) -> float:

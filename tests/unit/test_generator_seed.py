@@ -5,7 +5,7 @@ import os
 import subprocess
 import sys
 
-from rollflash.broker.config import SimConfig
+from rollflash.broker.config.config import SimConfig
 from rollflash.generators.run_setup import generator_seed
 from rollflash.generators.sampling import SamplingParams
 from rollflash.generators.sim_engine import SimEngine

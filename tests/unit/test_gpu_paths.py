@@ -13,10 +13,10 @@ from unittest import mock
 
 import torch
 
-from rollflash.broker.config import load_config
-from rollflash.learner.device import batch_to_device, to_device
-from rollflash.learner.packing import forward_packed, pack
-from rollflash.learner.policy import load_policy
+from rollflash.broker.config.config import load_config
+from rollflash.learner.models.policy import load_policy
+from rollflash.learner.process.device import batch_to_device, to_device
+from rollflash.learner.step.packing import forward_packed, pack
 
 
 def test_compile_compiles_each_transformer_block_and_nothing_else(tiny_model_dir):

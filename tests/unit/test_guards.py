@@ -1,12 +1,12 @@
-"""Reward-hacking guards (learner/guards.py): the statistics by hand, the thresholds, the stop
+"""Reward-hacking guards (learner/metrics/guards.py): the statistics by hand, the thresholds, the stop
 after `patience` steps, the adaptive KL state, and quiet on a healthy batch."""
 
 import numpy as np
 import pytest
 
-from rollflash.broker.config import config_from_dict
-from rollflash.broker.schema import Sample, Trajectory
-from rollflash.learner.guards import (
+from rollflash.broker.config.config import config_from_dict
+from rollflash.broker.wire.schema import Sample, Trajectory
+from rollflash.learner.metrics.guards import (
     GuardMonitor,
     evaluate_guards,
     guard_values,

@@ -12,9 +12,10 @@ import urllib.request
 
 import pytest
 
-from rollflash.broker.config import config_from_dict
+from rollflash.broker.config.config import config_from_dict
 from rollflash.envs import Item
-from rollflash.envs.reward_functions import RewardFunctions, failure_of
+from rollflash.envs.reward_functions import RewardFunctions
+from rollflash.envs.scored import failure_of
 from rollflash.generators.judge_server import JudgeModel, make_server
 
 

@@ -1,9 +1,9 @@
-"""The run's key names, spelled once (broker/keys.py) and used by the ACL rules."""
+"""The run's key names, spelled once (broker/connect/keys.py) and used by the ACL rules."""
 
 import pytest
 
-from rollflash.broker.acl import describe, generator_acl, learner_acl
-from rollflash.broker.keys import RunKeys, valid_name
+from rollflash.broker.connect.acl import describe, generator_acl, learner_acl
+from rollflash.broker.connect.keys import RunKeys, valid_name
 
 
 def test_every_key_lives_under_the_run_prefix():

@@ -3,8 +3,8 @@
 import numpy as np
 import torch
 
-from rollflash.broker.schema import Sample, Trajectory
-from rollflash.learner.batch import pad_groups
+from rollflash.broker.wire.schema import Sample, Trajectory
+from rollflash.learner.step.batch import pad_groups
 
 
 def _sample(ids, logp, loss_mask=None) -> Sample:

@@ -1,11 +1,11 @@
-"""learner/batch.py on multi-turn episodes: observation tokens masked out, turns laid out."""
+"""learner/step/batch.py on multi-turn episodes: observation tokens masked out, turns laid out."""
 
 import numpy as np
 import pytest
 import torch
 
-from rollflash.broker.schema import Sample, Trajectory
-from rollflash.learner.batch import pad_groups, turn_inputs
+from rollflash.broker.wire.schema import Sample, Trajectory
+from rollflash.learner.step.batch import pad_groups, turn_inputs
 
 
 def _episode(resp, loss_mask, starts, rewards, states) -> Sample:

@@ -1,12 +1,13 @@
-"""The collector's duplicate filter with bounded memory (learner/collect.py): ids are forgotten
-once their prompt's issue step falls below the floor, and a copy arriving after that is still
-never trained; counters and acknowledgements stay exact; what a checkpoint keeps."""
+"""The collector's duplicate filter with bounded memory (learner/intake/collect.py, learner/intake/recent.py):
+ids are forgotten once their prompt's issue step falls below the floor, and a copy arriving after
+that is still never trained; counters and acknowledgements stay exact; what a checkpoint keeps."""
 
 import numpy as np
 
-from rollflash.broker.schema import Sample, Trajectory
-from rollflash.learner.checkpoint import _merge_consumed
-from rollflash.learner.collect import KEEP_MARGIN, Collector
+from rollflash.broker.wire.schema import Sample, Trajectory
+from rollflash.learner.durability.checkpoint import _merge_consumed
+from rollflash.learner.intake.collect import Collector
+from rollflash.learner.intake.recent import KEEP_MARGIN
 
 B = 2  # groups per step
 
@@ -93,8 +94,8 @@ def test_a_copy_arriving_after_its_id_is_forgotten_is_not_trained():
         step(s)
     # after step keep + 2 = 35 the floor is 35 - 33 = 2: step 0's ids are forgotten; memory holds
     # those of the steps run since (5 and 6..35), two each: 31 * 2 = 62
-    assert c.floor == 2 and "g0-0" not in c.seen and "g0-1" not in c.trained
-    assert len(c.seen) == len(c.trained) == 62
+    assert c.ids.floor == 2 and "g0-0" not in c.ids.seen and "g0-1" not in c.ids.trained
+    assert len(c.ids.seen) == len(c.ids.trained) == 62
     # another fresh-looking copy of g0-0 (issued 0 < floor 2): dropped as stale and replaced,
     # never trained; a copy of g10-1 (issued 10, inside the window) is still a duplicate
     out = step(keep + 3, [_traj("g0-0", 0, keep + 3), _traj("g10-1", 10, keep + 3)])

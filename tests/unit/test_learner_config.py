@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from rollflash import algos
-from rollflash.broker.config import AlgoConfig, ConfigError, config_from_dict, load_config
-from rollflash.broker.config_algo import CRITIC_ESTIMATORS, GROUP_BASELINES
+from rollflash.broker.config.config import AlgoConfig, ConfigError, config_from_dict, load_config
+from rollflash.broker.config.config_algo import CRITIC_ESTIMATORS, GROUP_BASELINES
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -54,21 +54,21 @@ def test_defaults_are_grpo_with_ppo_clip_and_tis_cap_2():
     [
         (
             {"adv_estimator": "gae"},
-            "algo.adv_estimator: 'gae' needs a critic (set algo.critic: true)",
+            "algo.critic: algo.adv_estimator gae needs true, got false",
         ),
         (
             {"adv_estimator": "vtrace"},
             "algo.adv_estimator: must be one of ['grpo', 'dr_grpo', 'rloo'",
         ),
-        ({"clip_low": 1.0}, "algo.clip_low: must be in (0, 1), got 1.0"),
-        ({"clip_low": 0}, "algo.clip_low: must be in (0, 1), got 0.0"),
-        ({"critic": True}, "algo.critic: true but algo.adv_estimator 'grpo' does not use a critic"),
+        ({"clip_low": 1.5}, "algo.clip_low: must be in (0, 1], got 1.5"),
+        ({"clip_low": 0}, "algo.clip_low: must be in (0, 1], got 0.0"),
+        ({"critic": True}, "algo.adv_estimator: algo.critic true needs gae, got grpo"),
         (
             {"policy_loss": "dpo"},
             "algo.policy_loss: must be one of ['ppo', 'gspo', 'cispo', 'topr',",
         ),
         ({"gamma": 1.5}, "algo.gamma: must be in [0, 1], got 1.5"),
-        ({"is_low": 0.5}, "algo.is_low: is only used with algo.is_mode: mask"),
+        ({"is_low": 0.5}, "algo.is_mode: algo.is_low 0.5 needs mask, got truncate"),
         ({"dual_clip_c": 0.5}, "algo.dual_clip_c: must be > 1"),
         ({"kl_coef": -0.1}, "algo.kl_coef: must be >= 0"),
         ({"overlong_buffer": 8}, "algo.overlong_buffer: must be < max_new_tokens (8), got 8"),
@@ -100,5 +100,5 @@ def test_shipped_algorithm_configs_select_what_their_names_say():
     ppo = load_config(ROOT / "configs" / "ppo_gae.yaml").algo
     assert (ppo.adv_estimator, ppo.critic, ppo.policy_loss) == ("gae", True, "ppo")
     dapo = load_config(ROOT / "configs" / "dapo.yaml").algo
-    assert dapo.clip_high > dapo.clip_low and dapo.dynamic_sampling
+    assert dapo.recipe == "dapo" and dapo.clip_high > dapo.clip_low and dapo.dynamic_sampling
     assert dapo.loss_agg_mode == "token-mean" and dapo.overlong_buffer is not None

@@ -1,7 +1,7 @@
-"""The learner's device, process group and precision (learner/device.py, learner/dist.py), on CPU
-with torch.cuda's availability mocked: which device a rank takes, which backend its group gets,
-that set_device comes before the group, and that bf16 compute over fp32 masters stays close to
-fp32."""
+"""The learner's device, process group and precision (learner/process/device.py,
+learner/process/dist.py), on CPU with torch.cuda's availability mocked: which device a rank takes,
+which backend its group gets, that set_device comes before the group, and that bf16 compute over
+fp32 masters stays close to fp32."""
 
 from datetime import timedelta
 
@@ -10,14 +10,14 @@ import torch
 import torch.distributed as torch_dist
 from transformers import AutoModelForCausalLM
 
-from rollflash.broker.config import config_from_dict, load_config
-from rollflash.broker.config_errors import ConfigError
-from rollflash.learner import device as device_mod
-from rollflash.learner import dist as dist_mod
-from rollflash.learner.device import process_group_backend, resolve_device
-from rollflash.learner.dist import Dist, compute_context, full_state_dict, init_dist
-from rollflash.learner.logprobs import token_logprobs
-from rollflash.learner.publish import publish_dtype
+from rollflash.broker.config.config import config_from_dict, load_config
+from rollflash.broker.config.config_errors import ConfigError
+from rollflash.learner.durability.publish import publish_dtype
+from rollflash.learner.process import device as device_mod
+from rollflash.learner.process import dist as dist_mod
+from rollflash.learner.process.device import process_group_backend, resolve_device
+from rollflash.learner.process.dist import Dist, compute_context, full_state_dict, init_dist
+from rollflash.learner.step.logprobs import token_logprobs
 
 
 @pytest.mark.parametrize(
@@ -57,7 +57,7 @@ def test_a_torchrun_rank_sets_its_device_before_joining_a_two_backend_group(monk
     )
     monkeypatch.setattr(torch_dist, "get_rank", lambda: 1)
     monkeypatch.setattr(torch_dist, "get_world_size", lambda: 2)
-    monkeypatch.setattr("rollflash.broker.redis_server.die_with_parent", lambda: None)
+    monkeypatch.setattr("rollflash.broker.connect.redis_server.die_with_parent", lambda: None)
     d = init_dist("auto", timeout_s=45)
     cuda1 = torch.device("cuda", 1)
     # the timeout is passed: "cpu:gloo,cuda:nccl" would otherwise wait torch's 30 minutes

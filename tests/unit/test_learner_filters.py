@@ -1,15 +1,15 @@
-"""Score shaping and the DAPO group filters (learner/filters.py), with hand-worked numbers, and the
-padding/splitting of learner/batch.py."""
+"""Score shaping and the DAPO group filters (learner/step/filters.py), with hand-worked numbers, and the
+padding/splitting of learner/step/batch.py."""
 
 from __future__ import annotations
 
 import numpy as np
 import torch
 
-from rollflash.broker.config import config_from_dict
-from rollflash.broker.schema import Sample, Trajectory
-from rollflash.learner.batch import length_sorted_chunks, pad_groups, take
-from rollflash.learner.filters import filter_groups, group_scores
+from rollflash.broker.config.config import config_from_dict
+from rollflash.broker.wire.schema import Sample, Trajectory
+from rollflash.learner.step.batch import length_sorted_chunks, pad_groups, take
+from rollflash.learner.step.filters import ScoreSpec, filter_groups, group_scores
 
 
 def _group(name, samples, prompt=(1, 7, 8)):
@@ -27,9 +27,11 @@ def _group(name, samples, prompt=(1, 7, 8)):
     return Trajectory(name, name, name, "gen-0", 0, 0, np.array(prompt, "<i4"), built)
 
 
-def _cfg(**algo):
-    return config_from_dict(
-        {"rollout": {"num_return_sequences": 2, "max_new_tokens": 8}, "algo": algo}
+def _spec(**algo) -> ScoreSpec:
+    return ScoreSpec.of(
+        config_from_dict(
+            {"rollout": {"num_return_sequences": 2, "max_new_tokens": 8}, "algo": algo}
+        )
     )
 
 
@@ -37,33 +39,33 @@ def test_soft_overlong_penalty_then_clip():
     # max_new_tokens 8, buffer 4 -> no penalty up to 8 - 4 = 4 tokens, then -(L - 4) / 4 * factor:
     # L=4: 0; L=6: -(2/4) * 0.5 = -0.25; L=8: -(4/4) * 0.5 = -0.5. Then clip to [-0.6, 0.6]:
     # 1 + 0 -> 0.6; 1 - 0.25 = 0.75 -> 0.6; 0 - 0.5 = -0.5 stays.
-    cfg = _cfg(overlong_buffer=4, overlong_penalty_factor=0.5, reward_clip=0.6)
+    spec = _spec(overlong_buffer=4, overlong_penalty_factor=0.5, reward_clip=0.6)
     g = _group("a", [(4, 1.0, True), (6, 1.0, True), (8, 0.0, False)])
-    torch.testing.assert_close(group_scores(g, cfg), torch.tensor([0.6, 0.6, -0.5]))
-    unshaped = group_scores(g, _cfg())
+    torch.testing.assert_close(group_scores(g, spec), torch.tensor([0.6, 0.6, -0.5]))
+    unshaped = group_scores(g, _spec())
     torch.testing.assert_close(unshaped, torch.tensor([1.0, 1.0, 0.0]))
 
 
 def test_dynamic_sampling_drops_groups_with_equal_scores():
     equal = _group("equal", [(2, 1.0, True), (3, 1.0, True)])
     mixed = _group("mixed", [(2, 1.0, True), (3, 0.0, True)])
-    kept, dropped = filter_groups([equal, mixed], _cfg(dynamic_sampling=True))
+    kept, dropped = filter_groups([equal, mixed], _spec(dynamic_sampling=True))
     assert [g.traj_id for g in kept] == ["mixed"] and [g.traj_id for g in dropped] == ["equal"]
     # without the option nothing is dropped
-    assert filter_groups([equal, mixed], _cfg()) == ([equal, mixed], [])
+    assert filter_groups([equal, mixed], _spec()) == ([equal, mixed], [])
 
 
 def test_overlong_penalty_can_give_an_equal_reward_group_a_spread():
     # rewards [1, 1], lengths 4 and 6 with buffer 4: scores 1 and 0.75 -> kept
     g = _group("g", [(4, 1.0, True), (6, 1.0, True)])
-    kept, _ = filter_groups([g], _cfg(dynamic_sampling=True, overlong_buffer=4))
+    kept, _ = filter_groups([g], _spec(dynamic_sampling=True, overlong_buffer=4))
     assert kept == [g]
 
 
 def test_overlong_filter_drops_only_groups_with_nothing_left():
     all_cut = _group("cut", [(8, 0.0, False), (8, 1.0, False)])
     one_cut = _group("one", [(8, 0.0, False), (3, 1.0, True)])
-    kept, dropped = filter_groups([all_cut, one_cut], _cfg(overlong_filter=True))
+    kept, dropped = filter_groups([all_cut, one_cut], _spec(overlong_filter=True))
     assert kept == [one_cut] and dropped == [all_cut]
 
 

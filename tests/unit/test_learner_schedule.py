@@ -1,11 +1,11 @@
-"""The learning-rate schedule (learner/schedule.py), by hand, as LambdaLR applies it."""
+"""The learning-rate schedule (learner/models/schedule.py), by hand, as LambdaLR applies it."""
 
 import math
 
 import pytest
 import torch
 
-from rollflash.learner.schedule import warmup_decay
+from rollflash.learner.models.schedule import warmup_decay
 
 
 def _lrs(multiplier, steps: int, base: float = 1.0) -> list[float]:

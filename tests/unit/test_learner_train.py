@@ -13,13 +13,14 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rollflash import algos
-from rollflash.broker.config import config_from_dict
-from rollflash.broker.schema import Sample, Trajectory
-from rollflash.learner import logprobs
-from rollflash.learner.critic import Critic
-from rollflash.learner.logprobs import logprobs_from_logits, token_logprobs
-from rollflash.learner.prepare import build_algo_models, prepare_batch
-from rollflash.learner.train import policy_update, train_step
+from rollflash.broker.config.config import config_from_dict
+from rollflash.broker.wire.schema import Sample, Trajectory
+from rollflash.learner.step import logprobs
+from rollflash.learner.step.critic import Critic
+from rollflash.learner.step.logprobs import logprobs_from_logits, token_logprobs
+from rollflash.learner.step.prepare import build_algo_models, prepare_batch
+from rollflash.learner.step.step_spec import StepSpec
+from rollflash.learner.step.train import policy_update, train_step
 
 
 def _cfg(model_dir, algo=None, n=4, micro=64, **trainer):
@@ -83,8 +84,10 @@ def _changed(before: dict, module: torch.nn.Module) -> int:
     return sum(not torch.equal(before[k], v) for k, v in module.state_dict().items())
 
 
+# what a loss needs beside it (broker/config/config_rules.py): GSPO is a sequence-level objective
+LOSS_NEEDS = {"gspo": {"loss_agg_mode": "seq-mean-token-mean", "is_level": "geometric"}}
 COMBOS = (
-    [{"policy_loss": p} for p in algos.POLICY_LOSSES]
+    [{"policy_loss": p, **LOSS_NEEDS.get(p, {})} for p in algos.POLICY_LOSSES]
     + [
         {"adv_estimator": e, "critic": e in algos.CRITIC_ESTIMATORS, "clip_range_value": 0.2}
         for e in algos.ADVANTAGE_ESTIMATORS
@@ -115,7 +118,11 @@ def test_train_step_updates_the_policy_with_finite_metrics(tiny, algo):
     critic_before = copy.deepcopy(models.critic.state_dict()) if models.critic else None
     metrics = train_step(model, opt, groups, cfg, models)
     assert _changed(before, model) > 0
-    assert metrics["optim/skipped"] == 0.0 and metrics["loss/policy"] != 0.0
+    assert metrics["optim/skipped"] == 0.0
+    # at ratio 1, seq-mean-token-mean makes the loss -mean_i(A_i): exactly 0 for GRPO's
+    # zero-mean advantages; the update moves the weights all the same (above)
+    if cfg.algo.loss_agg_mode != "seq-mean-token-mean":
+        assert metrics["loss/policy"] != 0.0
     bad = {k: v for k, v in metrics.items() if not math.isfinite(v)}
     assert not bad
     if cfg.algo.critic:
@@ -158,9 +165,10 @@ def test_micro_batching_does_not_change_the_update(tiny, agg):
         cfg = _cfg(model_dir, algo, micro=micro, max_grad_norm=0)
         model = AutoModelForCausalLM.from_pretrained(model_dir)
         models = build_algo_models(cfg)
-        batch = prepare_batch(_groups(model, tok, MIXED, behav_shift=0.1), cfg, models)
+        batch = prepare_batch(_groups(model, tok, MIXED, behav_shift=0.1), StepSpec.of(cfg), models)
         before = copy.deepcopy(model.state_dict())
-        policy_update(model, torch.optim.SGD(model.parameters(), lr=1.0), batch.micro_batches, cfg)
+        sgd = torch.optim.SGD(model.parameters(), lr=1.0)
+        policy_update(model, sgd, batch.micro_batches, StepSpec.of(cfg))
         deltas.append({k: v - before[k] for k, v in model.state_dict().items()})
     for name in deltas[0]:
         torch.testing.assert_close(deltas[0][name], deltas[1][name], atol=1e-6, rtol=1e-4)
@@ -177,7 +185,7 @@ def test_micro_batches_carry_each_sequences_own_group_advantage(tiny):
         tok,
         [[("1234", 1.0, True), ("1", 0.0, True)], [("22", 0.5, True), ("333", 0.5, True)]],
     )
-    batch = prepare_batch(groups, cfg, build_algo_models(cfg))
+    batch = prepare_batch(groups, StepSpec.of(cfg), build_algo_models(cfg))
     expected = {(1, 2, 3, 4): 0.7071, (1,): -0.7071, (2, 2): 0.0, (3, 3, 3): 0.0}
     seen = set()
     for mb in batch.micro_batches:
@@ -206,7 +214,7 @@ def test_kl_in_reward_lowers_the_score_by_kl_coef_times_summed_kl(tiny):
     )
     model, _ = _fresh(model_dir)
     groups = _groups(model, tok, [[("14", 1.0, True), ("1", 1.0, True)]], behav_shift=0.1)
-    batch = prepare_batch(groups, cfg, build_algo_models(cfg))
+    batch = prepare_batch(groups, StepSpec.of(cfg), build_algo_models(cfg))
     assert batch.metrics["kl/behav_ref_kl"] == pytest.approx(0.1, abs=1e-5)
     advs = sorted(
         float(mb.advantages[i][mb.mask[i]][0])
@@ -214,6 +222,26 @@ def test_kl_in_reward_lowers_the_score_by_kl_coef_times_summed_kl(tiny):
         for i in range(mb.input_ids.shape[0])
     )
     assert advs == pytest.approx([-0.025, 0.025], abs=1e-5)
+
+
+def test_kl_in_reward_clamps_k3_at_10_per_token(tiny):
+    # behaviour 15 nats below the reference on every token: k3 = e^15 - 1 - 15 = 3.3e6, clamped
+    # to 10. "14"<eos> (3 tokens): 1 - 0.5 * 30 = -14; "1"<eos> (2): 1 - 0.5 * 20 = -9;
+    # dr_grpo: A = score - mean(-11.5) = -2.5 and +2.5; every token clamped
+    model_dir, tok = tiny
+    algo = {"adv_estimator": "dr_grpo", "kl_coef": 0.5, "use_kl_in_reward": True}
+    cfg = _cfg(model_dir, {**algo, "kl_estimator": "k3"}, n=2)
+    model, _ = _fresh(model_dir)
+    groups = _groups(model, tok, [[("14", 1.0, True), ("1", 1.0, True)]], behav_shift=-15.0)
+    batch = prepare_batch(groups, StepSpec.of(cfg), build_algo_models(cfg))
+    assert batch.metrics["kl/clamped_frac"] == 1.0
+    assert batch.metrics["kl/behav_ref_kl"] == pytest.approx(10.0)
+    advs = sorted(
+        float(mb.advantages[i][mb.mask[i]][0])
+        for mb in batch.micro_batches
+        for i in range(mb.input_ids.shape[0])
+    )
+    assert advs == pytest.approx([-2.5, 2.5], abs=1e-4)
 
 
 def test_all_groups_filtered_skips_the_update(tiny):

@@ -3,7 +3,7 @@
 75th percentiles of the last turns, learner steps and holds raise them, and one long outlier
 (a process stopped for a while) does not."""
 
-from rollflash.broker.config import load_config
+from rollflash.broker.config.config import load_config
 from rollflash.generators.liveness import Liveness
 
 

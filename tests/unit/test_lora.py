@@ -1,7 +1,7 @@
-"""LoRA in the learner (learner/lora.py) and adapter versions (broker/weights.py, the HF engine):
-only adapters train, the reference is the base with adapters off, merged and adapter versions give
-the policy's own log-probabilities, checkpoints hold the adapters only, and a tampered adapter
-version is never loaded."""
+"""LoRA in the learner (learner/models/lora.py) and adapter versions (broker/weights/weights.py, the
+HF engine): only adapters train, the reference is the base with adapters off, merged and adapter
+versions give the policy's own log-probabilities, checkpoints hold the adapters only, and a tampered
+adapter version is never loaded."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ import torch
 import torch.distributed.checkpoint as dcp
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from rollflash.broker.config import config_from_dict
-from rollflash.broker.digest import file_digest
-from rollflash.broker.weights import (
+from rollflash.broker.config.config import config_from_dict
+from rollflash.broker.weights.digest import file_digest
+from rollflash.broker.weights.weights import (
     ADAPTER_CONFIG,
     ADAPTER_FILE,
     MANIFEST,
@@ -25,19 +25,21 @@ from rollflash.broker.weights import (
 )
 from rollflash.generators.fetch import SharedStoreSource
 from rollflash.generators.reload import WeightFollower
-from rollflash.learner.batch import MicroBatch
-from rollflash.learner.build import Models, build_optim
-from rollflash.learner.checkpoint import CheckpointStore, LearnerState
-from rollflash.learner.checkpoint_io import Trainables
-from rollflash.learner.logprobs import token_logprobs
-from rollflash.learner.lora import (
+from rollflash.learner.build import build_optim
+from rollflash.learner.durability.checkpoint import CheckpointStore, LearnerState
+from rollflash.learner.durability.checkpoint_io import Trainables
+from rollflash.learner.models.lora import (
     merged_state_dict,
     published_weights,
     trainable_parameters,
     with_adapters,
 )
-from rollflash.learner.prepare import build_algo_models
-from rollflash.learner.reference import AdaptersOffReference, ReferencePolicy
+from rollflash.learner.rank import Models
+from rollflash.learner.step.batch import MicroBatch
+from rollflash.learner.step.logprobs import LogprobSpec, token_logprobs
+from rollflash.learner.step.prepare import build_algo_models
+from rollflash.learner.step.reference import AdaptersOffReference, ReferencePolicy
+from rollflash.learner.step.train import train_step
 
 LORA = {"rank": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj", "up_proj"]}
 
@@ -80,7 +82,7 @@ def test_only_the_adapters_train_and_have_optimiser_state(tiny_model_dir):
     trainable = [n for n, p in policy.named_parameters() if p.requires_grad]
     # 1 layer x (q, v, up) x (A, B) = 6 adapter matrices, nothing else
     assert len(trainable) == 6 and all(".lora_A." in n or ".lora_B." in n for n in trainable)
-    models = Models(policy, policy, None, build_algo_models(cfg, policy=policy))
+    models = Models(policy, policy, None, build_algo_models(cfg, policy=policy), train_step)
     optim = build_optim(cfg, models)
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     mb = _batch(tok)
@@ -101,8 +103,9 @@ def test_reference_is_the_base_with_adapters_off(tiny_model_dir, packed):
     assert isinstance(reference, AdaptersOffReference) and reference.model is policy  # no copy
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     mb = _batch(tok)
-    ref = reference.logprobs(mb, temperature=0.7, packed=packed)
-    base = ReferencePolicy.load(tiny_model_dir, "float32").logprobs(mb, 0.7, packed=packed)
+    spec = LogprobSpec(temperature=0.7, packed=packed)
+    ref = reference.logprobs(mb, spec)
+    base = ReferencePolicy.load(tiny_model_dir, "float32").logprobs(mb, spec)
     torch.testing.assert_close(ref[mb.mask], base[mb.mask], atol=1e-6, rtol=0)
     assert policy.training  # the policy's mode is restored
     with torch.no_grad():

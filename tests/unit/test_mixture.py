@@ -11,11 +11,11 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from rollflash.broker.config import config_from_dict
-from rollflash.broker.schema import Sample, Trajectory
+from rollflash.broker.config.config import config_from_dict
+from rollflash.broker.wire.schema import Sample, Trajectory
 from rollflash.envs import Item, make_task, task_from_config
 from rollflash.envs.mixture import BLOCK, MixtureTask
-from rollflash.learner.metrics import merge_rank_metrics, reward_breakdown
+from rollflash.learner.metrics.metrics import merge_rank_metrics, reward_breakdown
 
 
 @pytest.fixture
@@ -91,7 +91,12 @@ def test_heldout_interleaves_domains_and_scoring_routes_to_each_domain(rows):
     "components, message",
     [
         ([], "a non-empty list"),
-        ([{"task": "arithmetic", "weight": 0}], r"components\[0\].weight: must be a number > 0"),
+        (
+            [{"task": "arithmetic", "weight": 0}],
+            r"components\[0\].weight: must be a finite number > 0",
+        ),
+        ([{"task": "arithmetic", "weight": float("inf")}], r"weight: must be a finite number > 0"),
+        ([{"task": "arithmetic", "weight": float("nan")}], r"weight: must be a finite number > 0"),
         ([{"task": "arithmetic", "colour": 1}], r"components\[0\]: unknown key 'colour'"),
         ([{"task": "arithmetic"}, {"task": "arithmetic"}], "domain names repeat"),
         ([{"task": "gridworld"}], "multi-turn task 'gridworld' cannot be mixed"),

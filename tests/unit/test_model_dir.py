@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 
-from rollflash.broker.model_dir import model_directory
+from rollflash.broker.config.model_dir import model_directory
 
 REVISION = "0123456789abcdef0123456789abcdef01234567"
 
@@ -66,8 +66,8 @@ def test_a_path_that_is_no_hub_id_is_a_missing_directory(hf_home, tmp_path):
 def test_trust_remote_code_reaches_every_from_pretrained(hf_home, tiny_model_dir, monkeypatch):
     import transformers
 
-    from rollflash.broker.config import load_config
-    from rollflash.learner.policy import load_policy
+    from rollflash.broker.config.config import load_config
+    from rollflash.learner.models.policy import load_policy
 
     seen = []
     for cls in (transformers.AutoTokenizer, transformers.AutoModelForCausalLM):
@@ -82,3 +82,36 @@ def test_trust_remote_code_reaches_every_from_pretrained(hf_home, tiny_model_dir
     fake_cache_entry(hf_home, "rollflash/tiny", tiny_model_dir)
     load_policy(load_config(None, ["model.path=rollflash/tiny", "model.trust_remote_code=true"]))
     assert seen == [True, True]  # tokenizer, model
+
+
+def test_check_model_files_names_a_missing_tokenizer_weights_or_shard(tmp_path, tiny_model_dir):
+    """What a run checks before it starts (rollctl/preflight.py): one line naming the key and
+    the directory for each part that is not there."""
+    import json
+
+    from rollflash.broker.config.model_dir import check_model_files
+    from rollflash.errors import MissingFile
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    assert check_model_files(str(model)) == model
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (model / name).rename(tmp_path / name)
+    with pytest.raises(MissingFile, match=rf"^model.path: no tokenizer in {model} \(none of "):
+        check_model_files(str(model))
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (tmp_path / name).rename(model / name)
+    (model / "model.safetensors").rename(model / "model-00001-of-00002.safetensors")
+    with pytest.raises(MissingFile, match=rf"^model.path: no weights in {model} \(none of "):
+        check_model_files(str(model))
+    index = {"weight_map": {"a": "model-00001-of-00002.safetensors",
+                            "b": "model-00002-of-00002.safetensors"}}  # fmt: skip
+    (model / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(MissingFile) as e:
+        check_model_files(str(model), key="rm.pretrain")
+    assert str(e.value) == (
+        f"rm.pretrain: model.safetensors.index.json in {model} names "
+        "model-00002-of-00002.safetensors, which is not there (1 of 2 shards missing)"
+    )
+    with pytest.raises(MissingFile, match="^model.path: no Hugging Face model directory"):
+        check_model_files(str(tmp_path / "nope"))

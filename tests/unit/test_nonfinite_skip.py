@@ -1,4 +1,4 @@
-"""A gradient whose norm is not finite is not stepped on (learner/train.py): the update is skipped,
+"""A gradient whose norm is not finite is not stepped on (learner/step/train.py): the update is skipped,
 its gradient dropped, the step counts it in `optim/nonfinite_skipped` and a warning says so; the
 other updates of the step go on as if it had not been there. Hand-worked on the two-token model of
 tests/unit/test_ppo_updates.py."""
@@ -10,8 +10,8 @@ import logging
 import pytest
 import torch
 
-from rollflash.learner.prepare import build_algo_models
-from rollflash.learner.train import train_step
+from rollflash.learner.step.prepare import build_algo_models
+from rollflash.learner.step.train import train_step
 from tests.unit.test_ppo_updates import TwoTokenLM, _group, _toy_cfg
 
 
@@ -34,7 +34,7 @@ def test_a_nonfinite_update_is_skipped_counted_and_logged(poison, caplog):
     groups = [_group(0, model.w), _group(1, model.w)]
     _poison_first_backward(model.w, poison)
     opt = torch.optim.SGD(model.parameters(), lr=0.8)
-    with caplog.at_level(logging.WARNING, logger="rollflash.learner.train"):
+    with caplog.at_level(logging.WARNING, logger="rollflash.learner.step.train"):
         stats = train_step(
             model, opt, groups, _toy_cfg(ppo_mini_batches=2), build_algo_models(_toy_cfg())
         )

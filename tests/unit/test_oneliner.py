@@ -13,7 +13,7 @@ import pytest
 
 from rollflash.envs import make_task
 from rollflash.envs.code_verifier import CodeVerifier
-from rollflash.envs.reward_functions import failure_of
+from rollflash.envs.scored import failure_of
 from scripts.make_mixture_model import near_miss
 from scripts.make_tiny_model import CHARS, sft_items
 

@@ -1,4 +1,4 @@
-"""Token-budget packing (learner/packing.py): the packed forward pass gives the padded one's
+"""Token-budget packing (learner/step/packing.py): the packed forward pass gives the padded one's
 log-probabilities, entropies and values, and a packed training step computes the same loss and
 gradients as a padded one, in every aggregation mode."""
 
@@ -8,10 +8,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from rollflash.broker.config import config_from_dict
-from rollflash.learner.critic import Critic
-from rollflash.learner.logprobs import token_logprobs
-from rollflash.learner.packing import (
+from rollflash.broker.config.config import config_from_dict
+from rollflash.learner.step.critic import Critic
+from rollflash.learner.step.logprobs import token_logprobs
+from rollflash.learner.step.packing import (
     PACKED_SDPA,
     _bounds,
     _use_packed_sdpa,
@@ -20,8 +20,8 @@ from rollflash.learner.packing import (
     pack,
     unpack,
 )
-from rollflash.learner.prepare import build_algo_models
-from rollflash.learner.train import train_step
+from rollflash.learner.step.prepare import build_algo_models
+from rollflash.learner.step.train import train_step
 from tests.integration.dist_worker import make_groups
 
 

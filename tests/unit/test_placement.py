@@ -1,4 +1,4 @@
-"""GPU placement (broker/placement.py, rollctl/local.py): the CUDA_VISIBLE_DEVICES each child of
+"""GPU placement (broker/config/placement.py, rollctl/local.py): the CUDA_VISIBLE_DEVICES each child of
 `rollctl run` gets, `rollctl run --dry-run`, `rollctl start-generator --gpus`, and layouts that
 cannot fit refused with one line naming the keys. No GPU needed: only environments are compared."""
 
@@ -9,10 +9,11 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from rollflash.broker.config import ConfigError, config_from_dict, load_config
-from rollflash.broker.placement import parse_gpus
+from rollflash.broker.config.config import ConfigError, config_from_dict, load_config
+from rollflash.broker.config.placement import parse_gpus
 from rollflash.rollctl.cli import app
-from rollflash.rollctl.local import child_env, plan_children
+from rollflash.rollctl.local import child_env, plan_run
+from rollflash.rollctl.preflight import PREFLIGHT_DONE_ENV
 
 RUN_YAML = Path("runs/x/run.yaml")
 
@@ -22,7 +23,7 @@ def _envs(data: dict) -> dict[str, str | None]:
     cfg = config_from_dict(data)
     base = {"PATH": "/bin", "CUDA_VISIBLE_DEVICES": "inherited"}
     out = {}
-    for child in plan_children(cfg, RUN_YAML):
+    for child in plan_run(cfg, RUN_YAML).children:
         env = child_env(base, child)
         assert env["PATH"] == "/bin"  # the rest of the environment is passed on
         out[child.name] = env["CUDA_VISIBLE_DEVICES"]
@@ -180,7 +181,7 @@ def test_run_dry_run_prints_the_layout_and_starts_nothing(tmp_path):
     assert result.exit_code == 0, result.output
     layout, *lines = result.output.splitlines()
     assert layout == (
-        "layout: GPUs 0,1,2,3,4,5,6,7: the learner 0,1, 3 generator(s) (broker/placement.py)"
+        "layout: GPUs 0,1,2,3,4,5,6,7: the learner 0,1, 3 generator(s) (broker/config/placement.py)"
     )
     assert [line.split()[:2] for line in lines] == [
         ["learner", "CUDA_VISIBLE_DEVICES=0,1"],
@@ -209,6 +210,7 @@ def test_start_generator_gpus_become_its_cuda_visible_devices(monkeypatch, gpus,
 
     seen = []
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "untouched")  # restored after the test
+    monkeypatch.setenv(PREFLIGHT_DONE_ENV, "1")  # no model, no vLLM, no GPU here: not checked
     monkeypatch.setattr(
         rollflash.generators,
         "run",

@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from rollflash.learner.metrics.lengths import FATES
 from rollflash.rollctl.plot import PANELS, PlotError, load_run, render, smooth
 
 
@@ -51,7 +52,9 @@ def _rows(steps, lift):
         {
             "step": s,
             "reward/mean": lift * s,
-            "response/length_mean": 5.0,
+            "length/trained_mean": 5.0,
+            "length/completed_mean": 5.5,
+            "length/stale_mean": 9.0 if s % 4 == 0 else None,  # only steps that drop any
             "async/staleness_hist/0": 1,
             "async/staleness_hist/1": 3,
             "async/staleness_mean": 0.75,
@@ -76,3 +79,7 @@ def test_render_writes_a_png_and_names_the_panels_nobody_logged(tmp_path):
         assert len(im.convert("RGB").getcolors(maxcolors=1 << 16) or []) > 50
     assert report.empty_panels == ["eval", "kl", "wait", "speed", "loss", "clip"]
     assert {name for name, _ in PANELS} >= set(report.empty_panels)
+    # the length panel shows the length bias: trained, completed and stale means of each run
+    assert report.legends["length"] == [
+        f"{run} length/{fate}_mean" for run in ("a0", "a1") for fate in FATES
+    ]

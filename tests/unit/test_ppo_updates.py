@@ -15,10 +15,13 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from rollflash.broker.config import config_from_dict
-from rollflash.broker.schema import Sample, Trajectory
-from rollflash.learner.prepare import build_algo_models, mini_batch_rows, prepare_batch
-from rollflash.learner.train import loss_shares, policy_loss, train_step
+from rollflash.broker.config.config import config_from_dict
+from rollflash.broker.wire.schema import Sample, Trajectory
+from rollflash.learner.step.batch import mini_batch_rows
+from rollflash.learner.step.losses import LossSpec, policy_loss
+from rollflash.learner.step.prepare import build_algo_models, prepare_batch
+from rollflash.learner.step.step_spec import StepSpec
+from rollflash.learner.step.train import loss_shares, train_step
 from tests.unit.test_learner_train import MIXED, _groups
 
 
@@ -135,12 +138,12 @@ def test_one_update_step_skips_the_proximal_pass_and_never_clips():
 
 def _reference_step(model, opt, groups, cfg, models) -> None:
     """The one-update step written out: prox = the detached log-probs of the update itself."""
-    batch = prepare_batch(groups, cfg, models)
+    batch = prepare_batch(groups, StepSpec.of(cfg), models)
     opt.zero_grad(set_to_none=True)
     shares = loss_shares(batch.micro_batches, cfg.algo.loss_agg_mode)
     for mb, share in zip(batch.micro_batches, shares):
         assert mb.prox_logp is None
-        loss, _ = policy_loss(model, mb, cfg)
+        loss, _ = policy_loss(model, mb, LossSpec.of(cfg))
         (loss * share).backward()
     torch.nn.utils.clip_grad_norm_(list(model.parameters()), cfg.trainer.max_grad_norm)
     opt.step()

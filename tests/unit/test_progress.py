@@ -8,8 +8,8 @@ import json
 
 from rich.console import Console
 
-from rollflash.rollctl.local import LearnerWatch
 from rollflash.rollctl.progress import StepProgress, read_new_rows, step_text, terminal_progress
+from rollflash.rollctl.supervise import LearnerWatch
 
 
 def _row(step, step_s=2.0):
@@ -34,6 +34,19 @@ def test_read_new_rows_leaves_a_half_written_line_for_later(tmp_path):
     with open(path, "a") as f:
         f.write('ard/mean": 0.5}\n')
     assert read_new_rows(path, offset) == ([{"step": 2, "reward/mean": 0.5}], path.stat().st_size)
+
+
+def test_read_new_rows_starts_again_when_a_resumed_learner_cut_the_file(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps(_row(s)) + "\n" for s in (1, 2, 3)))
+    _, offset = read_new_rows(path, 0)  # what `rollctl run` had seen when the learner started
+    path.write_text(json.dumps(_row(1)) + "\n")  # resumed from step 1: rows 2, 3 cut
+    rows, after = read_new_rows(path, offset)
+    assert rows == [_row(1)] and after == path.stat().st_size
+    # cut, then grown past the old offset before the next look: the row read from its middle
+    # is skipped, never raised
+    path.write_text("".join(json.dumps(_row(s)) + "\n" for s in (1, 2, 3, 4)))
+    assert read_new_rows(path, offset - 5)[0] == [_row(4)]  # inside row 3, which is skipped
 
 
 def test_the_bar_renders_step_total_and_eta_from_a_metrics_file(tmp_path):

@@ -1,4 +1,4 @@
-"""learner/publish.py with `trainer.background_publish: false` (the step writes the version; the
+"""learner/durability/publish.py with `trainer.background_publish: false` (the step writes the version; the
 helper process is tests/integration/test_publish_process.py). A version
 
 - is announced (the `weights` hash, then zmq) only once its manifest is durable: while it is being
@@ -21,16 +21,16 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from rollflash.broker import weights as weights_module
-from rollflash.broker.config import load_config
-from rollflash.broker.registry import RunRegistry
-from rollflash.broker.weight_stream import verified_tensors
-from rollflash.broker.weights import MODEL_FILE, CorruptWeights, WeightStore
-from rollflash.learner import lora as lora_module
-from rollflash.learner.checkpoint import CheckpointStore, LearnerState
-from rollflash.learner.checkpoint_io import Trainables
-from rollflash.learner.publish import Publisher, publish
-from rollflash.learner.publish_process import NewVersion
+from rollflash.broker.channels.registry import RunRegistry
+from rollflash.broker.config.config import load_config
+from rollflash.broker.weights import weights as weights_module
+from rollflash.broker.weights.weight_chain import verified_tensors
+from rollflash.broker.weights.weights import MODEL_FILE, CorruptWeights, WeightStore
+from rollflash.learner.durability.checkpoint import CheckpointStore, LearnerState
+from rollflash.learner.durability.checkpoint_io import Trainables
+from rollflash.learner.durability.publish import Publisher, publish
+from rollflash.learner.durability.publish_process import NewVersion
+from rollflash.learner.models import lora as lora_module
 
 WAIT_S = 30  # only ever reached when the code under test is broken
 
@@ -98,18 +98,25 @@ class _GatedWrites:
                 self.in_flight -= 1
 
 
+# full files (the gate holds a model file's write; deltas: tests/unit/test_delta.py), no probe
+# (the models here are bare modules; tests/unit/test_probe.py)
+WHOLE = ["weights.anchor_every=1", "weights.probe=false"]
+
+
 def _publisher(tmp_path) -> tuple[Publisher, _Broker]:
-    cfg = load_config(None, [f"run.run_dir={tmp_path}", "trainer.background_publish=false"])
+    cfg = load_config(None, [f"run.run_dir={tmp_path}", "trainer.background_publish=false", *WHOLE])
     store = WeightStore(tmp_path)
     broker = _Broker(store)
     return Publisher(cfg, broker, resuming=False), broker
 
 
 def _learner(tmp_path, model: torch.nn.Module, dtype: str = "auto") -> SimpleNamespace:
-    """What `publish` reads of the learner: config, model, rank and publisher."""
+    """The parts `publish` takes: the model, rank 0's publisher, the rank and the config."""
     publisher, broker = _publisher(tmp_path)
     return SimpleNamespace(
-        cfg=load_config(None, [f"run.run_dir={tmp_path}", f"trainer.publish_dtype={dtype}"]),
+        cfg=load_config(
+            None, [f"run.run_dir={tmp_path}", f"trainer.publish_dtype={dtype}", *WHOLE]
+        ),
         models=SimpleNamespace(model=model),
         dist=SimpleNamespace(is_main=True, device=torch.device("cpu")),
         publisher=publisher,
@@ -168,7 +175,9 @@ def test_each_version_holds_its_steps_weights_in_the_publish_dtype(tmp_path, pub
         with torch.no_grad():  # an optimiser step: the parameters change in place
             for p in model.parameters():
                 p.add_(1.0)
-        publish(ln, version=step, step=step)
+        publish(
+            ln.models.model, ln.publisher, ln.dist, ln.cfg, version=step, step=step, probe=False
+        )
     ln.publisher.close()
     store = ln.publisher.store
     assert [v for v, _ in ln.broker.announced] == [1, 2, 3]
@@ -192,7 +201,7 @@ def test_a_checkpoint_step_gathers_the_full_weights_once(tmp_path, monkeypatch):
 
     monkeypatch.setattr(lora_module, "full_state_dict", counting)
     ln = _learner(tmp_path / "run", model)
-    publish(ln, version=1, step=1)
+    publish(ln.models.model, ln.publisher, ln.dist, ln.cfg, version=1, step=1, probe=False)
     assert len(gathered) == 1
     # the checkpoint writes each rank's shards (DCP): it never builds the full host copy
     CheckpointStore(tmp_path / "ckpt").save(LearnerState(step=1), Trainables(model, optimizer))
@@ -212,7 +221,7 @@ def test_a_repeated_announcement_never_takes_the_weights_hash_back(monkeypatch):
             assert release_first.wait(WAIT_S)
         writes.append(mapping["version"])
 
-    def execute(commands, what=""):  # the learner's fenced writes (broker/lease.py)
+    def execute(commands, what=""):  # the learner's fenced writes (broker/channels/lease.py)
         for _, key, *flat in commands:
             hset(key, dict(zip(flat[::2], flat[1::2])))
 

@@ -10,7 +10,7 @@ import reasoning_gym
 
 from rollflash.envs import make_task, train_stream
 from rollflash.envs.chat import PromptFormatter, format_task
-from rollflash.envs.reward_functions import failure_of
+from rollflash.envs.scored import failure_of
 
 ONE_DIGIT = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}
 
@@ -126,6 +126,8 @@ def test_errors_name_the_key():
         rg_task(datasets={"chain_sum": {"weigth": 2}})
     with pytest.raises(ValueError, match=r"task.params.size: must be a positive integer"):
         rg_task(size=0)
+    with pytest.raises(ValueError, match=r"format_reward: must be a finite number, got nan"):
+        rg_task(format_reward=float("nan"))
 
 
 def test_missing_package_is_one_line(monkeypatch):

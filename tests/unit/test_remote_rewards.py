@@ -8,12 +8,8 @@ import pytest
 
 from rollflash.envs.base import Item
 from rollflash.envs.remote_rewards import SOCKET_ENV, serve_functions
-from rollflash.envs.reward_functions import (
-    RewardFunctionError,
-    RewardFunctions,
-    Scored,
-    batched,
-)
+from rollflash.envs.reward_functions import RewardFunctionError, RewardFunctions, batched
+from rollflash.envs.scored import Scored
 
 ITEMS = [Item(id="a", prompt="1+1=", answer="2"), Item(id="b", prompt="2+2=", answer="4")]
 
@@ -52,6 +48,7 @@ FUNCTIONS = {
     "python:boom": _boom,
     "python:scored": lambda prompt, response, answer, **row: Scored(0.0, "too_long"),
     "python:slow": _slow,
+    "python:abstains": lambda prompt, response, answer, **row: None if response == "5" else 1.0,
 }
 
 
@@ -105,3 +102,13 @@ def test_a_process_the_caller_did_not_start_refuses_the_spec(monkeypatch):
 def test_a_name_the_caller_does_not_serve_is_refused(served):
     with pytest.raises(RewardFunctionError, match=r"python:other .* \(the caller serves "):
         RewardFunctions.load(["python:other"])
+
+
+def test_an_abstention_crosses_as_none(served):
+    from rollflash.envs.scored import abstained_of
+
+    fns = RewardFunctions.load(["python:abstains", "python:exact"])
+    out = fns.score_flat(ITEMS, ["2", "5"])
+    # "2": 1 + 1 = 2.0; "5": abstains, exact 0 -> 0.0; None is no error
+    assert out == [2.0, 0.0] and [abstained_of(r) for r in out] == [(), ("abstains",)]
+    assert fns.errors == {}

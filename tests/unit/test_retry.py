@@ -1,12 +1,12 @@
-"""The one retry policy (broker/retry.py) and its two users in broker/, on a fake clock: which
+"""The one retry policy (broker/connect/retry.py) and its two users in broker/, on a fake clock: which
 errors are retried, the backoff sequence, and the error raised at the deadline."""
 
 import pytest
 import redis
 
-from rollflash.broker import retry
-from rollflash.broker.connection import BrokerUnavailable, ReconnectRetry
-from rollflash.broker.redis_io import REFUSED_ATTEMPTS, RunRedis, WriteRefused, is_oom
+from rollflash.broker.connect import retry
+from rollflash.broker.connect.connection import BrokerUnavailable, ReconnectRetry
+from rollflash.broker.connect.redis_io import REFUSED_ATTEMPTS, RunRedis, WriteRefused, is_oom
 
 
 class FakeClock:

@@ -9,16 +9,15 @@ import textwrap
 
 import pytest
 
-from rollflash.broker.config import ConfigError, config_from_dict
+from rollflash.broker.config.config import ConfigError, config_from_dict
 from rollflash.envs import Item, make_task, task_from_config
 from rollflash.envs.reward_functions import (
     RewardFunctionError,
     RewardFunctionFailed,
     RewardFunctions,
-    failure_of,
     function_name,
-    parts_of,
 )
+from rollflash.envs.scored import abstained_of, failure_of, parts_of
 from rollflash.envs.verifiers import exact, json_schema, math, regex
 
 ITEM = Item(id="r", prompt="2+2=", answer="4", extra={"bonus": 0.5})
@@ -61,6 +60,13 @@ def user_module(tmp_path, monkeypatch):
             @batched
             def lengths(prompts, responses, answers, bonus=None, **columns):
                 return [len(r) + b for r, b in zip(responses, bonus)]
+
+            def prose_abstains(prompt, response, answer, kind="", **row):
+                return None if kind == "prose" else 0.5
+
+            @batched
+            def fives_abstain(prompts, responses, answers, **columns):
+                return [None if r == "5" else 1.0 for r in responses]
 
             VALUE = 3
             """
@@ -265,12 +271,12 @@ def test_per_function_scores_go_from_the_generator_through_the_wire_to_the_learn
     averages and counts them."""
     import dataclasses
 
-    from rollflash.broker.schema import PromptWork, decode_trajectory, encode_trajectory
-    from rollflash.broker.wire import WireLimits
-    from rollflash.envs.reward_functions import ScoredTask
+    from rollflash.broker.wire.schema import PromptWork, decode_trajectory, encode_trajectory
+    from rollflash.broker.wire.wire import WireLimits
+    from rollflash.envs.scored_task import ScoredTask
     from rollflash.generators.rollout import to_trajectory
     from rollflash.generators.sampling import GeneratedSample
-    from rollflash.learner.metrics import reward_breakdown
+    from rollflash.learner.metrics.metrics import reward_breakdown
 
     task = ScoredTask(
         make_task("arithmetic"), RewardFunctions.load(["exact", f"{user_module}:boom"])
@@ -288,3 +294,88 @@ def test_per_function_scores_go_from_the_generator_through_the_wire_to_the_learn
         "reward/error/boom": 1,
         "reward/function_error": 1,
     }
+
+
+def test_a_function_returning_none_abstains_and_the_others_are_summed(user_module):
+    """None is no error (TRL's GRPOTrainer sums the functions that did not return None): the
+    reward is the weighted sum of the others, the sample names the abstainer, and a function
+    that abstains on a whole batch does not stop the run."""
+    fns = RewardFunctions.load([f"{user_module}:prose_abstains", "exact"], [2.0, 1.0])
+    items = [
+        Item(id="a", prompt="p", answer="4", extra={"kind": "sum"}),
+        Item(id="b", prompt="p", answer="4", extra={"kind": "prose"}),
+        Item(id="c", prompt="p", answer="4", extra={"kind": "prose"}),
+    ]
+    out = fns.score_flat(items, ["4", "4", "5"])
+    # a: 2 * 0.5 + 1 * 1 = 2.0; b: abstains, exact 1 -> 1.0; c: abstains, exact 0 -> 0.0
+    assert out == [2.0, 1.0, 0.0]
+    assert [abstained_of(r) for r in out] == [(), ("prose_abstains",), ("prose_abstains",)]
+    assert [parts_of(r) for r in out] == [
+        {"prose_abstains": 0.5, "exact": 1.0},
+        {"exact": 1.0},
+        {"exact": 0.0},
+    ]
+    assert [failure_of(r) for r in out] == ["", "", ""] and fns.errors == {}
+    # a whole batch of abstentions (unlike a whole batch of failures) goes on
+    alone = RewardFunctions.load([f"{user_module}:prose_abstains"])
+    out = alone.score_flat(items[1:], ["4", "5"])
+    assert out == [0.0, 0.0]  # every function abstained: 0
+    assert [abstained_of(r) for r in out] == [("prose_abstains",)] * 2
+    assert [parts_of(r) for r in out] == [None, None]
+    # a batched function abstains per sample: "5" -> None
+    batch = RewardFunctions.load([f"{user_module}:fives_abstain", "exact"])
+    out = batch.score_flat(items[:2], ["4", "5"])
+    assert out == [2.0, 0.0] and [abstained_of(r) for r in out] == [(), ("fives_abstain",)]
+
+
+def test_an_abstention_crosses_the_wire_and_is_counted_per_function(user_module):
+    """The generator's `to_trajectory` puts the abstainers on the wire (`reward_abstained`), the
+    learner decodes them and `reward_breakdown` counts `reward/abstained/<name>` and averages
+    `reward/<name>` over the samples the function scored."""
+    import dataclasses
+
+    from rollflash.broker.wire.schema import PromptWork, decode_trajectory, encode_trajectory
+    from rollflash.broker.wire.wire import WireError, WireLimits
+    from rollflash.envs.scored_task import ScoredTask
+    from rollflash.generators.rollout import to_trajectory
+    from rollflash.generators.sampling import GeneratedSample
+    from rollflash.learner.metrics.metrics import merge_rank_metrics, reward_breakdown
+
+    task = ScoredTask(
+        make_task("arithmetic"), RewardFunctions.load(["exact", f"{user_module}:fives_abstain"])
+    )
+    work = PromptWork("train-0000003", "g3", 3, 0, dataclasses.asdict(ITEM))
+    samples = [GeneratedSample([1], [2], [-0.5], True, text) for text in ("4", "5", "5")]
+    traj = to_trajectory(work, samples, task, "gen-0", 0)
+
+    def wire(t):
+        return {k.encode(): v if isinstance(v, bytes) else str(v).encode()
+                for k, v in encode_trajectory(t).items()}  # fmt: skip
+
+    decoded = decode_trajectory(wire(traj), WireLimits(max_bytes=1 << 20))
+    assert [s.reward_abstained for s in decoded.samples] == [
+        (),
+        ("fives_abstain",),
+        ("fives_abstain",),
+    ]
+    # exact: 1, 0, 0 (mean 1/3); fives_abstain: 1 on "4", abstains twice (mean 1.0 over one)
+    breakdown = reward_breakdown([decoded])
+    assert breakdown == {
+        "reward/exact": pytest.approx(1 / 3),
+        "reward/fives_abstain": 1.0,
+        "reward/abstained/fives_abstain": 2,
+    }
+    # counts add up over the learner's ranks: 2 + 2 = 4
+    merged = merge_rank_metrics([(breakdown, 1), (breakdown, 1)])
+    assert merged["reward/abstained/fives_abstain"] == 4
+    # a name that is not a metric name, or repeats, is refused at the learner
+    bad = dataclasses.replace(
+        traj, samples=[dataclasses.replace(traj.samples[0], reward_abstained=("a b",))]
+    )
+    with pytest.raises(WireError, match="reward_abstained"):
+        decode_trajectory(wire(bad), WireLimits(max_bytes=1 << 20))
+    twice = dataclasses.replace(
+        traj, samples=[dataclasses.replace(traj.samples[0], reward_abstained=("x", "x"))]
+    )
+    with pytest.raises(WireError, match="a name repeats"):
+        decode_trajectory(wire(twice), WireLimits(max_bytes=1 << 20))

@@ -1,4 +1,4 @@
-"""Preference files for `rollctl train-rm` (learner/reward_model.py): every bad line is rejected
+"""Preference files for `rollctl train-rm` (learner/tools/rm_training.py): every bad line is rejected
 with its line number before any training; the split and the lr schedule by hand."""
 
 import json
@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from rollflash.learner.preferences import (
+from rollflash.learner.tools.preferences import (
     PreferenceFileError,
     PreferencePair,
     load_preferences,
     split_pairs,
 )
-from rollflash.learner.reward_model import lr_schedule
+from rollflash.learner.tools.rm_training import lr_schedule
 
 ROOT = Path(__file__).resolve().parents[2]
 GOOD = json.dumps({"prompt": "1+1=", "chosen": "2", "rejected": "3"})
@@ -127,14 +127,14 @@ def test_cli_rejects_a_bad_file_with_its_line_number(tmp_path):
         ({"rm": {"learnin_rate": 1}}, "rm.learnin_rate: unknown key"),
         (
             {"algo": {"kl_target": 0.1}},
-            "algo.kl_target: the adaptive controller needs a starting algo.kl_coef > 0",
+            "algo.kl_coef: algo.kl_target 0.1 needs > 0.0",
         ),
         ({"algo": {"kl_coef": 0.1, "kl_target": -1}}, "algo.kl_target: must be > 0 or null"),
         ({"guards": {"patience": 0}}, "guards.patience: must be > 0"),
     ],
 )
 def test_rlhf_config_errors_name_the_key(data, message):
-    from rollflash.broker.config import ConfigError, config_from_dict
+    from rollflash.broker.config.config import ConfigError, config_from_dict
 
     with pytest.raises(ConfigError) as e:
         config_from_dict(data)

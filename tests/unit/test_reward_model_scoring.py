@@ -1,21 +1,21 @@
-"""Reward scoring (generators/reward_model.py) with a real scalar-head model built from the tiny
+"""Reward scoring (generators/rewarder.py) with a real scalar-head model built from the tiny
 test model: batched scores equal one-at-a-time scores (padding and last-token pooling), the
-generator's scorer agrees with the trainer's (the shared input contract, broker/rm_input.py), and
+generator's scorer agrees with the trainer's (the shared input contract, broker/wire/rm_input.py), and
 `mixed` is weight_rule * rule + weight_model * model."""
 
 import pytest
 import torch
 
-from rollflash.broker.config import config_from_dict
+from rollflash.broker.config.config import config_from_dict
 from rollflash.envs import Item, make_task
-from rollflash.generators.reward_model import (
+from rollflash.generators.rewarder import (
     ModelRewarder,
     RewardModelScorer,
     RuleRewarder,
     make_rewarder,
 )
-from rollflash.learner.preferences import PreferencePair
-from rollflash.learner.reward_model import load_reward_model, pair_scores
+from rollflash.learner.tools.preferences import PreferencePair
+from rollflash.learner.tools.rm_training import load_reward_model, pair_scores
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,6 @@
-"""broker/safetensors_stream.py and broker/digest.py: the file written loads with safetensors, and
-the size and chunked digest returned are those of the bytes on disk (hashed while writing, never
-re-read), with chunk boundaries falling anywhere in the header and the tensors."""
+"""broker/weights/safetensors_stream.py and broker/weights/digest.py: the file written loads with
+safetensors, and the size and chunked digest returned are those of the bytes on disk (hashed while
+writing, never re-read), with chunk boundaries falling anywhere in the header and the tensors."""
 
 import hashlib
 from concurrent.futures import ThreadPoolExecutor
@@ -9,13 +9,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from rollflash.broker import digest
-from rollflash.broker.digest import ChunkHasher, file_digest, tree_digest
-from rollflash.broker.safetensors_stream import write_safetensors
+from rollflash.broker.weights import digest
+from rollflash.broker.weights.digest import ChunkHasher, file_digest, tree_digest
+from rollflash.broker.weights.safetensors_stream import write_safetensors
 
 
 def _by_hand(data: bytes, chunk: int) -> str:
-    """The digest as broker/digest.py defines it, computed the slow way."""
+    """The digest as broker/weights/digest.py defines it, computed the slow way."""
     chunks = [hashlib.sha256(data[i : i + chunk]).hexdigest() for i in range(0, len(data), chunk)]
     listing = f"sha256-chunks {chunk} {len(data)}\n" + "".join(c + "\n" for c in chunks)
     return hashlib.sha256(listing.encode()).hexdigest()

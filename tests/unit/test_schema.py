@@ -2,7 +2,7 @@ import msgpack
 import numpy as np
 import pytest
 
-from rollflash.broker.schema import (
+from rollflash.broker.wire.schema import (
     PromptWork,
     Sample,
     Trajectory,
@@ -12,7 +12,7 @@ from rollflash.broker.schema import (
     encode_prompt,
     encode_trajectory,
 )
-from rollflash.broker.wire import WireLimits
+from rollflash.broker.wire.wire import WireLimits
 
 VOCAB = 50
 LIMITS = WireLimits(max_bytes=1_000_000, vocab_size=VOCAB)

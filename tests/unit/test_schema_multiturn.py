@@ -1,17 +1,17 @@
-"""Wire round trip and validation of the optional multi-turn sample fields (broker/schema.py)."""
+"""Wire round trip and validation of the optional multi-turn sample fields (broker/wire/schema.py)."""
 
 import msgpack
 import numpy as np
 import pytest
 
-from rollflash.broker.schema import (
+from rollflash.broker.wire.schema import (
     Sample,
     Trajectory,
     WireError,
     decode_trajectory,
     encode_trajectory,
 )
-from rollflash.broker.wire import WireLimits
+from rollflash.broker.wire.wire import WireLimits
 
 VOCAB = 50
 

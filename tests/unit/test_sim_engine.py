@@ -2,7 +2,7 @@
 
 import pytest
 
-from rollflash.broker.config import ConfigError, SimConfig, config_from_dict
+from rollflash.broker.config.config import ConfigError, SimConfig, config_from_dict
 from rollflash.generators.rollout import Generator
 from rollflash.generators.sampling import SamplingParams
 from rollflash.generators.sim_engine import SimEngine
@@ -74,3 +74,36 @@ def test_continuous_batching_refuses_a_multi_turn_task_before_touching_redis():
         ConfigError, match="^rollout.inflight_samples: task 'sim_env' is multi-turn"
     ):
         Generator(cfg, "gen-0")
+
+
+def test_prompt_ids_are_what_the_learner_derives_and_checks(tiny_model_dir, tmp_path):
+    """The sim engine reports a prompt's ids as the learner derives them for the MAC
+    (envs/chat.py `prompt_encoder`, broker/channels/provenance.py): one id per character without a
+    model directory, the model's tokenizer with one (a sim generator in a run that trains
+    `model.path`)."""
+    from rollflash.envs.chat import encode_prompt, prompt_encoder
+
+    # "ab": id 1, then 3 + ord(c) % (64 - 3): 97 % 61 = 36 -> 39, 98 % 61 = 37 -> 40
+    (group,) = _engine().generate(["ab"], PARAMS)
+    assert [s.prompt_ids for s in group] == [[1, 39, 40]] * 3
+    assert prompt_encoder(None, False, 64)("ab") == [1, 39, 40]
+    missing = config_from_dict(
+        {"model": {"path": str(tmp_path / "none")}, "rollout": {"engine": "sim"}}
+    )
+    assert SimEngine.from_config(missing, 0).generate(["ab"], PARAMS)[0][0].prompt_ids == [
+        1,
+        39,
+        40,
+    ]
+    cfg = config_from_dict({"model": {"path": str(tiny_model_dir)}, "rollout": {"engine": "sim"}})
+    engine = SimEngine.from_config(cfg, 0)
+    text = "12+30="
+    tokenizer = engine._tokenizer
+    assert tokenizer is not None
+    expected = encode_prompt(tokenizer, text)
+    assert engine.generate([text], PARAMS)[0][0].prompt_ids == expected
+    assert prompt_encoder(tokenizer, False, 64)(text) == expected
+    engine.add_request("k", text, PARAMS)
+    while not (done := engine.step()):
+        pass
+    assert done[0][1].prompt_ids == expected  # continuous batching reports the same

@@ -1,4 +1,4 @@
-"""Tied parameters stay one parameter through the learner's meta-device build (learner/load.py),
+"""Tied parameters stay one parameter through the learner's meta-device build (learner/models/load.py),
 and a model whose config says tied but whose build is not is refused at start-up. The builds of
 several ranks (DDP and FSDP2) are covered with real processes in
 tests/integration/test_distributed_learner.py."""
@@ -9,8 +9,8 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from rollflash.learner.dist import full_state_dict, tied_parameters
-from rollflash.learner.load import check_tied, materialise, params_on_meta
+from rollflash.learner.models.load import check_tied, materialise, params_on_meta
+from rollflash.learner.process.dist import full_state_dict, tied_parameters
 
 
 def _tied(model) -> bool:

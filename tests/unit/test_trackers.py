@@ -8,10 +8,10 @@ import time
 
 import pytest
 
-from rollflash.broker.config import load_config
-from rollflash.learner.checkpoint import LearnerState
-from rollflash.learner.metrics import MetricsSink
-from rollflash.learner.trackers import TrackerUnavailable, mlflow_key, open_trackers
+from rollflash.broker.config.config import load_config
+from rollflash.learner.durability.checkpoint import LearnerState
+from rollflash.learner.metrics.metrics import MetricsSink
+from rollflash.learner.metrics.trackers import TrackerUnavailable, mlflow_key, open_trackers
 from tests.helpers.wandb_log import wandb_records
 
 SECRET = "s3cretpw"
@@ -221,3 +221,38 @@ def test_tensorboard_gets_every_finite_metric_of_a_step_in_one_event(tmp_path):
         "async/staleness_max": [(1, 1.0), (2, 0.0)],
         "loss/policy": [(2, -0.125)],
     }
+
+
+def test_a_resumed_sink_cuts_the_rows_after_its_step_so_each_step_is_logged_once(tmp_path):
+    """A learner resumed from step 2 trains steps 3.. again: metrics.jsonl and completions.jsonl
+    keep steps 1-2 only (and a line a kill cut short goes too), then get the new 3, 4; without
+    a resume step (None) nothing is cut; TensorBoard shows the new lineage's values."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    first = MetricsSink(tmp_path)
+    for step in (1, 2, 3, 4):
+        first.log(step, {"reward/mean": 0.1 * step})
+        first.log_completions(step, [{"prompt": "p", "response": "r"}])
+    first.close()
+    with open(tmp_path / "metrics.jsonl", "a") as f:
+        f.write('{"step": 5, "reward/me')  # kill -9 mid-write
+    MetricsSink(tmp_path, tensorboard=False).close()  # appending: nothing cut
+    assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 5
+    resumed = MetricsSink(tmp_path, resume_step=2)
+    for step in (3, 4):
+        resumed.log(step, {"reward/mean": 1.0 + step})
+        resumed.log_completions(step, [{"prompt": "p", "response": "again"}])
+    resumed.close()
+    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["reward/mean"]) for r in rows] == [(1, 0.1), (2, 0.2), (3, 4.0), (4, 5.0)]
+    done = [json.loads(x) for x in (tmp_path / "completions.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["response"]) for r in done] == [
+        (1, "r"), (2, "r"), (3, "again"), (4, "again")
+    ]  # fmt: skip
+    events = EventAccumulator(str(tmp_path / "tb"))
+    events.Reload()
+    values = [(e.step, round(e.value, 4)) for e in events.Scalars("reward/mean")]
+    assert values == [(1, 0.1), (2, 0.2), (3, 4.0), (4, 5.0)]  # purged after step 2
+    # a fresh start over a run that never reached a checkpoint (resume step 0) keeps nothing
+    MetricsSink(tmp_path, tensorboard=False, resume_step=0).close()
+    assert (tmp_path / "metrics.jsonl").read_text() == ""

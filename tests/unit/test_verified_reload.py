@@ -18,10 +18,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from rollflash.broker import weight_stream
-from rollflash.broker.config import SimConfig
-from rollflash.broker.manifest import MODEL_FILE
-from rollflash.broker.weights import WeightStore
+from rollflash.broker.config.config import SimConfig
+from rollflash.broker.weights import weight_stream
+from rollflash.broker.weights.manifest import MODEL_FILE
+from rollflash.broker.weights.weights import WeightStore
 from rollflash.generators.fetch import SharedStoreSource
 from rollflash.generators.reload import WeightFollower
 from rollflash.generators.sampling import SamplingParams
@@ -271,7 +271,7 @@ def test_hf_engine_swaps_in_the_verified_tensors(tiny_model_dir, tmp_path):
 def test_waiting_for_a_version_of_a_lost_run_stops_with_the_runs_error(tmp_path):
     """Redis came back empty while a generator waited for the version its prompts need: the
     wait ends with the run's own error (what `run_state` raises), long before its timeout."""
-    from rollflash.broker.redis_io import RunLost
+    from rollflash.broker.connect.redis_io import RunLost
 
     looks = []
 
@@ -302,3 +302,31 @@ def test_a_generator_waiting_for_weights_keeps_heartbeating(tmp_path):
 
         follower.wait_for(1, timeout_s=60, beat=beat)
         assert follower.loaded_version == 1 and len(beats) >= 3
+
+
+class _SlowSwap(_Recording):
+    """Swaps take 0.3 s: thirty of the follower's polls (every 0.01 s) happen during each."""
+
+    def swap_weights(self, weights, version):
+        time.sleep(0.3)
+        super().swap_weights(weights, version)
+
+
+def test_a_version_being_swapped_in_is_not_fetched_again(tmp_path, monkeypatch):
+    fetched: list[int] = []
+    fetch = SharedStoreSource.fetch
+
+    def counting(self, announced, engine, in_use):
+        fetched.append(announced.version)
+        return fetch(self, announced, engine, in_use)
+
+    monkeypatch.setattr(SharedStoreSource, "fetch", counting)
+    with _following(tmp_path, 1, _SlowSwap()) as (store, hash_, engine, follower):
+        for v in (1, 2, 3):
+            _publish(store, hash_, v, float(v))
+            follower.wait_for(v, timeout_s=60)
+        time.sleep(0.1)  # the follower's polls after the last swap
+        # each version fetched once, none refused: while v was swapped in the follower saw the
+        # hash announce v with v - 1 still loaded, and left it alone
+        assert fetched == [1, 2, 3] and follower.reload_refused == 0
+        assert [v for v, _ in engine.swapped] == [1, 2, 3]

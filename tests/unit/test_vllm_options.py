@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from rollflash.broker.config import ConfigError, config_from_dict
+from rollflash.broker.config.config import ConfigError, config_from_dict
 
 pytest.importorskip("transformers")
 
@@ -151,7 +151,7 @@ def test_device_keys_are_checked_and_not_fingerprinted():
 
 
 def test_every_nested_field_has_a_description():
-    from rollflash.broker.config import PlacementConfig, VLLMConfig
+    from rollflash.broker.config.config import PlacementConfig, VLLMConfig
 
     for section in (VLLMConfig, PlacementConfig):
         for key, info in section.model_fields.items():

@@ -1,8 +1,11 @@
-"""Who fetches a version from whom (broker/weight_plan.py), worked by hand: a breadth-first tree
+"""Who fetches a version from whom (broker/weights/weight_plan.py), worked by hand: a breadth-first tree
 rooted at the learner, each relay serving at most `weights.fanout` generators, and a failed relay
 replaced by an earlier holder or the learner."""
 
-from rollflash.broker.weight_plan import SourcePlanner
+import tracemalloc
+from collections import Counter
+
+from rollflash.broker.weights.weight_plan import SourcePlanner
 
 L = "http://learner"
 
@@ -57,3 +60,24 @@ def test_versions_are_planned_apart_and_old_ones_forgotten():
         assert planner.assign(v, "a", _url("a"), []) == L
         assert planner.assign(v, "b", _url("b"), []) == _url("a")
     assert planner.learner_load(1) == 0 and planner.learner_load(3) == 1  # v1 was forgotten
+
+
+def test_the_plan_is_bounded_however_many_ask():
+    """30,000 registrations, as many names, over 3 versions: with keep 2 and 100 holders per
+    version the plan holds at most 2 x 100 = 200 of them, and every asker still gets a source."""
+    planner = SourcePlanner(L, fanout=2, keep=2, max_holders=100)
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    sources = Counter(
+        planner.assign(1 + i // 10_000, f"g{i}", _url(f"g{i}"), []) for i in range(30_000)
+    )
+    grown = tracemalloc.get_traced_memory()[0] - before
+    tracemalloc.stop()
+    assert planner.holders() == 2 * 100  # versions 2 and 3, 100 holders each
+    # per version, the 100 holders (the first 100 askers) take 2 generators each, in order:
+    # 200 askers are sent to relays, the other 10,000 - 200 to the learner
+    assert sum(sources.values()) == 30_000
+    assert all(url == L or url.startswith("http://g") for url in sources)
+    assert planner.learner_load(3) == 10_000 - 200
+    # the counter of sources holds ~300 short strings; the plan itself 200 holders: far under 1 MB
+    assert grown < 1 << 20

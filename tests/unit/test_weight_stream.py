@@ -1,4 +1,4 @@
-"""Streamed, verified reads of a weight version (broker/weight_stream.py): every chunk is checked
+"""Streamed, verified reads of a weight version (broker/weights/weight_stream.py): every chunk is checked
 against the manifest before its bytes are used, so a flipped byte in the middle of a file, a
 truncated file and a swapped file are refused, and a file replaced after it was opened is never
 read; the tensors come out as written, whatever the chunk boundaries; and a read holds a few
@@ -15,16 +15,16 @@ import textwrap
 import pytest
 import torch
 
-from rollflash.broker.digest import CHUNK_BYTES
-from rollflash.broker.manifest import MODEL_FILE
-from rollflash.broker.weight_stream import (
+from rollflash.broker.weights.digest import CHUNK_BYTES
+from rollflash.broker.weights.manifest import MODEL_FILE
+from rollflash.broker.weights.weight_chain import verified_tensors
+from rollflash.broker.weights.weight_stream import (
     FileSink,
     TensorSink,
     host_tensors,
     read_version,
-    verified_tensors,
 )
-from rollflash.broker.weights import CorruptWeights, WeightStore
+from rollflash.broker.weights.weights import CorruptWeights, WeightStore
 
 # 3 chunks of 32 MiB: one tensor spans the first two chunk boundaries, a small one sits between
 ROWS = (2 * CHUNK_BYTES + CHUNK_BYTES // 2) // (4 * 1024)  # 80 MiB of float32 rows of 1024
@@ -130,8 +130,8 @@ def test_a_file_sink_writes_the_verified_bytes_privately(store, tmp_path):
 
 PEAK = textwrap.dedent("""
     import json, sys
-    from rollflash.broker.config import SimConfig
-    from rollflash.broker.weights import WeightStore
+    from rollflash.broker.config.config import SimConfig
+    from rollflash.broker.weights.weights import WeightStore
     from rollflash.generators.fetch import Announced, SharedStoreSource
     from rollflash.generators.sim_engine import SimEngine
 

@@ -4,8 +4,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from rollflash.broker.weight_stream import verified_tensors
-from rollflash.broker.weights import CorruptWeights, WeightStore
+from rollflash.broker.weights.weight_chain import verified_tensors
+from rollflash.broker.weights.weights import CorruptWeights, WeightStore
 
 
 def _state(seed: float) -> dict[str, torch.Tensor]:
@@ -123,7 +123,7 @@ def test_a_chunk_listing_that_does_not_fit_the_file_is_refused(tmp_path, change)
 
 
 def test_a_version_whose_write_fails_leaves_nothing_behind(tmp_path, monkeypatch):
-    from rollflash.broker import weights as weights_module
+    from rollflash.broker.weights import weights as weights_module
 
     def disk_full(*args, **kwargs):
         raise OSError(28, "No space left on device")

@@ -1,4 +1,4 @@
-"""The decoder's fast paths (broker/schema.py `_decode_sample`, broker/wire.py `array_from`) give
+"""The decoder's fast paths (broker/wire/schema.py `_decode_sample`, broker/wire/wire.py `array_from`) give
 what the checked paths give, on well-formed and malformed input alike: the same value, or a
 refusal with the same reason and code. The fast paths exist for speed only; this property is
 what lets them stay beside the checked paths."""
@@ -9,8 +9,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rollflash.broker.schema import Sample, _decode_sample, _decode_sample_checked
-from rollflash.broker.wire import WireError, WireLimits, _array_checked, array_from
+from rollflash.broker.wire.schema import Sample, _decode_sample, _decode_sample_checked
+from rollflash.broker.wire.wire import WireError, WireLimits, _array_checked, array_from
 
 LIMITS = WireLimits(max_bytes=1 << 20, vocab_size=50, max_tokens=6, max_text_bytes=40)
 ITEM = {"<i4": 4, "<f4": 4}

@@ -82,7 +82,7 @@ class Harness:
     """A running engine for one model, its weight store, and the HF reference for any version."""
 
     def __init__(self, engine, model_dir: Path, run_dir: Path):
-        from rollflash.broker.weights import WeightStore
+        from rollflash.broker.weights.weights import WeightStore
 
         self.engine, self.model_dir = engine, model_dir
         self.store = WeightStore(run_dir)
@@ -97,7 +97,7 @@ class Harness:
         (version, a verified private copy of its model file, sha256)."""
         from transformers import AutoModelForCausalLM
 
-        from rollflash.broker.weight_stream import copy_verified
+        from rollflash.broker.weights.weight_stream import copy_verified
 
         model = AutoModelForCausalLM.from_pretrained(self.model_dir)
         gen = torch.Generator().manual_seed(seed)

@@ -67,7 +67,7 @@ def test_gridworld_on_vllm_success_rate_improves(tmp_path, redis_url, agent_mode
     first, last = sum(success[:5]) / 5, sum(success[-5:]) / 5
     assert len(success) == STEPS and last >= first + 0.1, success
     # episodes are multi-turn: a response holds several actions and the observations between them
-    assert min(m["response/length_mean"] for m in metrics) > 3 * 2, metrics[0]
+    assert min(m["length/trained_mean"] for m in metrics) > 3 * 2, metrics[0]
     # vLLM's behaviour log-probabilities against the learner's recomputation: float32 on both
     # sides, so only staleness (a = 1) separates them, never a wrong context
     assert all(

@@ -100,7 +100,7 @@ def test_reload_makes_logprobs_match_the_new_weights(harness):
 def test_a_version_with_a_bad_checksum_is_never_loaded(harness, learner_broker, generator_broker):
     import time
 
-    from rollflash.broker.notify import VersionPublisher
+    from rollflash.broker.weights.notify import VersionPublisher
     from rollflash.generators.fetch import SharedStoreSource
     from rollflash.generators.reload import WeightFollower
 
@@ -245,7 +245,7 @@ def test_every_rollout_vllm_key_is_an_argument_of_this_vllm():
 
     from vllm.engine.arg_utils import EngineArgs
 
-    from rollflash.broker.config import VLLMConfig
+    from rollflash.broker.config.config import VLLMConfig
     from rollflash.generators.vllm_setup import llm_kwargs
 
     every = VLLMConfig(max_num_seqs=8, max_num_batched_tokens=512, kv_cache_memory_gb=1.0)
@@ -270,3 +270,51 @@ def test_generate_ids_continues_from_the_exact_tokens(harness):
     )
     assert [[s.prompt_ids for s in g] for g in groups] == [[c, c] for c in contexts]
     assert h.max_error(_flat(groups), 0, T) < TOL
+
+
+def test_deltas_rebuild_the_file_the_engine_loads(harness, tmp_path):
+    """Versions published as deltas (2% of every tensor changed each time): the follower rebuilds
+    each version's full file from the one it holds, and vLLM's in-place reload of that file
+    samples with exactly that version's weights."""
+    from transformers import AutoModelForCausalLM
+
+    from rollflash.broker.weights.delta_write import VersionChain
+    from rollflash.broker.weights.weights import WeightStore
+    from rollflash.generators.fetch import SharedStoreSource
+    from rollflash.generators.held import HeldCopy
+    from rollflash.generators.reload import WeightFollower
+
+    h = harness
+    store, chain = WeightStore(tmp_path / "run"), VersionChain(tmp_path / "chain", 100)
+    announced: dict[str, str] = {}
+
+    class Hash:
+        def weights(self) -> dict[str, str]:
+            return announced
+
+    source = SharedStoreSource(store, tmp_path / "copies", HeldCopy(tmp_path / "held"))
+    follower = WeightFollower(Hash(), source, h.engine, poll_interval_s=0.01, attempts=1)
+    model = AutoModelForCausalLM.from_pretrained(h.model_dir)
+    gen = torch.Generator().manual_seed(7)
+    try:
+        for version in range(101, 105):  # apart from the versions the other tests publish
+            with torch.no_grad():
+                for p in model.parameters():
+                    hit = torch.rand(p.shape, generator=gen) < 0.02
+                    p.add_(hit * p.std() * torch.randn(p.shape, generator=gen))
+            state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+            h.states[version] = state
+            info = store.publish(state, version, version, chain=chain)
+            announced.update(version=str(version), sha256=info.sha256)
+            follower.wait_for(version, timeout_s=300)
+            kind = store.manifest(version).kind
+            assert kind == ("full" if version == 101 else "delta")
+            samples = _flat(
+                h.engine.generate(
+                    PROMPTS, SamplingParams(n=2, temperature=T, top_p=1.0, max_new_tokens=10)
+                )
+            )
+            assert h.max_error(samples, version, T) < TOL
+        assert h.max_error(samples, 101, T) > 10 * TOL  # the deltas moved the weights
+    finally:
+        follower.close()

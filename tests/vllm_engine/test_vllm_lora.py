@@ -1,10 +1,12 @@
 """LoRA adapter versions in the vLLM engine (CPU build): after loading adapter version v through
 the weight follower, the engine's log-probabilities equal the learner's recomputation at v within
 1e-4, and a request keeps the adapter it started with when a newer version loads mid-batch (all
-its tokens carry that version), in `generate` (interrupt mode) and in continuous batching.
+its tokens carry that version), in `generate` (interrupt mode) and in continuous batching. The
+probe the follower reports after each load (broker/weights/probe.py) proves the adapter served, and gives
+away an adapter update that vLLM never applied.
 
 One engine with LoRA enabled (~30 s to start) on the tied tiny model; the learner's side is the
-LoRA policy of learner/lora.py with seeded random B matrices, so versions differ clearly."""
+LoRA policy of learner/models/lora.py with seeded random B matrices, so versions differ clearly."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from rollflash.generators.sampling import SamplingParams  # noqa: E402
 T = 0.8
 PROMPTS = ["1+2=", "33+4=", "7*8="]
 TOL = 1e-4
+RUN = "lora-run"  # the run id the probe tokens are drawn from
 LORA = {"rank": 8, "alpha": 16, "target_modules": ["q_proj", "v_proj", "up_proj", "down_proj"]}
 
 
@@ -34,8 +37,8 @@ class _Learner:
     """LoRA policies of the learner and the store they are published to as adapter versions."""
 
     def __init__(self, model_dir, run_dir):
-        from rollflash.broker.config import config_from_dict
-        from rollflash.broker.weights import WeightStore
+        from rollflash.broker.config.config import config_from_dict
+        from rollflash.broker.weights.weights import WeightStore
 
         self.cfg = config_from_dict(
             {"model": {"path": str(model_dir), "lora": LORA}, "rollout": {"engine": "vllm"}}
@@ -46,7 +49,7 @@ class _Learner:
     def publish(self, seed: int) -> int:
         from transformers import AutoModelForCausalLM
 
-        from rollflash.learner.lora import published_weights, with_adapters
+        from rollflash.learner.models.lora import published_weights, with_adapters
 
         base = AutoModelForCausalLM.from_pretrained(self.model_dir)
         policy = with_adapters(base, self.cfg.model.lora)
@@ -65,7 +68,7 @@ class _Learner:
     @torch.no_grad()
     def error(self, sample, version: int) -> float:
         """max |engine log-prob - learner log-prob at `version`| over the sample's tokens."""
-        from rollflash.learner.logprobs import token_logprobs
+        from rollflash.learner.step.logprobs import token_logprobs
 
         ids = torch.tensor([sample.prompt_ids + sample.response_ids])
         logp, _ = token_logprobs(self.policies[version], ids, torch.ones_like(ids), T)
@@ -82,7 +85,9 @@ def lora_setup(model_dirs, tmp_path_factory):
     learner = _Learner(model_dirs["tied"], tmp_path_factory.mktemp("lora_run"))
     engine = VLLMEngine.from_config(learner.cfg, seed=0)  # LoRA on: publish_kind is adapter
     source = SharedStoreSource(learner.store, learner.store.root.parent / "copies")
-    follower = WeightFollower(learner.hash, source, engine, poll_interval_s=0.01, attempts=1)
+    follower = WeightFollower(
+        learner.hash, source, engine, poll_interval_s=0.01, attempts=1, run_id=RUN
+    )
     try:
         yield learner, engine, follower
     finally:
@@ -137,3 +142,32 @@ def test_continuous_requests_keep_the_adapter_they_started_with(lora_setup):
         for s in done[key]:
             assert s.token_versions == [version] * len(s.response_ids)
             assert learner.error(s, version) < TOL
+
+
+def test_the_probe_proves_the_adapter_and_catches_one_not_applied(lora_setup, monkeypatch):
+    from rollflash.broker.weights.probe import LearnerProbe, parse_report, verdict
+    from rollflash.learner.durability.publish import learner_probe
+
+    learner, engine, follower = lora_setup
+
+    def learners(version: int) -> LearnerProbe:
+        values = learner_probe(learner.policies[version], RUN, torch.device("cpu"))
+        return LearnerProbe(tuple(values), "float32")
+
+    e = learner.publish(seed=5)
+    follower.wait_for(e, timeout_s=300)
+    follower.maybe_reload()  # the probe waits for an idle engine
+    served = parse_report(follower.probe_fields)
+    assert served is not None and served.version == e and served.dtype == "float32"
+    assert verdict(served, learners(e), None, None) is None  # float32: within 1e-3
+    # an adapter update vLLM never applies: the engine goes on with the adapter it had, and
+    # reports the new version
+    monkeypatch.setattr(engine._adapters, "load", lambda *args: None)
+    f = learner.publish(seed=6)
+    follower.wait_for(f, timeout_s=300)
+    follower.maybe_reload()
+    stale = parse_report(follower.probe_fields)
+    assert stale is not None and stale.version == f == engine.version
+    assert stale.values == served.values  # computed with adapter e, bit for bit
+    why = verdict(stale, learners(f), (served, learners(e)), None)
+    assert why is not None and f"its probe of v{f}" in why
