@@ -116,7 +116,15 @@ class WeightClient:
         )
 
 
-_NETWORK = (aiohttp.ClientError, asyncio.TimeoutError, SourceFailed, CorruptWeights)
+# what a relay's failure can raise: a reset peer can surface as a bare ConnectionResetError
+# rather than aiohttp's wrapper of it (other OSErrors, a full disk, are this host's own)
+_NETWORK = (
+    aiohttp.ClientError,
+    ConnectionError,
+    asyncio.TimeoutError,
+    SourceFailed,
+    CorruptWeights,
+)
 
 
 class _Fetch:

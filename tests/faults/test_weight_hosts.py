@@ -215,6 +215,8 @@ def test_a_run_across_hosts_survives_kill_9_of_the_relaying_generator(tmp_path, 
     assert relayed, logs
     # ... and the survivor fetched the version it was fetching from the killed relay from the
     # learner instead
+    weight_lines = {g: [ln for ln in logs[g].splitlines() if "weights" in ln] for g in gens}
+    assert f"relay {urls[relay]} failed" in logs[survivor], weight_lines
     failed = logs[survivor].index(f"relay {urls[relay]} failed")
     learner_url = rf"http://{learner_ip}:\d+"
     assert re.search(

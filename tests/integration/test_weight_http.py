@@ -98,6 +98,28 @@ def test_a_relay_that_is_gone_is_replaced_by_the_learner(
         assert _served(writer) == 2 * _size(writer)  # the second copy came from the learner
 
 
+def test_a_relay_whose_connection_resets_is_replaced_by_the_learner(
+    weights_token, tmp_path, learner_broker, brokers, monkeypatch
+):
+    """A peer killed mid-response can surface as a bare ConnectionResetError, not only as
+    aiohttp's wrapper of it: either is the relay's failure, not the fetch's."""
+    from rollflash.broker.weights import weight_client
+
+    real_range = weight_client._Fetch._range
+
+    async def resetting(self, source, name, start, end, buf):
+        if source != self.learner:
+            raise ConnectionResetError(104, "Connection reset by peer")
+        return await real_range(self, source, name, start, end, buf)
+
+    monkeypatch.setattr(weight_client._Fetch, "_range", resetting)
+    with _hosts(tmp_path, learner_broker, brokers, 2) as (writer, announced, (first, second)):
+        _fetch(first, announced)
+        w = _fetch(second, announced)
+        torch.testing.assert_close(w, torch.arange(ROWS * 1024.0).view(ROWS, 1024), atol=0, rtol=0)
+        assert _served(writer) == 2 * _size(writer)  # the second copy came from the learner
+
+
 def test_a_relay_serving_other_bytes_is_caught_and_replaced(
     weights_token, tmp_path, learner_broker, brokers
 ):
